@@ -1,0 +1,31 @@
+"""optimisers: functional optimisers for arbitrarily nested models.
+
+``setup(rule, model)`` builds a tree of optimiser states mirroring the model;
+``update`` / ``update_`` take one step. Models may hold NumPy, PyTorch or JAX arrays in
+any nesting of containers, dataclasses and registered classes.
+"""
+
+from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_
+from optimisers.keypath import KeyPath, getkeypath, haskeypath
+from optimisers.rules import (
+    RULES, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, AMSGrad, ClipGrad,
+    ClipNorm, Descent, Lion, MixedPrecision, Momentum, NAdam, Nesterov, OAdam,
+    OptimiserChain, RAdam, RMSProp, Rprop, Rule, SignDecay, WeightDecay,
+)
+from optimisers.state import Leaf, setup, update, update_
+from optimisers.tree import (
+    children, functor, isleaf, ismutable, isnumeric, maywrite, rebuild, register, trainable,
+)
+from optimisers.walk import fleaves, fmap, fmap_with_path, fmapstructure
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AMSGrad", "AccumGrad", "AdaBelief", "AdaDelta", "AdaGrad", "AdaMax", "Adam", "AdamW",
+    "ClipGrad", "ClipNorm", "Descent", "KeyPath", "Leaf", "Lion", "MixedPrecision",
+    "Momentum", "NAdam", "Nesterov", "OAdam", "OptimiserChain", "RAdam", "RMSProp", "RULES",
+    "Rprop", "Rule", "SignDecay", "WeightDecay", "adjust", "adjust_", "children", "fleaves",
+    "fmap", "fmap_with_path", "fmapstructure", "freeze_", "functor", "getkeypath",
+    "haskeypath", "isleaf", "ismutable", "isnumeric", "maywrite", "rebuild", "register",
+    "select", "setup", "thaw_", "trainable", "update", "update_",
+]

@@ -1,0 +1,180 @@
+"""Changing a state tree after setup: hyper-parameters, freezing, and selecting by path."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Callable
+from typing import Any
+
+from optimisers.keypath import KeyPath
+from optimisers.rules import OptimiserChain, Rule
+from optimisers.state import Leaf, _map_leaves, leaves
+
+__all__ = ["adjust", "adjust_", "freeze_", "thaw_", "select"]
+
+Where = str | Callable[[KeyPath, Leaf], bool] | None
+
+
+def select(tree: Any, where: Where = None) -> list[Leaf]:
+    """select(tree, where) -> the distinct Leafs of ``tree`` that ``where`` picks, in walk order.
+
+    ``where`` is ``None`` (every Leaf), a glob over the dotted key path
+    (``"encoder.*"``, ``"*.bias"``, ``"layers.3.*"``), or a predicate
+    ``(KeyPath, Leaf) -> bool``. A tied Leaf is picked when any of its paths is.
+
+    Raises:
+        ValueError: when ``where`` picks no Leaf (a typo, always).
+        TypeError: when ``tree`` is not a state tree.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, setup
+        >>> tree = setup(Descent(), {"enc": {"w": np.ones(2), "bias": np.ones(2)}})
+        >>> len(select(tree, "*.bias")), len(select(tree))
+        (1, 2)
+    """
+    if isinstance(where, str):
+        pattern = where
+        match = lambda kp, leaf: fnmatch.fnmatchcase(str(kp), pattern)  # noqa: E731
+    elif callable(where) or where is None:
+        match = where
+    else:
+        raise TypeError(f"where= takes a glob string or a predicate (KeyPath, Leaf) -> bool, "
+                        f"got {type(where).__name__}")
+    picked: dict[int, Leaf] = {}
+    seen = []
+    for kp, leaf in leaves(tree):
+        seen.append(kp)
+        if match is None or match(kp, leaf):
+            picked.setdefault(id(leaf), leaf)
+    if where is not None and not picked:
+        paths = ", ".join(str(kp) for kp in seen[:6]) + (", ..." if len(seen) > 6 else "")
+        raise ValueError(f"where={where!r} matches no Leaf; the paths are: {paths}")
+    return list(picked.values())
+
+
+def _fields(rule: Rule) -> set[str]:
+    """Every hyper-parameter name in ``rule``, through chains and wrappers."""
+    names = set()
+    for f in dataclasses.fields(rule):
+        v = getattr(rule, f.name)
+        if isinstance(v, Rule):
+            names |= _fields(v)
+        elif f.name == "rules":
+            for r in v:
+                names |= _fields(r)
+        else:
+            names.add(f.name)
+    return names
+
+
+def _adjust_rule(rule: Rule, changes: dict) -> Rule:
+    if isinstance(rule, OptimiserChain):
+        return OptimiserChain(*(_adjust_rule(r, changes) for r in rule.rules))
+    new = {}
+    for f in dataclasses.fields(rule):
+        v = getattr(rule, f.name)
+        if isinstance(v, Rule):
+            new[f.name] = _adjust_rule(v, changes)
+        elif f.name in changes:
+            new[f.name] = changes[f.name]
+    return dataclasses.replace(rule, **new) if new else rule
+
+
+def _changes(rules: list[Rule], eta: float | None, fields: dict) -> dict:
+    changes = dict(fields, **({} if eta is None else {"eta": eta}))
+    known = set().union(*(_fields(r) for r in rules)) if rules else set()
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise TypeError(f"no rule here has a field {unknown[0]!r} (the rules have "
+                        f"{sorted(known)}); check the spelling")
+    return changes
+
+
+def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields: Any) -> Any:
+    """adjust(tree, eta=None, **fields) -> a new tree with hyper-parameters replaced.
+
+    Each Leaf's rule gets the new values of the fields it has (through
+    :class:`OptimiserChain` and :class:`MixedPrecision` too); its state is kept (and
+    shared with the old tree). A positional number is the learning rate ``eta``. With
+    ``where=`` (a glob over key paths or a predicate, see :func:`select`), only the
+    chosen Leafs change. Also works on a bare rule.
+
+    Raises:
+        TypeError: when no rule in the tree has one of the given fields (a typo guard).
+        ValueError: when ``where`` matches nothing, or a new value is invalid.
+
+    Example:
+        >>> from optimisers import Adam
+        >>> adjust(Adam(), 0.01) == Adam(0.01)
+        True
+        >>> adjust(Adam(), beta=(0.8, 0.99))
+        Adam(eta=0.001, beta=(0.8, 0.99), epsilon=1e-08)
+    """
+    if isinstance(tree, Rule):
+        return _adjust_rule(tree, _changes([tree], eta, fields))
+    chosen = select(tree, where)
+    changes = _changes([leaf.rule for leaf in chosen], eta, fields)
+    ids = {id(leaf) for leaf in chosen}
+    memo: dict[int, Leaf] = {}
+
+    def renew(leaf: Leaf) -> Leaf:
+        if id(leaf) not in memo:
+            rule = _adjust_rule(leaf.rule, changes) if id(leaf) in ids else leaf.rule
+            memo[id(leaf)] = Leaf(rule, leaf.state, leaf.frozen)
+        return memo[id(leaf)]
+
+    return _map_leaves(renew, tree)
+
+
+def adjust_(tree: Any, eta: float | None = None, *, where: Where = None, **fields: Any) -> Any:
+    """adjust_(tree, eta=None, **fields) -> tree, its Leafs' rules changed in place.
+
+    As :func:`adjust`, but mutating the Leafs. Typical use, weight decay off for
+    every bias: ``adjust_(tree, where="*.bias", lambd=0.0)``.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import AdamW, setup
+        >>> tree = setup(AdamW(lambd=0.1), {"w": np.ones(2), "bias": np.ones(2)})
+        >>> _ = adjust_(tree, where="bias", lambd=0.0)
+        >>> tree["w"].rule.lambd, tree["bias"].rule.lambd
+        (0.1, 0.0)
+    """
+    chosen = select(tree, where)
+    changes = _changes([leaf.rule for leaf in chosen], eta, fields)
+    new = [_adjust_rule(leaf.rule, changes) for leaf in chosen]  # validate all, then write
+    for leaf, rule in zip(chosen, new):
+        leaf.rule = rule
+    return tree
+
+
+def freeze_(tree: Any, where: Where = None) -> Any:
+    """freeze_(tree, where=None) -> tree, with the chosen Leafs frozen (skipped by updates).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, setup
+        >>> tree = setup(Descent(), {"enc": np.ones(2), "dec": np.ones(2)})
+        >>> _ = freeze_(tree["enc"]); tree["enc"].frozen, tree["dec"].frozen
+        (True, False)
+    """
+    for leaf in select(tree, where):
+        leaf.frozen = True
+    return tree
+
+
+def thaw_(tree: Any, where: Where = None) -> Any:
+    """thaw_(tree, where=None) -> tree, with the chosen Leafs unfrozen.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, setup
+        >>> tree = freeze_(setup(Descent(), [np.ones(2), np.ones(2)]))
+        >>> [leaf.frozen for leaf in select(thaw_(tree, "1"))]
+        [True, False]
+    """
+    for leaf in select(tree, where):
+        leaf.frozen = False
+    return tree

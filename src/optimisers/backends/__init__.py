@@ -1,0 +1,65 @@
+"""Per-library array functions, imported lazily: rules are written once against these.
+
+Each backend module (``numpy``, ``torch``, ``jax``) defines the same small set of
+functions; :func:`ops` returns the module for an array's library. ``import optimisers``
+imports neither PyTorch nor JAX: a backend is imported the first time one of its arrays
+is seen, and an array of a library is only seen once the user has imported it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+_ROOTS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax", "cupy": "numpy"}
+_LOADED: dict[str, ModuleType] = {}
+_BY_TYPE: dict[type, str | None] = {}
+
+
+def library(x: Any) -> str | None:
+    """The name of the backend for the array ``x`` (``"numpy"``, ``"torch"``, ``"jax"``),
+    or ``None`` when ``x`` is not an array of a supported library."""
+    cls = type(x)
+    try:
+        return _BY_TYPE[cls]
+    except KeyError:
+        pass
+    root = _ROOTS.get(cls.__module__.partition(".")[0])
+    if root == "numpy" and cls.__name__ != "ndarray" and not issubclass_ndarray(cls):
+        root = None  # a NumPy scalar (np.float32(1.0)) is a number, not an array
+    if root == "torch" and not _istensor(cls):
+        root = None  # torch.dtype, torch.device, nn.Module: not arrays
+    if root == "jax" and not hasattr(x, "shape") or root == "jax" and isinstance(x, type):
+        root = None
+    _BY_TYPE[cls] = root
+    return root
+
+
+def issubclass_ndarray(cls: type) -> bool:
+    import numpy
+
+    return issubclass(cls, numpy.ndarray)
+
+
+def _istensor(cls: type) -> bool:
+    import torch
+
+    return issubclass(cls, torch.Tensor)
+
+
+def ops(lib: str) -> ModuleType:
+    """The backend module for the library named ``lib``."""
+    try:
+        return _LOADED[lib]
+    except KeyError:
+        mod = _LOADED[lib] = importlib.import_module(f"optimisers.backends.{lib}")
+        return mod
+
+
+def of(x: Any) -> ModuleType:
+    """The backend module for the array ``x``."""
+    lib = library(x)
+    if lib is None:
+        raise TypeError(f"expected an array of NumPy, PyTorch or JAX, got {type(x).__name__}")
+    return ops(lib)

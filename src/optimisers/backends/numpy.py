@@ -1,0 +1,115 @@
+"""NumPy arrays: the reference backend. Every backend defines these same names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
+
+Array = np.ndarray
+
+
+def isfloating(x: Array) -> bool:
+    return x.dtype.kind in "fc"
+
+
+def maywrite(x: Array) -> bool:
+    return bool(x.flags.writeable)
+
+
+def hyper(x: Array, *values: float) -> tuple:
+    """Hyper-parameters as scalars of ``x``'s real dtype, so arithmetic stays in that dtype."""
+    t = x.real.dtype.type if x.dtype.kind == "c" else x.dtype.type
+    return tuple(t(v) for v in values)
+
+
+def eps(x: Array, e: float) -> Any:
+    """An epsilon in ``x``'s real dtype; float16 floors a non-zero one at 1e-7."""
+    (e,) = hyper(x, max(e, 1e-7) if e and x.dtype == np.float16 else e)
+    return e
+
+
+def zeros_like(x: Array, real_: bool = False) -> Array:
+    return np.zeros_like(x.real if real_ else x)
+
+
+def full_like(x: Array, value: float, real_: bool = False) -> Array:
+    return np.full_like(x.real if real_ else x, value)
+
+
+def abs2(g: Array) -> Array:
+    """|g|^2, real for complex ``g``."""
+    return (g * g.conj()).real if g.dtype.kind == "c" else g * g
+
+
+def clip(g: Array, lo: Any, hi: Any) -> Array:
+    return np.clip(g, lo, hi)
+
+
+def norm(g: Array, p: float) -> Array:
+    a = np.abs(g)
+    if p == 0:
+        return np.count_nonzero(g).astype(a.dtype)
+    if p == np.inf:
+        return a.max(initial=0)
+    if p == -np.inf:
+        return a.min(initial=np.inf)
+    (p,) = hyper(a, p)
+    return (a**p).sum() ** (1 / p)
+
+
+def isfinite(n: Any) -> bool | None:
+    """Whether a scalar is finite; ``None`` where that cannot be known now (under a trace)."""
+    return bool(np.isfinite(n))
+
+
+def cast(x: Array, like: Array) -> Array:
+    """``x`` in the dtype of ``like`` (no copy when it already is)."""
+    return np.asarray(x).astype(like.dtype, copy=False)
+
+
+def astype(x: Array, dtype: Any) -> Array:
+    return x.astype(todtype(dtype), copy=True)
+
+
+def todtype(dtype: Any) -> Any:
+    """A NumPy dtype from a NumPy, PyTorch or JAX dtype, or a name."""
+    return np.dtype(str(dtype).removeprefix("torch."))
+
+
+def copy(x: Array) -> Array:
+    return x.copy()
+
+
+def assign(dst: Array, value: Any) -> Array:
+    """Write ``value`` into ``dst`` if it may be written, else return ``value`` as a new array."""
+    if dst.flags.writeable:
+        np.copyto(dst, value, casting="unsafe")
+        return dst
+    return np.asarray(value).astype(dst.dtype, copy=False)
+
+
+def subtract(x: Array, d: Any, inplace: bool) -> Array:
+    """``x - d``, written into ``x`` when ``inplace`` and ``x`` is writable."""
+    if inplace and x.flags.writeable:
+        np.subtract(x, d, out=x, casting="unsafe")
+        return x
+    return np.subtract(x, d).astype(x.dtype, copy=False)
+
+
+def add(a: Array, b: Array) -> Array:
+    return a + b
+
+
+def shape(x: Array) -> tuple:
+    return tuple(x.shape)
+
+
+def dtype_name(x: Array) -> str:
+    return str(x.dtype)
+
+
+def isnumber(g: Array) -> bool:
+    """Whether ``g`` holds numbers (bool, integer, floating or complex)."""
+    return g.dtype.kind in "biufc"

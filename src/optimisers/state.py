@@ -1,0 +1,390 @@
+"""The state tree: Leaf, setup, and the two update functions.
+
+``setup`` walks the model once, asking ``trainable`` which children to enter, and
+returns a tree of :class:`Leaf` objects that mirrors it. ``update`` and ``update_``
+never ask ``trainable`` again: a Leaf marks a parameter to train, ``None`` anything else.
+Each update runs in two phases: *gather* walks tree, model and gradients together,
+validating everything and summing the gradients of tied parameters, and only then
+*step* runs each Leaf's rule once. So ``update_`` writes nothing when the input is bad.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from optimisers import backends
+from optimisers.keypath import KeyPath
+from optimisers.rules import Rule, call
+from optimisers.tree import children, isleaf, ismutable, isnumeric, rebuild, trainable
+from optimisers.walk import fmap, mirror, walk
+
+__all__ = ["Leaf", "setup", "update", "update_", "leaves"]
+
+
+class Leaf:
+    """Leaf(rule, state, frozen=False): the optimiser state of one trainable array.
+
+    A small mutable object; its identity encodes sharing: a tied parameter has one
+    Leaf, reached from every path to it. ``frozen`` Leafs are skipped by updates
+    (see :func:`freeze_`). The ``repr`` shows the state by shape and dtype, never its
+    numbers.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Adam
+        >>> Leaf(Adam(), Adam().init(np.zeros((3, 2), np.float32)))
+        Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], (0.9, 0.999)))
+    """
+
+    __slots__ = ("rule", "state", "frozen")
+
+    def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
+        self.rule = rule
+        self.state = state
+        self.frozen = frozen
+
+    def __repr__(self) -> str:
+        frozen = ", frozen=True" if self.frozen else ""
+        return f"Leaf({self.rule!r}, {brief(self.state)}{frozen})"
+
+
+_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+          "complex64": "c64", "complex128": "c128", "int32": "i32", "int64": "i64",
+          "bool": "bool"}
+
+
+def brief(x: Any) -> str:
+    """A compact text for a state: arrays as ``f32[3, 2]``, containers element by element."""
+    lib = backends.library(x)
+    if lib is not None:
+        xp = backends.ops(lib)
+        name = xp.dtype_name(x)
+        return f"{_SHORT.get(name, name)}[{', '.join(map(str, xp.shape(x)))}]"
+    if isinstance(x, tuple):
+        inner = ", ".join(brief(v) for v in x)
+        return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if isinstance(x, list):
+        return "[" + ", ".join(brief(v) for v in x) + "]"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {brief(v)}" for k, v in x.items()) + "}"
+    return repr(x)
+
+
+def setup(rule: Rule, model: Any) -> Any:
+    """setup(rule, model) -> tree: the optimiser state tree for ``model``.
+
+    Walks the model once. Each trainable numeric array (by :func:`trainable` and
+    :func:`isnumeric`) gets ``Leaf(rule, rule.init(x))``; every other position gets
+    ``None``. Keyed nodes become dicts keyed like the model, tuples stay tuples and
+    lists lists, so ``tree["layers"][0]["weight"]`` addresses a Leaf. A mutable array
+    reached by several paths (a tie) gets one shared Leaf.
+
+    Args:
+        rule: the optimisation rule, e.g. ``Adam()``.
+        model: any nesting of arrays in tuples, lists, dicts, dataclasses, registered
+            classes or ``torch.nn.Module``.
+
+    Returns:
+        The state tree, to be passed to :func:`update` / :func:`update_`.
+
+    Raises:
+        TypeError: when ``rule`` is not a :class:`Rule`.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent
+        >>> w = np.ones(2)
+        >>> tree = setup(Descent(), {"enc": w, "dec": w, "steps": np.arange(3)})
+        >>> tree
+        {'enc': Leaf(Descent(eta=0.1), None), 'dec': Leaf(Descent(eta=0.1), None), 'steps': None}
+        >>> tree["enc"] is tree["dec"]
+        True
+    """
+    if not isinstance(rule, Rule):
+        raise TypeError(f"setup(rule, model) takes a Rule first, got {type(rule).__name__}; "
+                        f"e.g. setup(Adam(), model)")
+    count = 0
+
+    def make(kp: KeyPath, x: Any) -> Leaf | None:
+        nonlocal count
+        if not isnumeric(x):
+            return None
+        count += 1
+        return Leaf(rule, rule.init(x))
+
+    tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
+                build=mirror, keys=trainable, skip=lambda v: None)
+    if count == 0:
+        warnings.warn("setup found no trainable parameter in the model: no floating-point "
+                      "array sits at a trainable position", UserWarning, stacklevel=2)
+    return tree
+
+
+def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]:
+    """Every ``(KeyPath, Leaf)`` of a state tree in walk order (a tied Leaf once per path).
+
+    Raises:
+        TypeError: when the tree holds an array or other object that ``setup`` never
+            puts there (a model passed where the state tree belongs).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent
+        >>> [str(kp) for kp, _ in leaves(setup(Descent(), {"a": [np.ones(1)]}))]
+        ['a.0']
+    """
+    if isinstance(tree, Leaf):
+        yield kp, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from leaves(v, kp + (k,))
+    elif isinstance(tree, (tuple, list)):
+        for k, v in enumerate(tree):
+            yield from leaves(v, kp + (k,))
+    elif tree is not None:
+        raise _not_a_tree(tree, kp)
+
+
+def _not_a_tree(t: Any, kp: KeyPath) -> TypeError:
+    found = "an array" if backends.library(t) else f"a {type(t).__name__}"
+    return TypeError(f"expected a state tree from setup(rule, model), but found {found} at "
+                     f"{kp!r}; pass the state tree first: update(tree, model, grads)")
+
+
+def _what(x: Any) -> str:
+    lib = backends.library(x)
+    if lib is not None:
+        xp = backends.ops(lib)
+        return f"an array of dtype {xp.dtype_name(x)} and shape {xp.shape(x)}"
+    return f"a {type(x).__name__}"
+
+
+class _Entry:
+    """One Leaf to step: its parameter, the gradients (summed over ties), its paths."""
+
+    __slots__ = ("leaf", "x", "grads", "paths")
+
+    def __init__(self, leaf: Leaf, x: Any, grads: list, kp: KeyPath) -> None:
+        self.leaf, self.x, self.grads, self.paths = leaf, x, grads, [kp]
+
+
+def _grad_array(g: Any, x: Any, kp: KeyPath) -> Any:
+    """Check one gradient against its parameter and cast it to the parameter's dtype."""
+    xp = backends.of(x)
+    lib = backends.library(g)
+    if lib is None:
+        if children(g) or isinstance(g, Mapping):
+            raise ValueError(f"gradient at {kp!r} is a {type(g).__name__} with children, but "
+                             f"the parameter there is {_what(x)}: the gradient tree's "
+                             f"structure does not match the model")
+        kind = "number" if isinstance(g, numbers.Number) else type(g).__name__
+        raise TypeError(f"gradient at {kp!r} is a {kind}, but an array of shape "
+                        f"{xp.shape(x)} is needed there")
+    gxp = backends.ops(lib)
+    if not gxp.isnumber(g):
+        raise TypeError(f"gradient at {kp!r} has dtype {gxp.dtype_name(g)}, which is not a "
+                        f"number type")
+    if gxp.shape(g) != xp.shape(x):
+        raise ValueError(f"gradient at {kp!r} has shape {gxp.shape(g)} but the parameter has "
+                         f"shape {xp.shape(x)}")
+    return xp.cast(g, x)
+
+
+def _grad_children(g: Any, kids: dict, x: Any, kp: KeyPath) -> Mapping | None:
+    """The children of a gradient node, checked against the model's children ``kids``."""
+    if g is None:
+        return None
+    gk = g if isinstance(g, Mapping) else children(g)
+    if not gk and not isinstance(g, Mapping):
+        raise ValueError(f"gradient at {kp!r} is {_what(g)}, but the model has a "
+                         f"{type(x).__name__} with keys {list(kids)} there: the gradient "
+                         f"tree's structure does not match the model")
+    extra = [k for k in gk if k not in kids]
+    if extra:
+        raise ValueError(f"gradient at {kp!r} has key {extra[0]!r}, which the model lacks; "
+                         f"the model's keys there are {list(kids)}")
+    if not isinstance(g, Mapping) and len(gk) != len(kids):
+        raise ValueError(f"gradient at {kp!r} has {len(gk)} children but the model has "
+                         f"{len(kids)}; pass a dict to give gradients for some of them")
+    return gk
+
+
+def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
+    """Phase one: validate tree, model and gradients together; fill ``plan``."""
+    if t is None:
+        return
+    if isinstance(t, Leaf):
+        if not isnumeric(x):
+            raise ValueError(f"the state tree has a Leaf at {kp!r}, but the model has "
+                             f"{_what(x)} there; make the tree with setup(rule, model)")
+        if gs[0] is None:
+            return
+        grads = [None if g is None else _grad_array(g, x, kp) for g in gs]
+        if t.frozen:
+            return
+        entry = plan.get(id(t))
+        if entry is None:
+            plan[id(t)] = _Entry(t, x, grads, kp)
+        elif entry.x is not x:
+            raise ValueError(f"the Leaf at {kp!r} is shared with {entry.paths[0]!r}, but the "
+                             f"model holds different arrays there: the tie is lost; make the "
+                             f"tree again with setup(rule, model)")
+        else:
+            entry.grads = [a if b is None else b if a is None else backends.of(x).add(a, b)
+                           for a, b in zip(entry.grads, grads)]
+            entry.paths.append(kp)
+        return
+    if not isinstance(t, (dict, tuple, list)):
+        raise _not_a_tree(t, kp)
+    kids = children(x)
+    keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
+    if set(keys) != set(kids) or len(keys) != len(kids):
+        raise ValueError(f"the state tree at {kp!r} has keys {list(keys)}, but the model has "
+                         f"{_what(x) if not kids else list(kids)} there; make the tree with "
+                         f"setup(rule, model) for this model")
+    gks = [_grad_children(g, kids, x, kp) for g in gs]
+    for k in keys:
+        _gather(t[k], kids[k], tuple(None if gk is None else gk.get(k) for gk in gks),
+                kp + (k,), plan)
+
+
+def _step(plan: dict, inplace: bool) -> dict:
+    """Phase two: run each Leaf's rule once; return the new arrays made out of place."""
+    new: dict[int, Any] = {}
+    for e in plan.values():
+        leaf, x = e.leaf, e.x
+        try:
+            leaf.state, d = call(leaf.rule, leaf.state, x, tuple(e.grads))
+        except (ValueError, TypeError, ArithmeticError) as err:
+            raise type(err)(f"{err} (in {leaf.rule!r} at {e.paths[0]!r})") from err
+        if d is not None:
+            y = backends.of(x).subtract(x, d, inplace)
+            if y is not x:
+                new[id(leaf)] = y
+    return new
+
+
+def _rebuild(t: Any, x: Any, new: dict, memo: dict) -> Any:
+    """The model with the new arrays put in; mutable containers reached twice stay tied."""
+    if t is None:
+        return x
+    if isinstance(t, Leaf):
+        return new.get(id(t), x)
+    if id(x) in memo:
+        return memo[id(x)][1]
+    kids = children(x)
+    keys = t.keys() if isinstance(t, dict) else range(len(t))
+    changed = {}
+    for k in keys:
+        y = _rebuild(t[k], kids[k], new, memo)
+        if y is not kids[k]:
+            changed[k] = y
+    out = rebuild(x, changed) if changed else x
+    if ismutable(x):
+        memo[id(x)] = (x, out)
+    return out
+
+
+def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
+    plan: dict[int, _Entry] = {}
+    _gather(tree, model, grads, KeyPath(), plan)
+    new = _step(plan, inplace)
+    return tree, (_rebuild(tree, model, new, {}) if new else model)
+
+
+def _copy_array(a: Any) -> Any:
+    lib = backends.library(a)
+    return backends.ops(lib).copy(a) if lib is not None and backends.ops(lib).maywrite(a) else a
+
+
+def copy_tree(tree: Any) -> Any:
+    """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept."""
+    memo: dict[int, Leaf] = {}
+
+    def leaf(t: Leaf) -> Leaf:
+        if id(t) not in memo:
+            memo[id(t)] = Leaf(t.rule, fmap(_copy_array, t.state), t.frozen)
+        return memo[id(t)]
+
+    return _map_leaves(leaf, tree)
+
+
+def _map_leaves(f: Any, t: Any) -> Any:
+    if isinstance(t, Leaf):
+        return f(t)
+    if isinstance(t, dict):
+        return {k: _map_leaves(f, v) for k, v in t.items()}
+    if isinstance(t, (tuple, list)):
+        return type(t)(_map_leaves(f, v) for v in t)
+    return t
+
+
+def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
+    """update(tree, model, grads) -> (tree, model): one optimisation step, pure.
+
+    Neither the old tree nor the old model, nor any array in them, is changed: the
+    returned tree and model are new (unchanged parts are shared). ``grads`` mirrors the
+    model: the same container types, a ``dict`` keyed by child names for any node, or an
+    object of the model's own class (what ``jax.grad`` returns). ``None``, or a key
+    missing from a dict, means "no gradient here": those Leafs keep their state.
+    Gradients reaching one tied Leaf by several paths are summed, the rule runs once,
+    and the new array is placed at every path.
+
+    Args:
+        tree: the state tree from :func:`setup`.
+        model: the model the tree was made for.
+        grads: the gradient of the loss with respect to ``model``.
+        *higher: further gradient trees for rules whose ``apply`` takes them.
+
+    Returns:
+        ``(new_tree, new_model)``.
+
+    Raises:
+        ValueError: a gradient's shape or the gradient tree's structure does not match
+            the model, or the tree does not match the model; the message names the path.
+        TypeError: a gradient is not an array, or a model was passed as the tree.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent
+        >>> model = {"w": np.array([1.0, 2.0]), "n": 3}
+        >>> tree = setup(Descent(0.1), model)
+        >>> tree, new = update(tree, model, {"w": np.array([10.0, 0.0])})
+        >>> new["w"], model["w"]
+        (array([0., 2.]), array([1., 2.]))
+    """
+    return _update(copy_tree(tree), model, (grads, *higher), inplace=False)
+
+
+_NOGRAD = object()
+
+
+def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[Any, Any]:
+    """update_(tree, model, grads) -> (tree, model): one optimisation step, in place.
+
+    Like :func:`update`, but arrays that may be written (NumPy, PyTorch) are updated in
+    place, and the Leafs' states are mutated; JAX arrays are replaced. Use the returned
+    model. Everything is validated before anything is written: after an error, model and
+    tree are as they were. For a ``torch.nn.Module``, ``grads`` may be left out: each
+    parameter's ``.grad`` is used.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Momentum
+        >>> model = [np.array([1.0, 2.0])]
+        >>> tree = setup(Momentum(0.1), model)
+        >>> tree, same = update_(tree, model, [np.array([1.0, 1.0])])
+        >>> model[0], same is model
+        (array([0.9, 1.9]), True)
+    """
+    if grads is _NOGRAD:
+        if "torch" in sys.modules and backends.ops("torch").hasmodule(model):
+            grads = backends.ops("torch").module_grads(model)
+        else:
+            raise TypeError("update_(tree, model, grads) needs the gradients; only a "
+                            "torch.nn.Module model may leave them out (its .grad is read)")
+    return _update(tree, model, (grads, *higher), inplace=True)

@@ -1,0 +1,314 @@
+"""The tree protocol: what the children of a node are, and how to rebuild it.
+
+Everything else in ``optimisers`` walks models through these few functions, so a new
+kind of node (a registered class, an ``nn.Module``) works everywhere once it works here.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import sys
+import types
+import warnings
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from optimisers import backends
+
+__all__ = [
+    "children", "rebuild", "register", "functor", "trainable", "isnumeric", "isleaf",
+    "ismutable", "maywrite", "ispositional",
+]
+
+T = TypeVar("T")
+
+# cls -> (children names or None for "all attributes", trainable names or None for "all")
+_REGISTRY: dict[type, tuple[tuple[str, ...] | None, tuple[str, ...] | None]] = {}
+
+
+def _registered(cls: type):
+    for base in cls.__mro__:
+        if base in _REGISTRY:
+            return _REGISTRY[base]
+    return None
+
+
+def _isnamedtuple(x: Any) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def _ismodule(x: Any) -> bool:
+    """A ``torch.nn.Module``, without importing torch when the user has not."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.nn.Module)
+
+
+def children(x: Any) -> dict:
+    """children(x) -> dict mapping each child's key to the child; empty for a leaf.
+
+    Tuples and lists have keys ``0..n-1``; mappings their own keys; namedtuples,
+    dataclasses (equinox modules too) and registered classes their field names; a
+    ``torch.nn.Module`` its parameters, buffers and submodules. Anything else is a leaf.
+
+    Example:
+        >>> children((10, [20]))
+        {0: 10, 1: [20]}
+        >>> children({"w": 1.0, "b": 2.0})
+        {'w': 1.0, 'b': 2.0}
+        >>> children(3.0)
+        {}
+    """
+    if isinstance(x, (str, bytes)) or x is None:
+        return {}
+    spec = _registered(type(x))
+    if spec is not None:
+        names = spec[0] if spec[0] is not None else tuple(vars(x))
+        return {n: getattr(x, n) for n in names}
+    if isinstance(x, tuple):
+        return x._asdict() if _isnamedtuple(x) else dict(enumerate(x))
+    if isinstance(x, list):
+        return dict(enumerate(x))
+    if isinstance(x, Mapping):
+        return dict(x)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+    if _ismodule(x):
+        return {**x._parameters, **x._buffers, **x._modules}
+    return {}
+
+
+def isleaf(x: Any) -> bool:
+    """isleaf(x) -> True when ``x`` has no children (the default ``exclude`` of fmap).
+
+    Example:
+        >>> isleaf(1.0), isleaf([1.0]), isleaf([])
+        (True, False, True)
+    """
+    return not children(x)
+
+
+def ispositional(x: Any) -> bool:
+    """ispositional(x) -> True for plain tuples and lists, whose keys are positions.
+
+    The state tree mirrors these as tuples and lists; every other node becomes a dict.
+
+    Example:
+        >>> ispositional((1, 2)), ispositional({"a": 1})
+        (True, False)
+    """
+    return isinstance(x, (tuple, list)) and not _isnamedtuple(x) and _registered(type(x)) is None
+
+
+def rebuild(x: T, new_children: Mapping) -> T:
+    """rebuild(x, new_children) -> a node like ``x`` with the given children replaced.
+
+    Keys not in ``new_children`` keep their old value. ``x`` is never mutated, and a
+    dataclass or registered class is copied, never re-initialised (``__init__`` and
+    ``__post_init__`` do not run again).
+
+    Raises:
+        ValueError: when a key is not one of ``x``'s children.
+
+    Example:
+        >>> rebuild((1, 2, 3), {1: 20})
+        (1, 20, 3)
+        >>> rebuild({"w": 1.0, "b": 2.0}, {"b": 0.0})
+        {'w': 1.0, 'b': 0.0}
+    """
+    old = children(x)
+    unknown = [k for k in new_children if k not in old]
+    if unknown:
+        raise ValueError(f"cannot rebuild {type(x).__name__}: it has no child {unknown[0]!r}; "
+                         f"its keys are {list(old)}")
+    if not new_children:
+        return x
+    if _registered(type(x)) is None:
+        if isinstance(x, tuple):
+            vals = [new_children.get(k, v) for k, v in old.items()]
+            return type(x)(*vals) if _isnamedtuple(x) else type(x)(vals)
+        if isinstance(x, list):
+            y = copy.copy(x)
+            for k, v in new_children.items():
+                y[k] = v
+            return y
+        if isinstance(x, Mapping):
+            try:
+                y = copy.copy(x)
+                for k, v in new_children.items():
+                    y[k] = v
+                return y
+            except TypeError:  # an immutable Mapping
+                return type(x)({k: new_children.get(k, v) for k, v in old.items()})
+        if _ismodule(x):
+            return backends.ops("torch").rebuild_module(x, new_children)
+    y = copy.copy(x)
+    for k, v in new_children.items():
+        object.__setattr__(y, k, v)
+    return y
+
+
+def register(cls: type, children: Iterable[str] | None = None,
+             trainable: Iterable[str] | None = None) -> type:
+    """register(cls, children=None, trainable=None) -> cls, now a node of the tree protocol.
+
+    Args:
+        cls: the class whose instances become nodes.
+        children: the attribute names that are children; ``None`` means all instance
+            attributes (``vars(x)``).
+        trainable: the names of the children that an optimiser may train; ``None`` means
+            all of them.
+
+    Example:
+        >>> class Affine:
+        ...     def __init__(self, w, b):
+        ...         self.w, self.b = w, b
+        >>> _ = register(Affine, trainable=("w",))
+        >>> children(Affine(1.0, 2.0)), trainable(Affine(1.0, 2.0))
+        ({'w': 1.0, 'b': 2.0}, ('w',))
+    """
+    names = None if children is None else tuple(children)
+    train = None if trainable is None else tuple(trainable)
+    if names is not None and train is not None and not set(train) <= set(names):
+        raise ValueError(f"trainable {train} names children that {cls.__name__} lacks; "
+                         f"its children are {names}")
+    _REGISTRY[cls] = (names, train)
+    return cls
+
+
+def functor(cls: type | None = None, *, children: Iterable[str] | None = None,
+            trainable: Iterable[str] | None = None) -> Any:
+    """@functor or @functor(children=..., trainable=...): :func:`register` as a decorator.
+
+    Example:
+        >>> @functor(trainable=("beta", "gamma"))
+        ... class Norm:
+        ...     def __init__(self, n):
+        ...         self.beta, self.gamma, self.mu = [0.0] * n, [1.0] * n, [0.0] * n
+        >>> trainable(Norm(2))
+        ('beta', 'gamma')
+    """
+    if cls is None:
+        return lambda c: register(c, children, trainable)
+    return register(cls, children, trainable)
+
+
+def trainable(x: Any) -> tuple:
+    """trainable(x) -> the keys of ``x``'s children that an optimiser may train.
+
+    By default all keys. A class declares a subset with :func:`register` /
+    :func:`functor`, or with ``__trainable__``: a class attribute holding the key names,
+    or a method returning them (which may depend on the instance). Keys, not values:
+    two children holding the very same object are told apart by name. A legacy
+    ``__trainable__`` returning child *values* is converted by identity, with a
+    ``DeprecationWarning``. A ``torch.nn.Module`` trains its parameters that have
+    ``requires_grad`` and its submodules, never its buffers.
+
+    Example:
+        >>> class BatchNorm:
+        ...     __trainable__ = ("beta", "gamma")
+        ...     def __init__(self):
+        ...         self.beta = self.mu = (0.0,)   # one object, two names
+        ...         self.gamma = (1.0,)
+        >>> _ = register(BatchNorm)
+        >>> trainable(BatchNorm())
+        ('beta', 'gamma')
+    """
+    kids = children(x)
+    declared = getattr(type(x), "__trainable__", None)
+    if declared is not None:
+        declared = getattr(x, "__trainable__")
+        if callable(declared):
+            declared = declared()
+        return _as_keys(x, kids, tuple(declared))
+    spec = _registered(type(x))
+    if spec is not None and spec[1] is not None:
+        return spec[1]
+    if _ismodule(x):
+        return tuple(k for k, v in kids.items()
+                     if k in x._modules or (k in x._parameters and v is not None
+                                            and v.requires_grad))
+    return tuple(kids)
+
+
+def _iskey(kids: dict, item: Any) -> bool:
+    if not isinstance(item, Hashable):
+        return False
+    try:
+        return item in kids
+    except TypeError:
+        return False
+
+
+def _as_keys(x: Any, kids: dict, declared: tuple) -> tuple:
+    if all(_iskey(kids, item) for item in declared):
+        return declared
+    warnings.warn(f"__trainable__ of {type(x).__name__} returned child values; return the "
+                  f"child keys instead (one of {list(kids)}): values are matched by identity, "
+                  f"which confuses two children holding the same object",
+                  DeprecationWarning, stacklevel=3)
+    ids = {id(item) for item in declared}
+    return tuple(k for k, v in kids.items() if id(v) in ids)
+
+
+def isnumeric(x: Any) -> bool:
+    """isnumeric(x) -> True for a floating or complex array of NumPy, PyTorch, JAX or CuPy.
+
+    0-d arrays count; integer and boolean arrays, and Python or NumPy scalars, never do.
+    These are the arrays an optimiser trains.
+
+    Example:
+        >>> import numpy as np
+        >>> isnumeric(np.zeros(3)), isnumeric(np.zeros(3, int)), isnumeric(1.0)
+        (True, False, False)
+    """
+    lib = backends.library(x)
+    return lib is not None and backends.ops(lib).isfloating(x)
+
+
+def maywrite(x: Any) -> bool:
+    """maywrite(x) -> True when the array ``x`` may be overwritten in place.
+
+    Writable NumPy and CuPy arrays and PyTorch tensors may; JAX arrays and read-only
+    NumPy arrays may not, so rules return new arrays for them.
+
+    Example:
+        >>> import numpy as np
+        >>> a = np.zeros(2)
+        >>> maywrite(a), maywrite(a.view()), a.setflags(write=False), maywrite(a)
+        (True, True, None, False)
+    """
+    lib = backends.library(x)
+    return lib is not None and backends.ops(lib).maywrite(x)
+
+
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), type, frozenset, range,
+              types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+              types.ModuleType, type(Ellipsis))
+
+
+def ismutable(x: Any) -> bool:
+    """ismutable(x) -> whether ``x`` can change after creation, so that identity means a tie.
+
+    Writable arrays, lists, dicts and ordinary objects are mutable; JAX arrays, read-only
+    NumPy arrays, tuples, numbers, strings and frozen dataclasses holding nothing mutable
+    are not. ``fmap`` and ``setup`` tie only mutable objects reached by several paths.
+
+    Example:
+        >>> import numpy as np
+        >>> ismutable(np.zeros(2)), ismutable((1, 2)), ismutable([1, 2])
+        (True, False, True)
+    """
+    lib = backends.library(x)
+    if lib is not None:
+        return backends.ops(lib).maywrite(x)
+    if isinstance(x, _IMMUTABLE) or isinstance(x, tuple) and not _registered(type(x)):
+        return False
+    if isinstance(x, (types.MappingProxyType,)):
+        return False
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        params = getattr(type(x), "__dataclass_params__", None)
+        if params is not None and params.frozen and _registered(type(x)) is None:
+            return any(ismutable(c) for c in children(x).values())
+    return True
+

@@ -1,0 +1,129 @@
+"""Walking models: fmap and friends, with the identity cache that keeps ties."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from optimisers.keypath import KeyPath
+from optimisers.tree import children, isleaf, ismutable, ispositional, rebuild
+
+__all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror"]
+
+
+def mirror(x: Any, new_children: Mapping) -> Any:
+    """The plain-container twin of the node ``x``: a tuple or list for positional nodes,
+    a ``dict`` keyed like ``x``'s children for every other node. Used by the state tree."""
+    if ispositional(x):
+        return type(x)(new_children.values()) if isinstance(x, list) else tuple(
+            new_children.values())
+    return dict(new_children)
+
+
+def child_of(y: Any, key: Any) -> Any:
+    """The child of a companion tree ``y`` under ``key``, or ``None`` where it has none."""
+    if y is None:
+        return None
+    if isinstance(y, Mapping):
+        return y.get(key)
+    return children(y).get(key)
+
+
+def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, build: Callable,
+         keys: Callable | None = None, skip: Callable | None = None) -> Any:
+    """The one tree walk behind fmap, fmapstructure and setup.
+
+    ``f(keypath, leaf, *ys_leaves)`` runs where ``exclude`` holds; other nodes are rebuilt
+    by ``build(node, new_children)``. With ``keys``, only the children named by
+    ``keys(node)`` are walked and the others become ``skip(child)``. With ``cache``, a
+    mutable object reached again is not walked again: its first result is reused.
+    """
+    memo: dict[int, tuple[Any, Any]] = {}
+
+    def go(kp: KeyPath, x: Any, ys: tuple) -> Any:
+        tied = cache and ismutable(x)
+        if tied and id(x) in memo:
+            return memo[id(x)][1]
+        if exclude(x):
+            out = f(kp, x, *ys)
+        else:
+            kids = children(x)
+            walked = kids.keys() if keys is None else set(keys(x))
+            out = build(x, {
+                k: go(kp + (k,), v, tuple(child_of(y, k) for y in ys)) if k in walked
+                else skip(v)
+                for k, v in kids.items()})
+        if tied:
+            memo[id(x)] = (x, out)  # holding x keeps its id from being reused
+        return out
+
+    return go(KeyPath(), x, ys)
+
+
+def fmap_with_path(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf,
+                   cache: bool = True) -> Any:
+    """fmap_with_path(f, x, *ys) -> ``x`` rebuilt with ``f(keypath, leaf, *y_leaves)`` at each leaf.
+
+    Like :func:`fmap`, but ``f`` also receives the :class:`KeyPath` of the leaf.
+
+    Example:
+        >>> fmap_with_path(lambda kp, v: f"{kp}={v}", {"a": 1, "b": (2, 3)})
+        {'a': 'a=1', 'b': ('b.0=2', 'b.1=3')}
+    """
+    return walk(f, x, ys, exclude=exclude, cache=cache, build=rebuild)
+
+
+def fmap(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf, cache: bool = True) -> Any:
+    """fmap(f, x, *ys) -> ``x`` rebuilt with ``f(leaf, *y_leaves)`` in place of each leaf.
+
+    Walks ``x`` through the tree protocol; every node is rebuilt as its own type.
+    ``ys`` are walked in step with ``x`` (their matching children go to ``f``; a dict
+    may stand for any node). With ``cache=True`` a **mutable** object (writable array,
+    list, dict, ordinary object) reached by several paths is mapped once and the one
+    result placed at every path, so ties survive; immutable objects are mapped afresh.
+
+    Args:
+        f: the function applied to each leaf.
+        x: the model.
+        *ys: companion trees of the same structure.
+        exclude: the predicate that stops the walk (default: nodes without children).
+        cache: whether to keep ties of mutable objects.
+
+    Example:
+        >>> import numpy as np
+        >>> w = np.ones(2)
+        >>> out = fmap(lambda a: a * 2, {"enc": w, "dec": w, "n": (1.0,)})
+        >>> out["enc"], out["enc"] is out["dec"]
+        (array([2., 2.]), True)
+    """
+    return walk(lambda kp, *a: f(*a), x, ys, exclude=exclude, cache=cache, build=rebuild)
+
+
+def fmapstructure(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf,
+                  cache: bool = True) -> Any:
+    """fmapstructure(f, x, *ys) -> like :func:`fmap`, but into plain containers.
+
+    Tuples and lists stay tuples and lists; every other node becomes a ``dict`` keyed by
+    its children's names, the shape of a state tree.
+
+    Example:
+        >>> from collections import namedtuple
+        >>> P = namedtuple("P", "w b")
+        >>> fmapstructure(lambda v: v * 10, [P(1, 2)])
+        [{'w': 10, 'b': 20}]
+    """
+    return walk(lambda kp, *a: f(*a), x, ys, exclude=exclude, cache=cache, build=mirror)
+
+
+def fleaves(x: Any, exclude: Callable = isleaf) -> list:
+    """fleaves(x) -> the list of leaves of ``x``, in walk order; a tied mutable leaf once.
+
+    Example:
+        >>> import numpy as np
+        >>> w = np.zeros(2)
+        >>> len(fleaves({"a": w, "b": w, "c": 1.0}))
+        2
+    """
+    out: list = []
+    walk(lambda kp, v: out.append(v), x, (), exclude=exclude, cache=True, build=lambda x, c: x)
+    return out
