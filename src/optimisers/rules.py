@@ -75,9 +75,9 @@ def ngrads(rule: Rule) -> float:
     """How many gradient arguments ``rule.apply`` takes (``inf`` for ``*dx``)."""
     cls = type(rule)
     if cls not in _NGRADS:
-        params = list(inspect.signature(cls.apply).parameters.values())[3:]
+        params = list(inspect.signature(cls.apply).parameters.values())[3:]  # after self, state, x
         _NGRADS[cls] = (float("inf") if any(p.kind is p.VAR_POSITIONAL for p in params)
-                        else 1 + len(params))
+                        else len(params))
     return _NGRADS[cls]
 
 
@@ -414,7 +414,7 @@ class AdaDelta(Rule):
         >>> import numpy as np
         >>> r, x = AdaDelta(0.5, 0.01), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([1.0]))[1].round(4)
-        array([0.1407])
+        array([0.14])
     """
 
     rho: float = 0.9
@@ -550,7 +550,7 @@ class AdaBelief(Rule):
         >>> import numpy as np
         >>> r, x = AdaBelief(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([3.0]))[1].round(4)
-        array([0.3333])
+        array([0.1111])
     """
 
     eta: float = 0.001

@@ -217,7 +217,7 @@ def trainable(x: Any) -> tuple:
     kids = children(x)
     declared = getattr(type(x), "__trainable__", None)
     if declared is not None:
-        declared = getattr(x, "__trainable__")
+        declared = x.__trainable__
         if callable(declared):
             declared = declared()
         return _as_keys(x, kids, tuple(declared))

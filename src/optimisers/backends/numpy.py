@@ -75,7 +75,10 @@ def astype(x: Array, dtype: Any) -> Array:
 
 def todtype(dtype: Any) -> Any:
     """A NumPy dtype from a NumPy, PyTorch or JAX dtype, or a name."""
-    return np.dtype(str(dtype).removeprefix("torch."))
+    try:
+        return np.dtype(dtype)
+    except TypeError:  # torch.float32 and the like
+        return np.dtype(str(dtype).removeprefix("torch."))
 
 
 def copy(x: Array) -> Array:
@@ -95,7 +98,7 @@ def subtract(x: Array, d: Any, inplace: bool) -> Array:
     if inplace and x.flags.writeable:
         np.subtract(x, d, out=x, casting="unsafe")
         return x
-    return np.subtract(x, d).astype(x.dtype, copy=False)
+    return np.asarray(np.subtract(x, d), dtype=x.dtype)  # 0-d stays an array
 
 
 def add(a: Array, b: Array) -> Array:

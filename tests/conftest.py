@@ -1,0 +1,73 @@
+"""Shared fixtures: ALL_RULES, the list every behaviour test is parametrised over."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from optimisers import (
+    AccumGrad,
+    AdaBelief,
+    AdaDelta,
+    AdaGrad,
+    Adam,
+    AdaMax,
+    AdamW,
+    AMSGrad,
+    ClipGrad,
+    ClipNorm,
+    Descent,
+    Lion,
+    MixedPrecision,
+    Momentum,
+    NAdam,
+    Nesterov,
+    OAdam,
+    OptimiserChain,
+    RAdam,
+    RMSProp,
+    Rprop,
+    SignDecay,
+    WeightDecay,
+)
+
+# Rules that descend on their own: defaults, chains and non-default variants.
+DESCENDING = [
+    Descent(0.1), Momentum(0.01, 0.9), Nesterov(0.01, 0.9), RMSProp(0.01),
+    RMSProp(0.01, centred=True), Rprop(0.01), Adam(0.05), RAdam(0.05), AdaMax(0.05),
+    AMSGrad(0.05), NAdam(0.05), OAdam(0.05), AdamW(0.05), AdamW(0.05, lambd=0.01, couple=False),
+    AdaBelief(0.05), Lion(0.01), AdaGrad(0.2), AdaDelta(0.9, 1e-4),
+    OptimiserChain(WeightDecay(1e-4), Adam(0.05)),
+    OptimiserChain(ClipGrad(1.0), Descent(0.1)),
+    OptimiserChain(ClipNorm(1.0), Momentum(0.05)),
+    OptimiserChain(ClipNorm(1.0, p=1.0), Descent(0.1)),
+    OptimiserChain(SignDecay(1e-4), Descent(0.1)),
+    OptimiserChain(AccumGrad(2), Adam(0.05)),
+    MixedPrecision(Adam(0.05)), MixedPrecision(OptimiserChain(ClipGrad(1.0), Momentum(0.05))),
+]
+# Rules that only transform gradients: they "descend" as gradient descent with step 1.
+TRANSFORMS = [WeightDecay(), SignDecay(), ClipGrad(), ClipNorm(), OptimiserChain(),
+              AccumGrad(3)]
+
+# Defaults with small steps: they descend, slowly.
+SLOW = [Adam(), AdaDelta()]
+
+ALL_RULES = DESCENDING + TRANSFORMS + SLOW
+
+
+def as_descent(rule, eta=0.3):
+    """A rule that descends: transforms get a Descent after them."""
+    return rule if rule in DESCENDING or rule in SLOW else OptimiserChain(rule, Descent(eta))
+
+
+def rule_id(rule) -> str:
+    return repr(rule).replace(" ", "")
+
+
+def rules_param(rules=ALL_RULES):
+    return pytest.mark.parametrize("rule", rules, ids=[rule_id(r) for r in rules])
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)

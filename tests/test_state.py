@@ -1,0 +1,239 @@
+"""setup, update and update_: the state tree, gradient trees, ties and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import namedtuple
+
+import numpy as np
+import pytest
+
+import optimisers as O
+from conftest import rules_param
+
+P = namedtuple("P", "w b")
+
+
+@dataclasses.dataclass
+class Dense:
+    w: object
+    b: object
+    act: object = np.tanh
+
+
+def mlp():
+    return {"layers": [Dense(np.ones((2, 3)), np.zeros(3)), Dense(np.ones((3, 1)), np.zeros(1))],
+            "scale": P(np.ones(1), 2), "steps": np.arange(3), "name": "mlp"}
+
+
+def test_setup_mirrors_the_model():
+    tree = O.setup(O.Adam(), mlp())
+    assert set(tree) == {"layers", "scale", "steps", "name"}
+    assert isinstance(tree["layers"], list) and isinstance(tree["layers"][0], dict)
+    assert isinstance(tree["layers"][0]["w"], O.Leaf) and tree["layers"][0]["act"] is None
+    assert isinstance(tree["scale"]["w"], O.Leaf) and tree["scale"]["b"] is None
+    assert tree["steps"] is None and tree["name"] is None
+    assert tree["layers"][0]["w"].state[0].shape == (2, 3)
+    assert isinstance(O.setup(O.Descent(), (np.ones(1), 1)), tuple)
+    assert isinstance(O.setup(O.Descent(), np.ones(1)), O.Leaf)
+
+
+def test_setup_warns_without_trainable_parameters():
+    with pytest.warns(UserWarning, match="no trainable parameter"):
+        O.setup(O.Adam(), {"a": 1, "b": np.arange(2)})
+
+
+def test_setup_refuses_a_non_rule():
+    with pytest.raises(TypeError, match=r"takes a Rule first, got dict"):
+        O.setup({"w": np.ones(1)}, O.Adam())
+
+
+def test_update_is_pure():
+    model = mlp()
+    before = {"w0": model["layers"][0].w.copy(), "b1": model["layers"][1].b.copy()}
+    tree = O.setup(O.Adam(0.1), model)
+    m0 = tree["layers"][0]["w"].state[0].copy()
+    grads = O.fmap(lambda x: np.ones_like(x) if O.isnumeric(x) else None, model)
+    new_tree, new = O.update(tree, model, grads)
+    np.testing.assert_array_equal(model["layers"][0].w, before["w0"])
+    np.testing.assert_array_equal(model["layers"][1].b, before["b1"])
+    np.testing.assert_array_equal(tree["layers"][0]["w"].state[0], m0)
+    assert new_tree["layers"][0]["w"] is not tree["layers"][0]["w"]
+    assert not np.array_equal(new["layers"][0].w, before["w0"])
+    assert new["steps"] is model["steps"] and new["name"] == "mlp"
+    assert type(new["layers"][0]) is Dense and new["layers"][0].act is np.tanh
+
+
+def test_update_in_place_returns_the_same_model():
+    model = mlp()
+    w = model["layers"][0].w
+    tree = O.setup(O.Descent(0.5), model)
+    tree, new = O.update_(tree, model, {"layers": [{"w": np.ones((2, 3))}, None]})
+    assert new is model and new["layers"][0].w is w and w[0, 0] == 0.5
+
+
+@pytest.mark.parametrize("grads", [
+    {"layers": [Dense(np.ones((2, 3)), None, None), None]},      # the model's own classes
+    {"layers": [{"w": np.ones((2, 3))}, None]},                    # dicts for any node
+    {"layers": {0: {"w": np.ones((2, 3)), "b": None}}},            # dict for a list too
+    {"layers": [{"w": np.ones((2, 3)), "act": "ignored"}, {}], "steps": np.ones(3)},
+])
+def test_gradient_tree_forms(grads):
+    model = mlp()
+    tree = O.setup(O.Descent(1.0), model)
+    _, new = O.update(tree, model, grads)
+    assert (new["layers"][0].w == 0).all()
+    assert (new["layers"][0].b == 0).all() and (new["layers"][1].w == 1).all()
+
+
+def test_none_gradient_leaves_state_untouched():
+    model = {"a": np.ones(2), "b": np.ones(2)}
+    tree = O.setup(O.Momentum(0.1), model)
+    tree, model = O.update_(tree, model, {"a": np.ones(2), "b": None})
+    assert (tree["b"].state == 0).all() and (tree["a"].state == 0.1).all()
+    tree, model = O.update_(tree, model, None)
+    assert (model["a"] == 0.9).all()
+
+
+def test_gradients_are_cast_to_the_parameter_dtype():
+    model = [np.ones(2, np.float32)]
+    tree = O.setup(O.Adam(), model)
+    tree, new = O.update(tree, model, [np.ones(2, np.float64)])
+    assert new[0].dtype == np.float32 and tree[0].state[0].dtype == np.float32
+    _, new = O.update(tree, model, [np.ones(2, int)])
+    assert new[0].dtype == np.float32
+
+
+# ---------------------------------------------------------------- ties
+
+
+def tied_model():
+    w = np.array([1.0, 2.0])
+    return {"enc": Dense(w, np.zeros(2)), "dec": Dense(w, np.zeros(2)), "w": w}, w
+
+
+@rules_param()
+def test_tied_parameters_share_one_leaf_and_stay_tied(rule):
+    model, w = tied_model()
+    tree = O.setup(rule, model)
+    assert tree["enc"]["w"] is tree["dec"]["w"] is tree["w"]
+    g = {"enc": {"w": np.array([1.0, 0.0])}, "dec": {"w": np.array([0.0, 2.0])}}
+    new_tree, new = O.update(tree, model, g)
+    assert new["enc"].w is new["dec"].w is new["w"]
+    assert new_tree["enc"]["w"] is new_tree["dec"]["w"]
+    tree, same = O.update_(tree, model, g)
+    assert same["enc"].w is w and same["dec"].w is w
+    np.testing.assert_array_equal(new["w"], w)
+
+
+def test_tied_gradients_are_summed_once():
+    model, w = tied_model()
+    tree = O.setup(O.Descent(1.0), model)
+    g = {"enc": {"w": np.array([1.0, 0.0])}, "dec": {"w": np.array([0.0, 2.0])},
+         "w": np.array([0.5, 0.5])}
+    _, new = O.update(tree, model, g)
+    assert new["w"].tolist() == [-0.5, -0.5]
+    # the rule ran once: Momentum's velocity saw the summed gradient once
+    tree = O.setup(O.Momentum(1.0, 0.0), model)
+    tree, _ = O.update_(tree, model, g)
+    assert tree["w"].state.tolist() == [1.5, 2.5]
+
+
+def test_mutable_containers_stay_tied():
+    shared = [np.ones(2)]
+    model = {"a": shared, "b": shared}
+    tree = O.setup(O.Descent(), model)
+    _, new = O.update(tree, model, {"a": [np.ones(2)]})
+    assert new["a"] is new["b"] and new["a"] is not shared
+
+
+def test_immutable_values_are_never_tied():
+    ro = np.ones(2)
+    ro.setflags(write=False)
+    model = {"a": ro, "b": ro}
+    tree = O.setup(O.Descent(1.0), model)
+    assert tree["a"] is not tree["b"]
+    tree, new = O.update_(tree, model, {"a": np.ones(2)})
+    assert new["a"].tolist() == [0.0, 0.0] and new["b"] is ro and ro.tolist() == [1.0, 1.0]
+
+
+def test_frozen_leaves_are_skipped():
+    model = {"a": np.ones(2), "b": np.ones(2)}
+    tree = O.freeze_(O.setup(O.Adam(0.1), model), "a")
+    tree, model = O.update_(tree, model, {"a": np.ones(2), "b": np.ones(2)})
+    assert (model["a"] == 1).all() and (model["b"] < 1).all()
+    assert "frozen=True" in repr(tree["a"])
+    O.thaw_(tree)
+    tree, model = O.update_(tree, model, {"a": np.ones(2), "b": np.ones(2)})
+    assert (model["a"] < 1).all()
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("grads,error,match", [
+    ({"layers": [{"w": np.ones((3, 2))}, None]}, ValueError,
+     r"gradient at KeyPath\('layers', 0, 'w'\) has shape \(3, 2\) but the parameter has "
+     r"shape \(2, 3\)"),
+    ({"layers": [None, {"w": np.ones((3, 1)), "bias": np.ones(1)}]}, ValueError,
+     r"gradient at KeyPath\('layers', 1\) has key 'bias', which the model lacks"),
+    ({"layers": [{"w": np.ones((2, 3))}]}, ValueError,
+     r"gradient at KeyPath\('layers',?\) has 1 children but the model has 2"),
+    ({"layers": np.ones(2)}, ValueError,
+     r"gradient at KeyPath\('layers',?\) is an array .* structure does not match"),
+    ({"layers": [{"w": {"x": np.ones(1)}}, None]}, ValueError,
+     r"gradient at KeyPath\('layers', 0, 'w'\) is a dict with children"),
+    ({"layers": [{"w": "oops"}, None]}, TypeError,
+     r"gradient at KeyPath\('layers', 0, 'w'\) is a str, but an array of shape \(2, 3\)"),
+    ({"layers": [{"w": np.array([["a"] * 3] * 2)}, None]}, TypeError,
+     r"has dtype <U1, which is not a number type"),
+    ({"nonsense": 1}, ValueError, r"gradient at KeyPath\(\) has key 'nonsense'"),
+])
+def test_bad_gradients_name_the_path_and_write_nothing(grads, error, match):
+    model = mlp()
+    tree = O.setup(O.Momentum(0.1), model)
+    # every Leaf's gradient valid but the bad one, so that a partial write would show
+    full = O.fmap(lambda x: np.ones_like(x) if O.isnumeric(x) else None, model)
+    tree, model = O.update_(tree, model, full)
+    snapshot = {kp: leaf.state.copy() for kp, leaf in O.state.leaves(tree)}
+    w0 = model["layers"][0].w.copy()
+    with pytest.raises(error, match=match):
+        O.update_(tree, model, {**full, **grads} if "nonsense" not in grads else grads)
+    for kp, leaf in O.state.leaves(tree):
+        np.testing.assert_array_equal(leaf.state, snapshot[kp])
+    np.testing.assert_array_equal(model["layers"][0].w, w0)
+
+
+def test_model_passed_as_tree():
+    model = {"w": np.ones(2)}
+    tree = O.setup(O.Adam(), model)
+    with pytest.raises(TypeError, match=r"found an array at KeyPath\('w'\); pass the state tree "
+                                        r"first: update\(tree, model, grads\)"):
+        O.update(model, tree, model)
+    with pytest.raises(TypeError, match="expected a state tree"):
+        O.freeze_(model)
+    with pytest.raises(TypeError, match="expected a state tree"):
+        O.adjust(model, 0.1)
+
+
+def test_tree_that_does_not_match_the_model():
+    tree = O.setup(O.Adam(), {"w": np.ones(2), "b": np.ones(2)})
+    with pytest.raises(ValueError, match=r"the state tree at KeyPath\(\) has keys \['w', 'b'\], "
+                                         r"but the model has \['w'\]"):
+        O.update(tree, {"w": np.ones(2)}, {"w": np.ones(2)})
+    with pytest.raises(ValueError, match=r"state tree has a Leaf at KeyPath\('b'\), but the "
+                                         r"model has a str there"):
+        O.update(tree, {"w": np.ones(2), "b": "x"}, {"w": np.ones(2)})
+
+
+def test_update_needs_gradients_except_for_torch():
+    model = {"w": np.ones(2)}
+    with pytest.raises(TypeError, match="needs the gradients; only a torch.nn.Module"):
+        O.update_(O.setup(O.Adam(), model), model)
+
+
+def test_rule_errors_name_the_path():
+    model = {"w": np.array([1.0, 2.0])}
+    tree = O.setup(O.ClipNorm(), model)
+    with pytest.raises(FloatingPointError, match=r"norm is inf.*at KeyPath\('w'\)"):
+        O.update_(tree, model, {"w": np.array([np.inf, 0.0])})

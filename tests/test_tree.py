@@ -1,0 +1,181 @@
+"""The tree protocol: children, rebuild, register/@functor, trainable, isnumeric."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict, defaultdict, namedtuple
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+
+import optimisers as O
+from optimisers import children, rebuild, trainable
+
+Pair = namedtuple("Pair", "w b")
+
+
+@dataclasses.dataclass
+class Dense:
+    w: object
+    b: object
+    act: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    w: object
+    n: int = 0
+
+    def __post_init__(self):
+        Frozen.inits += 1
+
+
+Frozen.inits = 0
+
+
+@pytest.mark.parametrize("node,kids", [
+    ((1, 2), {0: 1, 1: 2}),
+    ([1, 2], {0: 1, 1: 2}),
+    ({"a": 1, "b": 2}, {"a": 1, "b": 2}),
+    (OrderedDict(b=1, a=2), {"b": 1, "a": 2}),
+    (Pair(1, 2), {"w": 1, "b": 2}),
+    (Dense(1, 2), {"w": 1, "b": 2, "act": None}),
+    (1.0, {}), ("str", {}), (None, {}), (np.zeros(2), {}), (len, {}),
+])
+def test_children(node, kids):
+    assert children(node) == kids
+    assert list(children(node)) == list(kids)
+
+
+@pytest.mark.parametrize("node,new,expect", [
+    ((1, 2), {1: 9}, (1, 9)),
+    ([1, 2], {0: 9}, [9, 2]),
+    ({"a": 1, "b": 2}, {"a": 9}, {"a": 9, "b": 2}),
+    (Pair(1, 2), {"b": 9}, Pair(1, 9)),
+    (Dense(1, 2), {"w": 9}, Dense(9, 2)),
+])
+def test_rebuild_replaces_and_never_mutates(node, new, expect):
+    before = repr(node)
+    out = rebuild(node, new)
+    assert out == expect and type(out) is type(node)
+    assert repr(node) == before
+
+
+def test_rebuild_keeps_mapping_types_and_order():
+    od = OrderedDict(b=1, a=2)
+    assert list(rebuild(od, {"a": 0}).items()) == [("b", 1), ("a", 0)]
+    dd = defaultdict(list, {"x": 1})
+    out = rebuild(dd, {"x": 2})
+    assert type(out) is defaultdict and out.default_factory is list and dd["x"] == 1
+    proxy = MappingProxyType({"x": 1})
+    assert rebuild(proxy, {"x": 2})["x"] == 2
+
+
+def test_rebuild_frozen_dataclass_does_not_rerun_init():
+    f = Frozen(np.ones(2), 3)
+    n = Frozen.inits
+    g = rebuild(f, {"w": np.zeros(2)})
+    assert Frozen.inits == n and g.n == 3 and f.w[0] == 1 and g.w[0] == 0
+
+
+def test_rebuild_unknown_key():
+    with pytest.raises(ValueError, match="has no child 'c'; its keys are"):
+        rebuild({"a": 1}, {"c": 2})
+
+
+def test_register_and_functor():
+    class Affine:
+        def __init__(self, w, b, name):
+            self.w, self.b, self.name = w, b, name
+
+    O.register(Affine, children=("w", "b"), trainable=("w",))
+    a = Affine(1.0, 2.0, "x")
+    assert children(a) == {"w": 1.0, "b": 2.0} and trainable(a) == ("w",)
+    b = rebuild(a, {"b": 5.0})
+    assert (b.w, b.b, b.name, a.b) == (1.0, 5.0, "x", 2.0)
+
+    @O.functor
+    class Bag:
+        def __init__(self):
+            self.x, self.y = 1, 2
+
+    assert children(Bag()) == {"x": 1, "y": 2} and trainable(Bag()) == ("x", "y")
+
+    with pytest.raises(ValueError, match="trainable .* names children that Bad lacks"):
+        O.register(type("Bad", (), {}), children=("a",), trainable=("b",))
+
+
+def test_trainable_by_key_tells_identical_children_apart():
+    shared = np.zeros(2)
+    shared.setflags(write=False)  # immutable, so never a tie
+
+    @O.functor
+    class BatchNorm:
+        __trainable__ = ("beta", "gamma")
+
+        def __init__(self):
+            self.beta = self.mu = shared
+            self.gamma = np.ones(2)
+
+    bn = BatchNorm()
+    assert trainable(bn) == ("beta", "gamma")
+    tree = O.setup(O.Descent(), bn)
+    assert tree["mu"] is None and isinstance(tree["beta"], O.Leaf)
+    tree, new = O.update(tree, bn, {"beta": np.ones(2), "mu": np.ones(2)})
+    assert new.beta.tolist() == [-0.1, -0.1] and new.mu.tolist() == [0.0, 0.0]
+
+
+def test_trainable_method_may_depend_on_instance():
+    @dataclasses.dataclass
+    class Norm:
+        beta: object
+        affine: bool = True
+
+        def __trainable__(self):
+            return ("beta",) if self.affine else ()
+
+    assert trainable(Norm(1.0)) == ("beta",) and trainable(Norm(1.0, False)) == ()
+
+
+def test_legacy_trainable_values_are_converted_with_warning():
+    @dataclasses.dataclass
+    class Old:
+        a: object
+        b: object
+
+        def __trainable__(self):
+            return (self.a,)
+
+    x = Old(np.ones(2), np.zeros(2))
+    with pytest.warns(DeprecationWarning, match="returned child values; return the child keys"):
+        assert trainable(x) == ("a",)
+
+
+def test_isnumeric():
+    assert O.isnumeric(np.zeros(3)) and O.isnumeric(np.zeros((), np.float16))
+    assert O.isnumeric(np.zeros(2, np.complex64))
+    for x in [np.zeros(2, int), np.zeros(2, bool), 1.0, 1, np.float32(1), "a", None, [1.0]]:
+        assert not O.isnumeric(x)
+
+
+def test_ismutable():
+    ro = np.zeros(2)
+    ro.setflags(write=False)
+    assert O.ismutable(np.zeros(2)) and O.ismutable([1]) and O.ismutable({})
+    assert O.ismutable(Dense(1, 2))
+    assert not O.ismutable(ro) and not O.ismutable((1, [2])) and not O.ismutable(1.0)
+    assert not O.ismutable(Frozen(1)) and O.ismutable(Frozen(np.ones(1)))
+    assert O.maywrite(np.zeros(1)) and not O.maywrite(ro) and not O.maywrite([1.0])
+
+
+def test_keypath():
+    kp = O.KeyPath("layers", 0, "weight")
+    assert repr(kp) == "KeyPath('layers', 0, 'weight')" and str(kp) == "layers.0.weight"
+    assert kp[:2] == O.KeyPath("layers", 0) and isinstance(kp[:2], O.KeyPath)
+    assert kp == ("layers", 0, "weight") and hash(kp) == hash(("layers", 0, "weight"))
+    model = {"layers": [{"weight": 5}]}
+    assert O.getkeypath(model, kp) == 5 and O.haskeypath(model, kp)
+    assert not O.haskeypath(model, O.KeyPath("layers", 1))
+    with pytest.raises(KeyError, match=r"KeyPath\('layers'\) has no child 1"):
+        O.getkeypath(model, O.KeyPath("layers", 1, "weight"))
