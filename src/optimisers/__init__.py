@@ -6,15 +6,48 @@ any nesting of containers, dataclasses and registered classes.
 """
 
 from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_
+from optimisers.checkpoint import load, save
+from optimisers.destructure import Restructure, destructure, trainables
 from optimisers.keypath import KeyPath, getkeypath, haskeypath
 from optimisers.rules import (
-    RULES, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, AMSGrad, ClipGrad,
-    ClipNorm, Descent, Lion, MixedPrecision, Momentum, NAdam, Nesterov, OAdam,
-    OptimiserChain, RAdam, RMSProp, Rprop, Rule, SignDecay, WeightDecay,
+    RULES,
+    AccumGrad,
+    AdaBelief,
+    AdaDelta,
+    AdaGrad,
+    Adam,
+    AdaMax,
+    AdamW,
+    AMSGrad,
+    ClipGrad,
+    ClipNorm,
+    Descent,
+    Lion,
+    MixedPrecision,
+    Momentum,
+    NAdam,
+    Nesterov,
+    OAdam,
+    OptimiserChain,
+    RAdam,
+    RMSProp,
+    Rprop,
+    Rule,
+    SignDecay,
+    WeightDecay,
 )
 from optimisers.state import Leaf, setup, update, update_
+from optimisers.summary import summary
 from optimisers.tree import (
-    children, functor, isleaf, ismutable, isnumeric, maywrite, rebuild, register, trainable,
+    children,
+    functor,
+    isleaf,
+    ismutable,
+    isnumeric,
+    maywrite,
+    rebuild,
+    register,
+    trainable,
 )
 from optimisers.walk import fleaves, fmap, fmap_with_path, fmapstructure
 
@@ -24,8 +57,8 @@ __all__ = [
     "AMSGrad", "AccumGrad", "AdaBelief", "AdaDelta", "AdaGrad", "AdaMax", "Adam", "AdamW",
     "ClipGrad", "ClipNorm", "Descent", "KeyPath", "Leaf", "Lion", "MixedPrecision",
     "Momentum", "NAdam", "Nesterov", "OAdam", "OptimiserChain", "RAdam", "RMSProp", "RULES",
-    "Rprop", "Rule", "SignDecay", "WeightDecay", "adjust", "adjust_", "children", "fleaves",
+    "Restructure", "Rprop", "Rule", "SignDecay", "WeightDecay", "adjust", "adjust_", "children", "destructure", "fleaves",
     "fmap", "fmap_with_path", "fmapstructure", "freeze_", "functor", "getkeypath",
-    "haskeypath", "isleaf", "ismutable", "isnumeric", "maywrite", "rebuild", "register",
-    "select", "setup", "thaw_", "trainable", "update", "update_",
+    "haskeypath", "isleaf", "ismutable", "isnumeric", "load", "maywrite", "rebuild", "register",
+    "save", "select", "setup", "summary", "thaw_", "trainable", "trainables", "update", "update_",
 ]

@@ -19,8 +19,8 @@ from typing import Any
 from optimisers import backends
 from optimisers.keypath import KeyPath
 from optimisers.rules import Rule, call
-from optimisers.tree import children, isleaf, ismutable, isnumeric, rebuild, trainable
-from optimisers.walk import fmap, mirror, walk
+from optimisers.tree import children, isleaf, isnumeric, trainable
+from optimisers.walk import fmap, mirror, place, walk
 
 __all__ = ["Leaf", "setup", "update", "update_", "leaves"]
 
@@ -268,32 +268,12 @@ def _step(plan: dict, inplace: bool) -> dict:
     return new
 
 
-def _rebuild(t: Any, x: Any, new: dict, memo: dict) -> Any:
-    """The model with the new arrays put in; mutable containers reached twice stay tied."""
-    if t is None:
-        return x
-    if isinstance(t, Leaf):
-        return new.get(id(t), x)
-    if id(x) in memo:
-        return memo[id(x)][1]
-    kids = children(x)
-    keys = t.keys() if isinstance(t, dict) else range(len(t))
-    changed = {}
-    for k in keys:
-        y = _rebuild(t[k], kids[k], new, memo)
-        if y is not kids[k]:
-            changed[k] = y
-    out = rebuild(x, changed) if changed else x
-    if ismutable(x):
-        memo[id(x)] = (x, out)
-    return out
-
-
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
     plan: dict[int, _Entry] = {}
     _gather(tree, model, grads, KeyPath(), plan)
-    new = _step(plan, inplace)
-    return tree, (_rebuild(tree, model, new, {}) if new else model)
+    with backends.nograd():  # PyTorch: no autograd graph through the step
+        new = _step(plan, inplace)
+    return tree, (place(tree, model, lambda leaf, x: new.get(id(leaf), x)) if new else model)
 
 
 def _copy_array(a: Any) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 from optimisers.keypath import KeyPath
 from optimisers.tree import children, isleaf, ismutable, ispositional, rebuild
 
-__all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror"]
+__all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror", "place"]
 
 
 def mirror(x: Any, new_children: Mapping) -> Any:
@@ -127,3 +127,34 @@ def fleaves(x: Any, exclude: Callable = isleaf) -> list:
     out: list = []
     walk(lambda kp, v: out.append(v), x, (), exclude=exclude, cache=True, build=lambda x, c: x)
     return out
+
+
+def place(t: Any, x: Any, value: Callable[[Any, Any], Any]) -> Any:
+    """The model ``x`` with ``value(marker, old)`` put where the mirror tree ``t`` has a marker.
+
+    ``t`` is a mirror of ``x`` made by :func:`mirror` (dicts, tuples, lists), holding
+    ``None`` where nothing changes and a marker (a Leaf, an index) where ``value``
+    decides the new child. Only nodes with a changed child are rebuilt; a mutable node
+    reached by several paths is rebuilt once, so ties of containers survive.
+    """
+    memo: dict[int, tuple[Any, Any]] = {}
+
+    def go(t: Any, x: Any) -> Any:
+        if t is None:
+            return x
+        if not isinstance(t, (dict, tuple, list)):
+            return value(t, x)
+        if id(x) in memo:
+            return memo[id(x)][1]
+        kids = children(x)
+        changed = {}
+        for k in t.keys() if isinstance(t, dict) else range(len(t)):
+            y = go(t[k], kids[k])
+            if y is not kids[k]:
+                changed[k] = y
+        out = rebuild(x, changed) if changed else x
+        if ismutable(x):
+            memo[id(x)] = (x, out)
+        return out
+
+    return go(t, x)

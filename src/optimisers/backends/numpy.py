@@ -116,3 +116,26 @@ def dtype_name(x: Array) -> str:
 def isnumber(g: Array) -> bool:
     """Whether ``g`` holds numbers (bool, integer, floating or complex)."""
     return g.dtype.kind in "biufc"
+
+
+def size(x: Array) -> int:
+    return int(x.size)
+
+
+def nbytes(x: Array) -> int:
+    return int(x.nbytes)
+
+
+def concat(arrays: list, like: list) -> Array:
+    """One flat vector of ``arrays``, in their common (promoted) dtype."""
+    dtype = np.result_type(*like) if like else np.float32
+    return np.concatenate([np.ravel(a).astype(dtype, copy=False) for a in arrays] or
+                          [np.zeros(0, dtype)])
+
+
+def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
+    """``v[start:stop]`` as a new array of ``like``'s shape and dtype."""
+    seg = v[start:stop].reshape(like.shape)
+    if seg.dtype.kind == "c" and like.dtype.kind != "c":
+        seg = seg.real
+    return seg.astype(like.dtype, copy=True)

@@ -1,0 +1,129 @@
+"""Flattening: all trainable parameters as one vector, and back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optimisers import backends
+from optimisers.keypath import KeyPath
+from optimisers.tree import isleaf, isnumeric, trainable
+from optimisers.walk import mirror, place, walk
+
+__all__ = ["destructure", "Restructure", "trainables"]
+
+
+def _index(model: Any) -> tuple[Any, list[tuple[KeyPath, Any]]]:
+    """A mirror of ``model`` holding, at each trainable numeric array, its index among the
+    distinct parameters (a tie gets one index); and those parameters with a path each."""
+    found: list[tuple[KeyPath, Any]] = []
+
+    def mark(kp: KeyPath, x: Any) -> int | None:
+        if not isnumeric(x):
+            return None
+        found.append((kp, x))
+        return len(found) - 1
+
+    tree = walk(mark, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
+                build=mirror, keys=trainable, skip=lambda v: None)
+    return tree, found
+
+
+class Restructure:
+    """Restructure: the inverse of :func:`destructure`; ``re(v)`` rebuilds the model from ``v``.
+
+    It holds the model and, computed once, where each parameter's slice of the vector
+    lies, so calling it in a loop costs no new walk with ``trainable``. Each parameter
+    gets its original shape and dtype back, ties are restored (one array placed at every
+    path) and non-trainable parts are left as they were. ``len(re)`` is the vector's
+    length. Differentiable by the array library's autodiff (``torch.autograd``,
+    ``jax.grad``): gradients flowing through a tie accumulate.
+
+    Example:
+        >>> import numpy as np
+        >>> flat, re = destructure({"w": np.ones((2, 2)), "b": np.zeros(2)})
+        >>> re
+        Restructure(dict, ..., 6)
+        >>> re(np.arange(6.0))["b"]
+        array([4., 5.])
+    """
+
+    def __init__(self, model: Any, index: Any, params: list[Any]) -> None:
+        self.model = model
+        self._index = index
+        self._params = params
+        self._offsets = []
+        start = 0
+        for x in params:
+            n = backends.of(x).size(x)
+            self._offsets.append((start, start + n))
+            start += n
+        self.length = start
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"Restructure({type(self.model).__name__}, ..., {self.length})"
+
+    def __call__(self, flat: Any) -> Any:
+        """re(flat) -> the model with its trainable parameters taken from ``flat``.
+
+        Raises:
+            ValueError: when ``flat`` does not have length ``len(re)``.
+        """
+        shape = getattr(flat, "shape", None)
+        if shape is None or len(shape) != 1 or shape[0] != self.length:
+            raise ValueError(f"Restructure expected a 1-D vector of length {self.length}, "
+                             f"got {_describe(flat)}")
+        if not self._params:
+            return self.model
+        xp = backends.of(flat)
+        new = [xp.unflat(flat, a, b, x) for (a, b), x in zip(self._offsets, self._params)]
+        return place(self._index, self.model, lambda i, old: new[i])
+
+
+def destructure(model: Any) -> tuple[Any, Restructure]:
+    """destructure(model) -> (flat, re): every trainable parameter in one vector.
+
+    ``flat`` is a 1-D array of the model's own library holding each trainable numeric
+    array once (ties once), in walk order, promoted to their common dtype (complex if
+    any is). ``re(v)`` rebuilds the model from such a vector (see :class:`Restructure`).
+
+    Example:
+        >>> import numpy as np
+        >>> w = np.array([1.0, 2.0])
+        >>> flat, re = destructure({"enc": w, "dec": w, "bias": np.array([3.0], np.float32)})
+        >>> flat
+        array([1., 2., 3.])
+        >>> new = re(flat * 10)
+        >>> new["enc"] is new["dec"], new["bias"].dtype
+        (True, dtype('float32'))
+    """
+    index, found = _index(model)
+    params = [x for _, x in found]
+    if params:
+        flat = backends.of(params[0]).concat(params, params)
+    else:
+        flat = backends.ops("numpy").concat([], [])
+    return flat, Restructure(model, index, params)
+
+
+def trainables(model: Any, path: bool = False) -> list:
+    """trainables(model, path=False) -> the trainable numeric arrays of ``model``, each once.
+
+    In walk order, by :func:`trainable` and :func:`isnumeric`; a tied array appears
+    once. With ``path=True``, ``(KeyPath, array)`` pairs, each with the first path.
+
+    Example:
+        >>> import numpy as np
+        >>> w = np.ones(2)
+        >>> [str(kp) for kp, _ in trainables({"a": w, "b": w, "c": np.ones(1)}, path=True)]
+        ['a', 'c']
+    """
+    _, found = _index(model)
+    return found if path else [x for _, x in found]
+
+
+def _describe(v: Any) -> str:
+    shape = getattr(v, "shape", None)
+    return f"shape {tuple(shape)}" if shape is not None else f"a {type(v).__name__}"
