@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-import optimisers as O
 from optimisers import destructure, trainables
 
 

@@ -8,7 +8,9 @@ is seen, and an array of a library is only seen once the user has imported it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -63,3 +65,16 @@ def of(x: Any) -> ModuleType:
     if lib is None:
         raise TypeError(f"expected an array of NumPy, PyTorch or JAX, got {type(x).__name__}")
     return ops(lib)
+
+
+def nograd() -> contextlib.AbstractContextManager:
+    """``torch.no_grad()`` when PyTorch is loaded, else a context that does nothing."""
+    torch = sys.modules.get("torch")
+    return torch.no_grad() if torch is not None else contextlib.nullcontext()
+
+
+def istraced(v: Any) -> bool:
+    """Whether ``v`` is a JAX tracer (a value unknown until run, under ``jax.jit``): rules
+    then choose with ``where`` instead of a Python ``if``."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(v, jax.core.Tracer)
