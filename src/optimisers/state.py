@@ -11,15 +11,16 @@ validating everything and summing the gradients of tied parameters, and only the
 from __future__ import annotations
 
 import numbers
+import operator
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from optimisers import backends
+from optimisers import backends, fused
 from optimisers.keypath import KeyPath
 from optimisers.rules import Rule, call
-from optimisers.tree import children, isleaf, isnumeric, trainable
+from optimisers.tree import children, isleaf, isnumeric, ispositional, trainable
 from optimisers.walk import fmap, mirror, place, walk
 
 __all__ = ["Leaf", "setup", "update", "update_", "leaves"]
@@ -40,12 +41,13 @@ class Leaf:
         Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], (0.9, 0.999)))
     """
 
-    __slots__ = ("rule", "state", "frozen")
+    __slots__ = ("rule", "state", "frozen", "_plan")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
         self.rule = rule
         self.state = state
         self.frozen = frozen
+        self._plan = None  # set on a tree's first Leaf by update_: see _Plan
 
     def __repr__(self) -> str:
         frozen = ", frozen=True" if self.frozen else ""
@@ -107,18 +109,18 @@ def setup(rule: Rule, model: Any) -> Any:
     if not isinstance(rule, Rule):
         raise TypeError(f"setup(rule, model) takes a Rule first, got {type(rule).__name__}; "
                         f"e.g. setup(Adam(), model)")
-    count = 0
+    made: list[Leaf] = []
 
     def make(kp: KeyPath, x: Any) -> Leaf | None:
-        nonlocal count
         if not isnumeric(x):
             return None
-        count += 1
-        return Leaf(rule, rule.init(x))
+        made.append(Leaf(rule, rule.init(x)))
+        return made[-1]
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
                 build=mirror, keys=trainable, skip=lambda v: None)
-    if count == 0:
+    fused.pack(made)
+    if not made:
         warnings.warn("setup found no trainable parameter in the model: no floating-point "
                       "array sits at a trainable position", UserWarning, stacklevel=2)
     return tree
@@ -213,6 +215,21 @@ def _grad_children(g: Any, kids: dict, x: Any, kp: KeyPath) -> Mapping | None:
     return gk
 
 
+def _add(plan: dict, leaf: Leaf, x: Any, grads: list, kp: KeyPath) -> None:
+    """Add one path's gradients for ``leaf``: a second path to a tied Leaf sums them."""
+    entry = plan.get(id(leaf))
+    if entry is None:
+        plan[id(leaf)] = _Entry(leaf, x, grads, kp)
+    elif entry.x is not x:
+        raise ValueError(f"the Leaf at {kp!r} is shared with {entry.paths[0]!r}, but the "
+                         f"model holds different arrays there: the tie is lost; make the "
+                         f"tree again with setup(rule, model)")
+    else:
+        entry.grads = [a if b is None else b if a is None else backends.of(x).add(a, b)
+                       for a, b in zip(entry.grads, grads)]
+        entry.paths.append(kp)
+
+
 def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
     """Phase one: validate tree, model and gradients together; fill ``plan``."""
     if t is None:
@@ -224,19 +241,8 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
         if gs[0] is None:
             return
         grads = [None if g is None else _grad_array(g, x, kp) for g in gs]
-        if t.frozen:
-            return
-        entry = plan.get(id(t))
-        if entry is None:
-            plan[id(t)] = _Entry(t, x, grads, kp)
-        elif entry.x is not x:
-            raise ValueError(f"the Leaf at {kp!r} is shared with {entry.paths[0]!r}, but the "
-                             f"model holds different arrays there: the tie is lost; make the "
-                             f"tree again with setup(rule, model)")
-        else:
-            entry.grads = [a if b is None else b if a is None else backends.of(x).add(a, b)
-                           for a, b in zip(entry.grads, grads)]
-            entry.paths.append(kp)
+        if not t.frozen:
+            _add(plan, t, x, grads, kp)
         return
     if not isinstance(t, (dict, tuple, list)):
         raise _not_a_tree(t, kp)
@@ -252,10 +258,14 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
                 kp + (k,), plan)
 
 
-def _step(plan: dict, inplace: bool) -> dict:
-    """Phase two: run each Leaf's rule once; return the new arrays made out of place."""
-    new: dict[int, Any] = {}
-    for e in plan.values():
+def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
+    """Phase two: run each Leaf's rule once, groups of them fused where possible; return
+    the new arrays made out of place."""
+    try:
+        rest, new, groups = fused.step_groups(entries, inplace, known)
+    except (ValueError, TypeError, ArithmeticError) as err:
+        raise type(err)(f"{err} (in a fused group of Leafs)") from err
+    for e in rest:
         leaf, x = e.leaf, e.x
         try:
             leaf.state, d = call(leaf.rule, leaf.state, x, tuple(e.grads))
@@ -265,29 +275,164 @@ def _step(plan: dict, inplace: bool) -> dict:
             y = backends.of(x).subtract(x, d, inplace)
             if y is not x:
                 new[id(leaf)] = y
-    return new
+    return new, groups
 
 
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
-    plan: dict[int, _Entry] = {}
-    _gather(tree, model, grads, KeyPath(), plan)
+    first = _first_leaf(tree) if inplace else None
+    known = first._plan if first is not None else None
+    entries = known.gather(tree, model, grads) if known is not None else None
+    if entries is None:
+        plan: dict[int, _Entry] = {}
+        _gather(tree, model, grads, KeyPath(), plan)
+        entries = list(plan.values())
     with backends.nograd():  # PyTorch: no autograd graph through the step
-        new = _step(plan, inplace)
-    return tree, (place(tree, model, lambda leaf, x: new.get(id(leaf), x)) if new else model)
+        new, groups = _step(entries, inplace, known.groups if known is not None else None)
+    if not new:
+        if first is not None and (known is None or known.tree is not tree
+                                  or known.model is not model):
+            known = first._plan = _Plan(tree, model)  # the next step reuses what it learned
+        if known is not None:
+            known.groups = groups
+        return tree, model
+    return tree, place(tree, model, lambda leaf, x: new.get(id(leaf), x))
 
 
-def _copy_array(a: Any) -> Any:
-    lib = backends.library(a)
-    return backends.ops(lib).copy(a) if lib is not None and backends.ops(lib).maywrite(a) else a
+def _first_leaf(t: Any) -> Leaf | None:
+    while not isinstance(t, Leaf):
+        if isinstance(t, dict):
+            t = next((v for v in t.values() if v is not None), None)
+        elif isinstance(t, (tuple, list)):
+            t = next((v for v in t if v is not None), None)
+        else:
+            return None
+    return t
+
+
+def _getter(x: Any) -> Any:
+    """How to read a child of ``x`` by key, for nodes of ``x``'s type."""
+    if isinstance(x, (Mapping, list)) or ispositional(x):
+        return operator.getitem
+    if "torch" in sys.modules and backends.ops("torch").hasmodule(x):
+        return lambda m, k: children(m)[k]
+    return getattr
+
+
+class _Plan:
+    """What a slow gather learned about one (tree, model) pair, checked and reused.
+
+    ``update_`` on the same tree and model, the usual training loop, then costs a few
+    identity checks per node and per array instead of a walk through the tree protocol:
+    the tree and model edges are compared by identity (so any replaced child, added key
+    or new array sends the step back to the slow, fully validating gather, which also
+    gives the precise errors), and gradients are read by precomputed keys.
+    """
+
+    __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "groups")
+
+    def __init__(self, tree: Any, model: Any) -> None:
+        self.tree, self.model = tree, model
+        self.groups: list = []  # the fused groups of the last step (see fused.Group)
+        self.edges: list = []  # (getter, node, key, child) for tree and model
+        self.sizes: list = []  # (container, len) for containers that may grow
+        self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
+        self.prog = self._compile(tree, model, KeyPath())
+
+    def _compile(self, t: Any, x: Any, kp: KeyPath) -> Any:
+        if isinstance(t, Leaf):
+            self.slots.append((t, x, kp))
+            return len(self.slots) - 1
+        kids, get = children(x), _getter(x)
+        self.sizes.append((t, len(t)))
+        if isinstance(x, (dict, list)):
+            self.sizes.append((x, len(x)))
+        keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
+        subs = []
+        for k in keys:
+            self.edges.append((operator.getitem, t, k, t[k]))
+            if t[k] is None:
+                subs.append(None)
+                continue
+            self.edges.append((get, x, k, kids[k]))
+            subs.append(self._compile(t[k], kids[k], kp + (k,)))
+        return (type(x), get, keys, tuple(subs), frozenset(kids), isinstance(x, (tuple, list)))
+
+    def gather(self, tree: Any, model: Any, grads: tuple) -> list | None:
+        """The entries of a step, or ``None`` when anything differs from what was learned."""
+        if tree is not self.tree or model is not self.model:
+            return None
+        for get, node, k, child in self.edges:
+            if get(node, k) is not child:
+                return None
+        for c, n in self.sizes:
+            if len(c) != n:
+                return None
+        per_tree = []
+        for g in grads:
+            out = [None] * len(self.slots)
+            if not _read(self.prog, g, out):
+                return None
+            per_tree.append(out)
+        plan: dict[int, _Entry] = {}
+        for i, (leaf, x, kp) in enumerate(self.slots):
+            gs = [out[i] for out in per_tree]
+            if gs[0] is None:
+                continue
+            gs = [g if g is None or _plain(g, x) else _grad_array(g, x, kp) for g in gs]
+            if not leaf.frozen:
+                _add(plan, leaf, x, gs, kp)
+        return list(plan.values())
+
+
+def _plain(g: Any, x: Any) -> bool:
+    """A gradient that needs no check or cast: same type, shape and dtype as ``x``."""
+    return type(g) is type(x) and g.shape == x.shape and g.dtype == x.dtype
+
+
+def _read(prog: Any, g: Any, out: list) -> bool:
+    """Read the gradients of a compiled node into ``out``; ``False`` if ``g`` looks
+    unlike what was learned (the slow gather then says exactly what is wrong)."""
+    if type(prog) is int:
+        out[prog] = g
+        return True
+    if g is None:
+        return True
+    cls, get, keys, subs, known, positional = prog
+    if isinstance(g, Mapping):
+        if not g.keys() <= known:
+            return False
+        get = _mapget
+    elif type(g) is not cls or positional and len(g) != len(keys):
+        return False
+    for k, sub in zip(keys, subs):
+        if sub is not None and not _read(sub, get(g, k), out):
+            return False
+    return True
+
+
+def _mapget(g: Mapping, k: Any) -> Any:
+    return g.get(k)
 
 
 def copy_tree(tree: Any) -> Any:
-    """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept."""
+    """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept,
+    and state packed by :func:`fused.pack` stays packed."""
     memo: dict[int, Leaf] = {}
+    copiers: dict[str, Any] = {}
+
+    def copy_array(a: Any) -> Any:
+        lib = backends.library(a)
+        if lib is None:
+            return a
+        if lib not in copiers:
+            xp = backends.ops(lib)
+            copiers[lib] = xp.copier() if hasattr(xp, "copier") else (
+                lambda a: xp.copy(a) if xp.maywrite(a) else a)
+        return copiers[lib](a)
 
     def leaf(t: Leaf) -> Leaf:
         if id(t) not in memo:
-            memo[id(t)] = Leaf(t.rule, fmap(_copy_array, t.state), t.frozen)
+            memo[id(t)] = Leaf(t.rule, fmap(copy_array, t.state), t.frozen)
         return memo[id(t)]
 
     return _map_leaves(leaf, tree)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
+from operator import is_ as _is
 from typing import Any
 
 import numpy as np
 from numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
+
+from optimisers.backends import _numba as _kernels
 
 Array = np.ndarray
 
@@ -139,3 +143,97 @@ def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
     if seg.dtype.kind == "c" and like.dtype.kind != "c":
         seg = seg.real
     return seg.astype(like.dtype, copy=True)
+
+
+# ---------------------------------------------------------------- fused groups (fused.py)
+
+_PACKED: dict[int, tuple] = {}  # id(buffer) -> (views in order, buffer)
+
+
+def device(x: Array) -> str:
+    return "cpu"
+
+
+def flatcat(arrays: list) -> Array:
+    """All ``arrays`` raveled into one new vector (they share a dtype)."""
+    return np.concatenate(arrays, axis=None)
+
+
+def packed(parts: tuple) -> list:
+    """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
+    buf = np.empty(sum(p.size for p in parts), parts[0].dtype)
+    views, start = [], 0
+    for p in parts:
+        v = buf[start:start + p.size].reshape(p.shape)
+        np.copyto(v, p)
+        views.append(v)
+        start += p.size
+    _PACKED[id(buf)] = (tuple(views), buf)
+    weakref.finalize(buf, _PACKED.pop, id(buf), None)
+    return views
+
+
+def joined(parts: tuple) -> tuple[Array, bool]:
+    """``(flat, isview)``: the whole packed buffer when ``parts`` are exactly its views in
+    order, else a new concatenation of them."""
+    entry = _PACKED.get(id(parts[0].base))
+    if entry is not None and len(entry[0]) == len(parts) and all(map(_is, entry[0], parts)):
+        return entry[1], True
+    return np.concatenate(parts, axis=None), False
+
+
+def scatter(flat: Array, parts: tuple) -> None:
+    """Write consecutive segments of ``flat`` into each of ``parts``."""
+    start = 0
+    for p in parts:
+        np.copyto(p, flat[start:start + p.size].reshape(p.shape))
+        start += p.size
+
+
+def scatter_sub(xs: list, d: Array, cache: dict) -> None:
+    """``x -= segment of d`` for each ``x``, in place. ``cache`` keeps, per group, flat
+    views of the ``xs`` (or, with numba, their addresses for one compiled loop)."""
+    if "views" not in cache:
+        cache["views"] = _flat_views(xs)
+        cache["kernel"] = _kernels.scatter_sub(xs)
+    kernel = cache["kernel"]
+    if kernel is not None:
+        kernel(d)
+        return
+    start = 0
+    for v in cache["views"]:
+        n = v.size
+        np.subtract(v, d[start:start + n].reshape(v.shape), out=v, casting="unsafe")
+        start += n
+
+
+def _flat_views(xs: list) -> list:
+    return [x.reshape(-1) if x.flags.c_contiguous else x for x in xs]
+
+
+def split_like(d: Array, xs: list) -> list:
+    """New arrays ``x_i - segment of d``, shaped and typed like each ``x_i``."""
+    out, start = [], 0
+    for xi in xs:
+        n = xi.size
+        out.append(np.asarray(xi - d[start:start + n].reshape(xi.shape), dtype=xi.dtype))
+        start += n
+    return out
+
+
+def copier() -> Any:
+    """A copy function that keeps packed state packed: a packed buffer is copied once."""
+    memo: dict[int, tuple[list, dict]] = {}
+
+    def copy_(a: Array) -> Array:
+        if not a.flags.writeable:
+            return a
+        entry = _PACKED.get(id(a.base))
+        if entry is None:
+            return a.copy()
+        if id(a.base) not in memo:
+            memo[id(a.base)] = (packed(entry[0]), {id(v): i for i, v in enumerate(entry[0])})
+        views, index = memo[id(a.base)]
+        return views[index[id(a)]] if id(a) in index else a.copy()
+
+    return copy_

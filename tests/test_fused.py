@@ -1,0 +1,142 @@
+"""The fused paths give the same arrays as the plain path, for every rule and chain."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import optimisers as O
+from conftest import ALL_RULES, rules_param
+from optimisers import backends, fused
+
+
+def make_model(dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    tied = rng.normal(size=(3, 2)).astype(dtype)
+    return {
+        "layers": [{"w": rng.normal(size=(4, 3)).astype(dtype),
+                    "b": rng.normal(size=3).astype(dtype)} for _ in range(4)],
+        "tied_a": tied, "tied_b": tied,
+        "scalar": np.array(0.5, dtype), "frozen": rng.normal(size=5).astype(dtype),
+        "wide": rng.normal(size=(2, 2, 2)).astype(dtype),
+    }
+
+
+def grads_for(model, step, rng):
+    g = O.fmap(lambda x: rng.normal(size=x.shape).astype(x.dtype) if O.isnumeric(x) else None,
+               model, cache=False)
+    if step % 3 == 1:
+        g["layers"][1] = None  # no gradient for one layer in some steps
+    return g
+
+
+def run(rule, steps, inplace, fuse, monkeypatch, dtype=np.float32):
+    with monkeypatch.context() as m:
+        if not fuse:
+            m.setattr(fused, "MIN_GROUP", 10**9)
+        model = make_model(dtype)
+        tree = O.setup(rule, model)
+        O.freeze_(tree, "frozen")
+        rng = np.random.default_rng(1)
+        for step in range(steps):
+            g = grads_for(model, step, rng)
+            if inplace:
+                tree, model = O.update_(tree, model, g)
+            else:
+                tree, model = O.update(tree, model, g)
+        return tree, model
+
+
+def assert_same(a, b):
+    la, lb = O.fleaves(a), O.fleaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_array_equal(x, y)
+        else:
+            assert x == y
+
+
+@rules_param()
+@pytest.mark.parametrize("inplace", [True, False], ids=["update_", "update"])
+def test_fused_equals_plain(rule, inplace, monkeypatch):
+    tree_f, model_f = run(rule, 7, inplace, True, monkeypatch)
+    tree_p, model_p = run(rule, 7, inplace, False, monkeypatch)
+    assert_same(model_f, model_p)
+    assert model_f["tied_a"] is model_f["tied_b"]
+    assert (model_f["frozen"] == make_model()["frozen"]).all()
+    for (_kp, lf), (_, lp) in zip(O.state.leaves(tree_f), O.state.leaves(tree_p)):
+        assert_same(lf.state, lp.state)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.complex64])
+@rules_param([O.Adam(0.1), O.OptimiserChain(O.WeightDecay(0.1), O.Momentum(0.1)),
+              O.AdamW(0.1, lambd=0.1)])
+def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch):
+    _, model_f = run(rule, 4, True, True, monkeypatch, dtype)
+    _, model_p = run(rule, 4, True, False, monkeypatch, dtype)
+    assert_same(model_f, model_p)
+
+
+def test_fused_path_is_taken_and_groups_are_reused(monkeypatch):
+    runs = []
+    original = fused.Group.run
+
+    def spy(self, grads, new):
+        runs.append((id(self), len(grads)))
+        return original(self, grads, new)
+
+    monkeypatch.setattr(fused.Group, "run", spy)
+    model = {f"p{i}": np.ones(8, np.float32) for i in range(50)}
+    tree = O.setup(O.Adam(), model)
+    g = {k: np.ones(8, np.float32) for k in model}
+    for _ in range(3):
+        tree, model = O.update_(tree, model, g)
+    assert [n for _, n in runs] == [50, 50, 50]
+    assert runs[1][0] == runs[2][0]  # the group found in step 2 is kept for step 3
+
+
+def test_setup_packs_state_contiguously():
+    model = [np.ones(3, np.float32), np.ones((2, 2), np.float32), np.ones(1, np.float64)]
+    tree = O.setup(O.Adam(), model)
+    m0, m1 = tree[0].state[0], tree[1].state[0]
+    assert m0.base is not None and m0.base is m1.base and m0.base.size == 7
+    flat, isview = backends.ops("numpy").joined((m0, m1))
+    assert isview and flat is m0.base
+    assert tree[2].state[0].base is None  # alone in its dtype: not packed
+    # a pure update keeps the layout
+    new_tree, _ = O.update(tree, model, [np.ones_like(x) for x in model])
+    n0, n1 = new_tree[0].state[0], new_tree[1].state[0]
+    assert n0.base is n1.base and n0.base is not m0.base
+
+
+def test_state_replaced_by_hand_is_respected():
+    model = {f"p{i}": np.ones(4) for i in range(3)}
+    tree = O.setup(O.Momentum(0.1, 0.5), model)
+    g = {k: np.ones(4) for k in model}
+    tree, model = O.update_(tree, model, g)
+    tree, model = O.update_(tree, model, g)  # the group is now known
+    tree["p1"].state = np.full(4, 10.0)      # replaced: the known group must notice
+    tree, model = O.update_(tree, model, g)
+    np.testing.assert_allclose(tree["p1"].state, 5.0 + 0.1)
+    np.testing.assert_allclose(tree["p0"].state, 0.075 + 0.1)
+
+
+def test_model_array_replaced_by_hand_is_respected():
+    model = {f"p{i}": np.ones(4) for i in range(3)}
+    tree = O.setup(O.Descent(0.5), model)
+    g = {k: np.ones(4) for k in model}
+    for _ in range(2):
+        tree, model = O.update_(tree, model, g)
+    model["p2"] = np.full(4, 7.0)
+    tree, model = O.update_(tree, model, g)
+    assert model["p2"].tolist() == [6.5] * 4 and model["p0"].tolist() == [-0.5] * 4
+
+
+def test_all_rules_list_covers_the_fused_rules():
+    names = {type(r).__name__ for r in ALL_RULES}
+    for r in ALL_RULES:
+        names |= {type(s).__name__ for s in getattr(r, "rules", ())}
+    for cls in fused._ELEMENTWISE:
+        assert cls.__name__ in names
