@@ -8,6 +8,7 @@ import pytest
 import optimisers as O
 from conftest import ALL_RULES, rules_param
 from optimisers import backends, fused
+from optimisers.backends import _numba
 
 
 def make_model(dtype=np.float32, seed=0):
@@ -28,6 +29,17 @@ def grads_for(model, step, rng):
     if step % 3 == 1:
         g["layers"][1] = None  # no gradient for one layer in some steps
     return g
+
+
+HAVE_NUMBA = _numba.available()
+
+
+@pytest.fixture(params=["compiled", "vectorised"] if HAVE_NUMBA else ["vectorised"])
+def path(request, monkeypatch):
+    """Which fused path runs: numba's one-pass kernels, or NumPy over concatenations."""
+    if request.param == "vectorised":
+        monkeypatch.setattr(_numba, "_AVAILABLE", False)
+    return request.param
 
 
 def run(rule, steps, inplace, fuse, monkeypatch, dtype=np.float32):
@@ -60,7 +72,7 @@ def assert_same(a, b):
 
 @rules_param()
 @pytest.mark.parametrize("inplace", [True, False], ids=["update_", "update"])
-def test_fused_equals_plain(rule, inplace, monkeypatch):
+def test_fused_equals_plain(rule, inplace, monkeypatch, path):
     tree_f, model_f = run(rule, 7, inplace, True, monkeypatch)
     tree_p, model_p = run(rule, 7, inplace, False, monkeypatch)
     assert_same(model_f, model_p)
@@ -73,7 +85,7 @@ def test_fused_equals_plain(rule, inplace, monkeypatch):
 @pytest.mark.parametrize("dtype", [np.float16, np.float64, np.complex64])
 @rules_param([O.Adam(0.1), O.OptimiserChain(O.WeightDecay(0.1), O.Momentum(0.1)),
               O.AdamW(0.1, lambd=0.1)])
-def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch):
+def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch, path):
     _, model_f = run(rule, 4, True, True, monkeypatch, dtype)
     _, model_p = run(rule, 4, True, False, monkeypatch, dtype)
     assert_same(model_f, model_p)
@@ -140,3 +152,38 @@ def test_all_rules_list_covers_the_fused_rules():
         names |= {type(s).__name__ for s in getattr(r, "rules", ())}
     for cls in fused._ELEMENTWISE:
         assert cls.__name__ in names
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+@pytest.mark.parametrize("rule,compiled", [
+    (O.Adam(), True), (O.OptimiserChain(O.ClipGrad(1.0), O.WeightDecay(), O.Lion()), True),
+    (O.RMSProp(centred=True), True), (O.AdaBelief(), False),
+], ids=["Adam", "chain", "RMSProp", "AdaBelief"])
+def test_one_pass_kernels_are_used_for_the_common_rules(rule, compiled):
+    for n in (3, 100):  # gradients read in place, and concatenated
+        model = {f"p{i}": np.ones(8, np.float32) for i in range(n)}
+        tree = O.setup(rule, model)
+        g = {k: np.ones(8, np.float32) for k in model}
+        for _ in range(2):
+            tree, model = O.update_(tree, model, g)
+        (group,) = O.state._first_leaf(tree)._plan.groups
+        assert (group.cache["onepass"] is not None) == compiled
+
+
+@rules_param([O.Adam(0.1), O.Nesterov(0.1), O.AdamW(0.1, lambd=0.1, couple=False),
+              O.OptimiserChain(O.ClipGrad(0.5), O.SignDecay(0.1), O.RMSProp(0.1))])
+def test_many_small_arrays(rule, monkeypatch, path):
+    def once(fuse):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            rng = np.random.default_rng(5)
+            model = [rng.normal(size=int(rng.integers(1, 20))).astype(np.float32)
+                     for _ in range(150)]
+            tree = O.setup(rule, model)
+            for _ in range(4):
+                tree, model = O.update_(tree, model, [rng.normal(size=x.shape).astype(
+                    np.float32) for x in model])
+            return model
+
+    assert_same(once(True), once(False))

@@ -193,6 +193,17 @@ def test_mixedprecision_keeps_master_copy():
     assert (1 - np.float16(1e-4) * np.float16(1)) == np.float16(1)
 
 
+@pytest.mark.parametrize("inplace", [True, False])
+def test_mixedprecision_parameter_is_exactly_the_rounded_master(inplace):
+    rng = np.random.default_rng(0)
+    model = [rng.normal(size=1000).astype(np.float16)]
+    tree = O.setup(O.MixedPrecision(O.Adam(0.3)), model)
+    for _ in range(10):
+        g = [rng.normal(size=1000).astype(np.float16)]
+        tree, model = (O.update_ if inplace else O.update)(tree, model, g)
+        np.testing.assert_array_equal(model[0], tree[0].state[0].astype(np.float16))
+
+
 # ---------------------------------------------------------------- behaviour over ALL_RULES
 
 

@@ -166,8 +166,15 @@ class Group:
         return True
 
     def run(self, grads: list, new: dict) -> None:
-        """One fused step: concatenate, apply the rule once, scatter back."""
+        """One fused step: one compiled pass where the backend has one for this rule,
+        else concatenate, apply the rule once, and scatter back."""
         xp = self.xp
+        onepass = xp.onepass(self.rule, self.sig, self.xs, self.arrays, self.cache) if (
+            self.write and hasattr(xp, "onepass")) else None
+        if onepass is not None:
+            onepass(grads, self.sig)
+            self._restate(self._advance())
+            return
         g = xp.flatcat(grads)
         x = xp.flatcat(self.xs) if self.uses_x else g
         slots = list(zip(*self.arrays))  # per state array: one per member
@@ -178,9 +185,7 @@ class Group:
         for parts, (flat, isview), now in zip(slots, joined, out):
             if now is not flat or not isview:
                 xp.scatter(now, parts)  # the state was a copy, or the rule made a new one
-        for leaf, arrays in zip(self.leaves, self.arrays):
-            leaf.state = _fill(newsig, iter(arrays))
-        self.sig = newsig
+        self._restate(newsig)
         if d is None:
             return
         if self.write:
@@ -188,6 +193,20 @@ class Group:
         else:
             for leaf, y in zip(self.leaves, xp.split_like(d, self.xs)):
                 new[id(leaf)] = y
+
+
+    def _restate(self, newsig: Any) -> None:
+        for leaf, arrays in zip(self.leaves, self.arrays):
+            leaf.state = _fill(newsig, iter(arrays))
+        self.sig = newsig
+
+    def _advance(self) -> Any:
+        """The signature after one step: the rule applied to empty arrays moves the
+        non-array state (bias corrections, counters) exactly as a real step does."""
+        empty = [a.reshape(-1)[:0] for a in self.arrays[0]]
+        x = self.xs[0].reshape(-1)[:0]
+        state, _ = call(self.rule, _fill(self.sig, iter(empty)), x, (x,))
+        return signature(state, [])
 
 
 def step_groups(entries: list, inplace: bool, known: list | None = None

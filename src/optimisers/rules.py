@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ __all__ = [
     "Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Rprop", "Adam", "RAdam",
     "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad", "NAdam", "AdamW", "AdaBelief",
     "Lion", "WeightDecay", "SignDecay", "ClipGrad", "ClipNorm", "OptimiserChain",
-    "AccumGrad", "MixedPrecision", "RULES",
+    "AccumGrad", "MixedPrecision", "NewValue", "RULES",
 ]
 
 RULES: dict[str, type] = {}
@@ -52,6 +53,9 @@ class Rule:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         RULES.setdefault(cls.__name__, cls)
+        jax_backend = sys.modules.get("optimisers.backends.jax")
+        if jax_backend is not None:  # JAX seen already: the new rule is a pytree too
+            jax_backend.register_rule(cls)
 
     def init(self, x: Any) -> Any:
         """The initial state for the array ``x``; ``None`` for a stateless rule."""
@@ -87,6 +91,23 @@ def call(rule: Rule, state: Any, x: Any, grads: tuple) -> tuple[Any, Any]:
     return rule.apply(state, x, *(grads if n >= len(grads) else grads[: int(n)]))
 
 
+class NewValue:
+    """NewValue(value): a step that sets the parameter to ``value`` instead of subtracting.
+
+    For rules that compute the new parameter themselves (:class:`MixedPrecision` rounds
+    its master copy), so that no rounding of ``x - (x - new)`` creeps in.
+
+    Example:
+        >>> NewValue(3.0).value
+        3.0
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 def _adam_moments(xp, state_m, state_v, dx, b1, b2):
     m = xp.assign(state_m, b1 * state_m + (1 - b1) * dx)
     v = xp.assign(state_v, b2 * state_v + (1 - b2) * xp.abs2(dx))
@@ -118,7 +139,11 @@ class Descent(Rule):
 class Momentum(Rule):
     """Momentum(eta=0.01, rho=0.9): ``v = rho*v + eta*g``; ``d = v``.
 
-    Classical momentum (Polyak 1964) with the learning rate inside the velocity.
+    Classical momentum (Polyak 1964) with the learning rate inside the velocity. With a
+    constant ``eta`` the steps are those of ``torch.optim.SGD(lr=eta, momentum=rho)`` and
+    ``optax.sgd(eta, momentum=rho)``, whose velocity leaves ``eta`` out (theirs is
+    ``v/eta``); by design, after ``adjust`` of ``eta`` ours still carries the old rate in
+    ``v`` and changes pace smoothly.
 
     Example:
         >>> import numpy as np
@@ -276,7 +301,10 @@ class RAdam(Rule):
     """RAdam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8): rectified Adam (Liu et al. 2020).
 
     Adam with its adaptive term switched on only once the variance estimate is reliable
-    (``r > 4``), and scaled by the rectification factor. As ``torch.optim.RAdam``.
+    (``r > 4``), and scaled by the rectification factor. This is Optimisers.jl's form;
+    ``torch.optim.RAdam`` and ``optax.radam`` differ by design: they switch on at
+    ``r > 5`` (one step later with the default betas) and put ``eps`` outside the bias
+    correction, ``sqrt(1-b2^t) / (sqrt(v) + eps)``.
 
     Example:
         >>> import numpy as np
@@ -301,10 +329,13 @@ class RAdam(Rule):
         m, v = _adam_moments(xp, m, v, dx, b1, b2)
         rinf = 2 / (1 - self.beta[1]) - 1
         r = rinf - 2 * t * bt[1] / (1 - bt[1])
-        if r > 4:
-            rect = ((r - 4) * (r - 2) * rinf / ((rinf - 4) * (rinf - 2) * r)) ** 0.5
-            (rect,) = xp.hyper(x, rect)
+        traced = backends.istraced(r)  # under jax.jit: compute both branches, then select
+        if traced or r > 4:
+            ratio = (r - 4) * (r - 2) * rinf / ((rinf - 4) * (rinf - 2) * r)
+            (rect,) = xp.hyper(x, xp.sqrt(xp.where(r > 4, ratio, 1)) if traced else ratio**0.5)
             d = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps) * rect
+            if traced:
+                d = xp.where(r > 4, d, eta * m / (1 - bt[0]))
         else:
             d = eta * m / (1 - bt[0])
         return (m, v, _bias(bt, self.beta), t + 1), d
@@ -577,7 +608,8 @@ class Lion(Rule):
     """Lion(eta=0.001, beta=(0.9, 0.99)): evolved sign momentum (Chen et al. 2023).
 
     ``d = eta * sign(b1*m + (1-b1)*g)``, then ``m = b2*m + (1-b2)*g``: the paper's
-    Algorithm 1, as ``optax.lion`` (Optimisers.jl v0.4 swaps the two weights).
+    Algorithm 1, as ``optax.lion(eta, weight_decay=0.0)`` (optax's default decays the
+    weights too; Optimisers.jl v0.4 swaps the two weights).
 
     Example:
         >>> import numpy as np
@@ -670,7 +702,7 @@ class ClipNorm(Rule):
     """
 
     omega: float = 10.0
-    p: float = 2.0
+    p: float = dataclasses.field(default=2.0, metadata={"static": True})  # not traced by JAX
     throw: bool = True
 
     def apply(self, state, x, dx):
@@ -719,11 +751,26 @@ class OptimiserChain(Rule):
 
     def apply(self, state, x, dx, *higher):
         states = list(state)
+        stepped = None  # under jax.jit, after an AccumGrad: whether it really stepped
         for i, r in enumerate(self.rules):
+            old = states[i]
             states[i], dx = call(r, states[i], x, (dx, *higher))
             if dx is None:
                 break
+            if stepped is not None:  # keep the old state where no step was taken
+                states[i] = _select(backends.of(x), stepped, states[i], old)
+            elif isinstance(r, AccumGrad) and backends.istraced(states[i][1]):
+                stepped = states[i][1] == 1
+        if stepped is not None and dx is not None:
+            dx = backends.of(x).where(stepped, dx, 0 * dx)
         return tuple(states), dx
+
+
+def _select(xp: Any, cond: Any, new: Any, old: Any) -> Any:
+    """``new`` where ``cond`` else ``old``, through the tuples of a rule's state."""
+    if isinstance(new, tuple):
+        return tuple(_select(xp, cond, a, b) for a, b in zip(new, old))
+    return new if new is None else xp.where(cond, new, old)
 
 
 @dataclass(frozen=True)
@@ -732,6 +779,10 @@ class AccumGrad(Rule):
 
     The first ``n-1`` updates change nothing but the accumulator; the ``n``-th passes the
     mean on (as the gradient of the next rule in a chain). Put it first in a chain.
+
+    Under ``jax.jit`` the count is traced, so "no step" (``None``) cannot be returned:
+    the step is zero instead, and an :class:`OptimiserChain` keeps the states of the
+    rules after this one unchanged on those calls, so the result is the same.
 
     Example:
         >>> import numpy as np
@@ -755,6 +806,10 @@ class AccumGrad(Rule):
         xp = backends.of(x)
         acc, c = state
         (n,) = xp.hyper(x, self.n)
+        if backends.istraced(c):  # under jax.jit: select with where; zero for "no step"
+            acc = xp.where(c == 1, dx / n, acc + dx / n)
+            done = c == self.n
+            return (acc, xp.where(done, 1, c + 1)), xp.where(done, acc, 0 * acc)
         acc = xp.assign(acc, dx / n if c == 1 else acc + dx / n)
         if c == self.n:
             return (acc, 1), acc
@@ -767,15 +822,16 @@ class MixedPrecision(Rule):
     higher-precision master copy.
 
     The state is ``(xT, rule_state)``: ``xT`` the parameter in ``dtype``, updated by
-    ``rule``, then written back (rounded) to the parameter. Must be outermost: wrap a
-    chain, never put it inside one.
+    ``rule``, then written back (rounded) to the parameter: the step is a
+    :class:`NewValue`, so the parameter is exactly ``xT`` cast to its dtype. Must be
+    outermost: wrap a chain, never put it inside one.
 
     Example:
         >>> import numpy as np
         >>> rule, x = MixedPrecision(Descent(1e-4)), np.ones(1, np.float16)
         >>> s = rule.init(x)
         >>> for _ in range(10):
-        ...     s, d = rule.apply(s, x, np.ones(1, np.float16)); x = x - d
+        ...     s, step = rule.apply(s, x, np.ones(1, np.float16)); x = step.value
         >>> x, s[0]     # float16 alone would never move from 1.0 in steps of 1e-4
         (array([0.999], dtype=float16), array([0.999], dtype=float32))
     """
@@ -801,4 +857,4 @@ class MixedPrecision(Rule):
         if d is None:
             return (xT, st), None
         xT = xp.subtract(xT, d, inplace=True)
-        return (xT, st), x - xp.cast(xT, x)
+        return (xT, st), NewValue(xp.cast(xT, x))

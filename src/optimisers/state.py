@@ -19,7 +19,7 @@ from typing import Any
 
 from optimisers import backends, fused
 from optimisers.keypath import KeyPath
-from optimisers.rules import Rule, call
+from optimisers.rules import NewValue, Rule, call
 from optimisers.tree import children, isleaf, isnumeric, ispositional, trainable
 from optimisers.walk import fmap, mirror, place, walk
 
@@ -271,10 +271,14 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
             leaf.state, d = call(leaf.rule, leaf.state, x, tuple(e.grads))
         except (ValueError, TypeError, ArithmeticError) as err:
             raise type(err)(f"{err} (in {leaf.rule!r} at {e.paths[0]!r})") from err
-        if d is not None:
+        if isinstance(d, NewValue):
+            y = backends.of(x).assign(x, d.value) if inplace else d.value
+        elif d is not None:
             y = backends.of(x).subtract(x, d, inplace)
-            if y is not x:
-                new[id(leaf)] = y
+        else:
+            continue
+        if y is not x:
+            new[id(leaf)] = y
     return new, groups
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 _AVAILABLE = importlib.util.find_spec("numba") is not None
 _KERNELS: dict[Any, Any] = {}
+_POINTERS: dict[Any, Any] = {}
 
 
 def available() -> bool:
@@ -36,6 +37,8 @@ def _kernel(dtype: np.dtype) -> Any:
         def codegen(context, builder, signature, args):
             return builder.inttoptr(args[0], context.get_value_type(pointer))
         return pointer(types.intp), codegen
+
+    _POINTERS[dtype] = as_pointer
 
     @numba.njit(nogil=True)
     def scatter_sub(addresses, sizes, d):
@@ -74,3 +77,205 @@ def scatter_sub(xs: list) -> Any:
         run.keep = keep
 
     return run
+
+
+# ---------------------------------------------------------------- one-pass group kernels
+#
+# For the commonest rules, one compiled loop reads each element's parameter, gradient
+# and state once and writes them once: the memory traffic of the update, nothing more.
+# Each rule below mirrors its ``apply`` in rules.py operation for operation, in the
+# array's dtype, so the results are bit for bit those of the plain path (tests check).
+# A rule's snippet maps (rule, its state signature, dtype) to source lines that turn the
+# scalar ``g`` into the rule's step, the constants those lines read, and the number of
+# state arrays it uses; a chain concatenates its rules' snippets.
+
+def _descent(r, sig, f, s, c):
+    return [f"g = {c(f(r.eta))} * g"]
+
+
+def _momentum(r, sig, f, s, c):
+    k = s()
+    return [f"v = {c(f(r.rho))} * s{k}[i] + {c(f(r.eta))} * g", f"s{k}[i] = v", "g = v"]
+
+
+def _nesterov(r, sig, f, s, c):
+    k = s()
+    eta, rho = f(r.eta), f(r.rho)
+    return [f"v = s{k}[i]", f"d = {c(-(rho * rho))} * v + {c((1 + rho) * eta)} * g",
+            f"s{k}[i] = {c(rho)} * v - {c(eta)} * g", "g = d"]
+
+
+def _moments(r, f, s, c):
+    k, j = s(), s()
+    b1, b2 = f(r.beta[0]), f(r.beta[1])
+    return k, j, [f"m = {c(b1)} * s{k}[i] + {c(1 - b1)} * g",
+                  f"v = {c(b2)} * s{j}[i] + {c(1 - b2)} * (g * g)",
+                  f"s{k}[i] = m", f"s{j}[i] = v"]
+
+
+def _eps(r, f):
+    e = r.epsilon
+    return f(max(e, 1e-7) if e and f(0).dtype == np.float16 else e)
+
+
+def _adam(r, sig, f, s, c):
+    bt = sig[2]
+    k, j, lines = _moments(r, f, s, c)
+    return lines + [f"g = {c(f(r.eta))} * m / {c(f(1 - bt[0]))} / "
+                    f"(np.sqrt(v / {c(f(1 - bt[1]))}) + {c(_eps(r, f))})"]
+
+
+def _adamw(r, sig, f, s, c):
+    bt = sig[2]
+    k, j, lines = _moments(r, f, s, c)
+    lines.append(f"a = m / {c(f(1 - bt[0]))} / (np.sqrt(v / {c(f(1 - bt[1]))}) + "
+                 f"{c(_eps(r, f))})")
+    eta, lambd = c(f(r.eta)), c(f(r.lambd))
+    lines.append(f"g = {eta} * (a + {lambd} * xi)" if r.couple else
+                 f"g = {eta} * a + {lambd} * xi")
+    return lines
+
+
+def _rmsprop(r, sig, f, s, c):
+    k = s()
+    rho = f(r.rho)
+    lines = [f"q = {c(rho)} * s{k}[i] + {c(1 - rho)} * (g * g)", f"s{k}[i] = q"]
+    if sig[1] is None:
+        return lines + [f"g = {c(f(r.eta))} * g / (np.sqrt(q) + {c(_eps(r, f))})"]
+    j = s()
+    return lines + [f"l = {c(rho)} * s{j}[i] + {c(1 - rho)} * g", f"s{j}[i] = l",
+                    f"g = {c(f(r.eta))} * g / (np.sqrt(q - l * l) + {c(_eps(r, f))})"]
+
+
+def _lion(r, sig, f, s, c):
+    k = s()
+    b1, b2 = f(r.beta[0]), f(r.beta[1])
+    return [f"m = s{k}[i]", f"d = {c(f(r.eta))} * np.sign({c(b1)} * m + {c(1 - b1)} * g)",
+            f"s{k}[i] = {c(b2)} * m + {c(1 - b2)} * g", "g = d"]
+
+
+def _weightdecay(r, sig, f, s, c):
+    return [f"g = g + {c(f(r.lambd))} * xi"]
+
+
+def _signdecay(r, sig, f, s, c):
+    return [f"g = g + {c(f(r.lambd))} * np.sign(xi)"]
+
+
+def _clipgrad(r, sig, f, s, c):
+    delta = f(r.delta)
+    return [f"g = np.minimum(np.maximum(g, {c(-delta)}), {c(delta)})"]
+
+
+def _chain(r, sig, f, s, c):
+    lines = []
+    for rule, sub in zip(r.rules, sig):
+        lines += SNIPPETS[type(rule).__name__](rule, sub, f, s, c)
+    return lines
+
+
+SNIPPETS = {"Descent": _descent, "Momentum": _momentum, "Nesterov": _nesterov,
+            "Adam": _adam, "AdamW": _adamw, "RMSProp": _rmsprop, "Lion": _lion,
+            "WeightDecay": _weightdecay, "SignDecay": _signdecay, "ClipGrad": _clipgrad,
+            "OptimiserChain": _chain}
+
+
+def _supported(rule: Any) -> bool:
+    name = type(rule).__name__
+    if name == "OptimiserChain":
+        return all(_supported(r) for r in rule.rules)
+    return name in SNIPPETS and type(rule).__module__ == "optimisers.rules"
+
+
+_ONEPASS: dict[tuple, Any] = {}
+
+
+def _compile(source_lines: list, nstate: int, flat_g: bool) -> Any:
+
+    states = "".join(f", sa{k}" for k in range(nstate))
+    views = "".join(f"\n        s{k} = numba.carray(as_pointer(sa{k}[j]), (n,))"
+                    for k in range(nstate))
+    body = "\n".join("            " + line for line in source_lines)
+    gread = "gf[start + i]" if flat_g else "gv[i]"
+    gview = "" if flat_g else "\n        gv = numba.carray(as_pointer(gf[j]), (n,))"
+    src = f'''
+def kernel(xa, gf, sizes, c{states}):
+    start = 0
+    for j in range(sizes.size):
+        n = sizes[j]
+        x = numba.carray(as_pointer(xa[j]), (n,)){gview}{views}
+        for i in range(n):
+            xi = x[i]
+            g = {gread}
+{body}
+            x[i] = xi - g
+        start += n
+'''
+    return src
+
+
+def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+    """A function ``step(grads, sig)`` running the whole group's update in one compiled
+    pass, or ``None`` where that is not possible (no numba, an unsupported rule,
+    dtype or layout); then the caller takes the vectorised NumPy path."""
+    if "onepass" in cache:
+        return cache["onepass"]
+    cache["onepass"] = None
+    if not _AVAILABLE or not _supported(rule):
+        return None
+    dtype = xs[0].dtype
+    every = [*xs, *(a for member in arrays for a in member)]
+    if dtype not in (np.float32, np.float64) or not all(
+            a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned
+            and a.flags.writeable for a in every):
+        return None
+    nstate = len(arrays[0])
+    flat_g = len(xs) > 64  # many small arrays: concatenate the gradients in one call
+    lines = _lines(rule, sig, dtype, [])
+    key = (tuple(lines), nstate, flat_g, dtype)
+    if key not in _ONEPASS:
+        import numba
+
+        namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
+        exec(compile(_compile(lines, nstate, flat_g), "<optimisers one-pass kernel>", "exec"),
+             namespace)
+        _ONEPASS[key] = numba.njit(nogil=True)(namespace["kernel"])
+    kernel = _ONEPASS[key]
+    address = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+    xa = np.array([address(x) for x in xs], dtype=np.intp)
+    sizes = np.array([x.size for x in xs], dtype=np.intp)
+    sa = [np.array([address(member[k]) for member in arrays], dtype=np.intp)
+          for k in range(nstate)]
+
+    def step(grads: list, sig: Any) -> None:
+        consts: list = []
+        _lines(rule, sig, dtype, consts)
+        c = np.array(consts, dtype=dtype)
+        if flat_g:
+            gf = np.concatenate(grads, axis=None)
+        else:
+            if not all(g.flags.c_contiguous for g in grads):
+                grads = [np.ascontiguousarray(g) for g in grads]
+            gf = np.array([address(g) for g in grads], dtype=np.intp)
+        kernel(xa, gf, sizes, c, *sa)
+        step.keep = (xs, arrays, grads)  # the addresses stay valid while these live
+
+    cache["onepass"] = step
+    return step
+
+
+def _lines(rule: Any, sig: Any, dtype: Any, consts: list) -> list:
+    """The snippet lines of ``rule``; its constants appended to ``consts`` in order."""
+    cast = np.dtype(dtype).type
+    counter = iter(range(1 << 30))
+
+    def const(value: Any) -> str:
+        consts.append(value)
+        return f"c[{len(consts) - 1}]"
+
+    return SNIPPETS[type(rule).__name__](rule, sig, cast, lambda: next(counter), const)
+
+
+def _pointer(dtype: Any) -> Any:
+    _kernel(np.dtype(dtype))  # defines the pointer intrinsic for this dtype
+    return _POINTERS[np.dtype(dtype)]

@@ -237,3 +237,8 @@ def copier() -> Any:
         return views[index[id(a)]] if id(a) in index else a.copy()
 
     return copy_
+
+
+def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+    """A compiled one-pass step for a whole group, or ``None`` (see ``_numba.onepass``)."""
+    return _kernels.onepass(rule, sig, xs, arrays, cache)
