@@ -693,7 +693,8 @@ class ClipNorm(Rule):
 
     ``n = norm(g, p)`` (``p`` may be 1, 2, ``inf``, 0 for the count of non-zeros,
     ``-inf``, or any real); ``d = g * min(omega/n, 1)``. A non-finite norm raises
-    ``FloatingPointError`` when ``throw``.
+    ``FloatingPointError`` when ``throw`` (not under ``jax.jit``, where the norm is not
+    known while tracing: the step is then non-finite instead).
 
     Example:
         >>> import numpy as np
@@ -857,4 +858,4 @@ class MixedPrecision(Rule):
         if d is None:
             return (xT, st), None
         xT = xp.subtract(xT, d, inplace=True)
-        return (xT, st), NewValue(xp.cast(xT, x))
+        return (xT, st), NewValue(xp.astype(xT, x.dtype))  # a copy, never xT itself

@@ -10,6 +10,7 @@ validating everything and summing the gradients of tied parameters, and only the
 
 from __future__ import annotations
 
+import functools
 import numbers
 import operator
 import sys
@@ -20,7 +21,7 @@ from typing import Any
 from optimisers import backends, fused
 from optimisers.keypath import KeyPath
 from optimisers.rules import NewValue, Rule, call
-from optimisers.tree import children, isleaf, isnumeric, ispositional, trainable
+from optimisers.tree import _ismodule, children, isleaf, isnumeric, ispositional, trainable
 from optimisers.walk import fmap, mirror, place, walk
 
 __all__ = ["Leaf", "setup", "update", "update_", "leaves"]
@@ -317,7 +318,7 @@ def _getter(x: Any) -> Any:
     """How to read a child of ``x`` by key, for nodes of ``x``'s type."""
     if isinstance(x, (Mapping, list)) or ispositional(x):
         return operator.getitem
-    if "torch" in sys.modules and backends.ops("torch").hasmodule(x):
+    if _ismodule(x):
         return lambda m, k: children(m)[k]
     return getattr
 
@@ -332,7 +333,8 @@ class _Plan:
     gives the precise errors), and gradients are read by precomputed keys.
     """
 
-    __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "groups")
+    __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
+                 "groups")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
@@ -341,6 +343,8 @@ class _Plan:
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
         self.prog = self._compile(tree, model, KeyPath())
+        self.specs = [(type(x), x.shape, x.dtype) for _, x, _ in self.slots]
+        self.tied = len({id(leaf) for leaf, _, _ in self.slots}) < len(self.slots)
 
     def _compile(self, t: Any, x: Any, kp: KeyPath) -> Any:
         if isinstance(t, Leaf):
@@ -351,15 +355,20 @@ class _Plan:
         if isinstance(x, (dict, list)):
             self.sizes.append((x, len(x)))
         keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
-        subs = []
+        leaf_keys, leaf_slots, nodes = [], [], []
         for k in keys:
             self.edges.append((operator.getitem, t, k, t[k]))
             if t[k] is None:
-                subs.append(None)
                 continue
             self.edges.append((get, x, k, kids[k]))
-            subs.append(self._compile(t[k], kids[k], kp + (k,)))
-        return (type(x), get, keys, tuple(subs), frozenset(kids), isinstance(x, (tuple, list)))
+            sub = self._compile(t[k], kids[k], kp + (k,))
+            if type(sub) is int:
+                leaf_keys.append(k)
+                leaf_slots.append(sub)
+            else:
+                nodes.append((k, sub))
+        return (type(x), get, tuple(leaf_keys), tuple(leaf_slots), tuple(nodes),
+                frozenset(kids), isinstance(x, (tuple, list)), len(kids))
 
     def gather(self, tree: Any, model: Any, grads: tuple) -> list | None:
         """The entries of a step, or ``None`` when anything differs from what was learned."""
@@ -374,9 +383,21 @@ class _Plan:
         per_tree = []
         for g in grads:
             out = [None] * len(self.slots)
-            if not _read(self.prog, g, out):
+            if type(self.prog) is int:
+                out[0] = g
+            elif not _read(self.prog, g, out):
                 return None
             per_tree.append(out)
+        if len(per_tree) == 1 and not self.tied:  # the common case, kept tight
+            entries = []
+            for (leaf, x, kp), (tx, sx, dx), g in zip(self.slots, self.specs, per_tree[0]):
+                if g is None:
+                    continue
+                if type(g) is not tx or g.shape != sx or g.dtype != dx:
+                    g = _grad_array(g, x, kp)
+                if not leaf.frozen:
+                    entries.append(_Entry(leaf, x, [g], kp))
+            return entries
         plan: dict[int, _Entry] = {}
         for i, (leaf, x, kp) in enumerate(self.slots):
             gs = [out[i] for out in per_tree]
@@ -393,29 +414,28 @@ def _plain(g: Any, x: Any) -> bool:
     return type(g) is type(x) and g.shape == x.shape and g.dtype == x.dtype
 
 
-def _read(prog: Any, g: Any, out: list) -> bool:
+def _read(prog: tuple, g: Any, out: list) -> bool:
     """Read the gradients of a compiled node into ``out``; ``False`` if ``g`` looks
     unlike what was learned (the slow gather then says exactly what is wrong)."""
-    if type(prog) is int:
-        out[prog] = g
-        return True
     if g is None:
         return True
-    cls, get, keys, subs, known, positional = prog
+    cls, get, leaf_keys, leaf_slots, nodes, known, positional, n = prog
     if isinstance(g, Mapping):
         if not g.keys() <= known:
             return False
-        get = _mapget
-    elif type(g) is not cls or positional and len(g) != len(keys):
+        fetch = g.get
+    elif type(g) is not cls or positional and len(g) != n:
         return False
-    for k, sub in zip(keys, subs):
-        if sub is not None and not _read(sub, get(g, k), out):
+    elif get is operator.getitem:
+        fetch = g.__getitem__
+    else:
+        fetch = functools.partial(get, g)
+    for slot, v in zip(leaf_slots, map(fetch, leaf_keys)):
+        out[slot] = v
+    for k, sub in nodes:
+        if not _read(sub, fetch(k), out):
             return False
     return True
-
-
-def _mapget(g: Mapping, k: Any) -> Any:
-    return g.get(k)
 
 
 def copy_tree(tree: Any) -> Any:

@@ -40,7 +40,7 @@ def _kernel(dtype: np.dtype) -> Any:
 
     _POINTERS[dtype] = as_pointer
 
-    @numba.njit(nogil=True)
+    @numba.njit(nogil=True, error_model="numpy")
     def scatter_sub(addresses, sizes, d):
         start = 0
         for j in range(addresses.size):
@@ -230,7 +230,8 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
             and a.flags.writeable for a in every):
         return None
     nstate = len(arrays[0])
-    flat_g = len(xs) > 64  # many small arrays: concatenate the gradients in one call
+    # many small arrays: concatenating the gradients (one call) beats reading addresses
+    flat_g = len(xs) > 64 and sum(x.size for x in xs) < 16384 * len(xs)
     lines = _lines(rule, sig, dtype, [])
     key = (tuple(lines), nstate, flat_g, dtype)
     if key not in _ONEPASS:
@@ -239,7 +240,7 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
         namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
         exec(compile(_compile(lines, nstate, flat_g), "<optimisers one-pass kernel>", "exec"),
              namespace)
-        _ONEPASS[key] = numba.njit(nogil=True)(namespace["kernel"])
+        _ONEPASS[key] = numba.njit(nogil=True, error_model="numpy")(namespace["kernel"])
     kernel = _ONEPASS[key]
     address = lambda a: a.__array_interface__["data"][0]  # noqa: E731
     xa = np.array([address(x) for x in xs], dtype=np.intp)

@@ -1,0 +1,281 @@
+"""JAX arrays: the same function set as the NumPy backend, and the pytree registrations.
+
+JAX arrays are never written in place: ``assign`` and ``subtract`` return new arrays.
+Hyper-parameters are converted with ``jnp.asarray(v, dtype)`` into the array's real
+dtype, so that a hyper-parameter traced under ``jax.jit`` (a float32 value) never promotes
+a float16 or bfloat16 computation.
+
+Importing this module registers :class:`~optimisers.Leaf` and every
+:class:`~optimisers.Rule` class as JAX pytrees (rules defined later register themselves
+when this module is loaded). A rule's hyper-parameters (its ``float`` fields, and
+``tuple`` fields such as ``beta``) are pytree *children*, so ``adjust`` of a learning rate
+passes new data to a jitted update without re-tracing it; its other fields (``bool``,
+``int``, dtypes, and fields declared with ``metadata={"static": True}``) are static
+auxiliary data, and nested rules are children. ``Leaf.frozen`` is static. Python
+numbers among the children (hyper-parameters, and counters such as Adam's ``b1^t`` in a
+state) are flattened as weakly typed 0-d arrays, so they are data under
+``equinox.filter_jit`` too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
+from jax.tree_util import GetAttrKey
+
+Array = jax.Array
+
+
+def _real(dtype: Any) -> Any:
+    return jnp.finfo(dtype).dtype if jnp.issubdtype(dtype, jnp.inexact) else dtype
+
+
+def isfloating(x: Array) -> bool:
+    return bool(jnp.issubdtype(x.dtype, jnp.inexact))
+
+
+def maywrite(x: Array) -> bool:
+    return False
+
+
+def hyper(x: Array, *values: Any) -> tuple:
+    """Hyper-parameters as 0-d arrays of ``x``'s real dtype (traced values too)."""
+    dt = _real(x.dtype)
+    return tuple(jnp.asarray(v, dt) for v in values)
+
+
+def eps(x: Array, e: Any) -> Array:
+    """An epsilon in ``x``'s real dtype; float16 floors a non-zero one at 1e-7."""
+    dt = _real(x.dtype)
+    if dt == jnp.float16:
+        if isinstance(e, jax.Array):
+            e = jnp.where(e != 0, jnp.maximum(e, 1e-7), e)
+        elif e:
+            e = max(e, 1e-7)
+    return jnp.asarray(e, dt)
+
+
+def zeros_like(x: Array, real_: bool = False) -> Array:
+    return jnp.zeros(x.shape, _real(x.dtype) if real_ else x.dtype)
+
+
+def full_like(x: Array, value: Any, real_: bool = False) -> Array:
+    return jnp.full(x.shape, value, _real(x.dtype) if real_ else x.dtype)
+
+
+def abs2(g: Array) -> Array:
+    """|g|^2, real for complex ``g``."""
+    return (g * jnp.conj(g)).real if jnp.iscomplexobj(g) else g * g
+
+
+def clip(g: Array, lo: Any, hi: Any) -> Array:
+    return jnp.clip(g, lo, hi)
+
+
+def norm(g: Array, p: float) -> Array:
+    a = jnp.abs(g)
+    if p == 0:
+        return jnp.count_nonzero(g).astype(a.dtype)
+    if p == np.inf:
+        return jnp.max(a, initial=0)
+    if p == -np.inf:
+        return jnp.min(a, initial=np.inf)
+    (p,) = hyper(a, p)
+    return (a**p).sum() ** (1 / p)
+
+
+def isfinite(n: Any) -> bool | None:
+    """Whether a scalar is finite; ``None`` under a trace, where it cannot be known."""
+    if isinstance(n, jax.core.Tracer):
+        return None
+    return bool(jnp.isfinite(n))
+
+
+def cast(x: Any, like: Array) -> Array:
+    """``x`` (a JAX or NumPy array, or a number) as a JAX array of ``like``'s dtype."""
+    return jnp.asarray(x, dtype=like.dtype)
+
+
+def astype(x: Array, dtype: Any) -> Array:
+    return jnp.asarray(x, dtype=todtype(dtype))
+
+
+def todtype(dtype: Any) -> np.dtype:
+    """A JAX (NumPy) dtype from a JAX, NumPy or PyTorch dtype, or a name (``"bfloat16"``)."""
+    if isinstance(dtype, str) or type(dtype).__module__.startswith("torch"):
+        name = str(dtype).removeprefix("torch.")
+        return np.dtype(getattr(jnp, name)) if hasattr(jnp, name) else np.dtype(name)
+    return np.dtype(dtype)
+
+
+def copy(x: Array) -> Array:
+    return x  # immutable: nothing to protect
+
+
+def assign(dst: Array, value: Any) -> Array:
+    """JAX arrays are never written: ``value`` as a new array of ``dst``'s dtype."""
+    return jnp.asarray(value, dtype=dst.dtype)
+
+
+def subtract(x: Array, d: Any, inplace: bool) -> Array:
+    """``x - d`` as a new array of ``x``'s dtype (``inplace`` cannot apply to JAX)."""
+    return jnp.asarray(x - d, dtype=x.dtype)
+
+
+def add(a: Array, b: Array) -> Array:
+    return a + b
+
+
+def shape(x: Array) -> tuple:
+    return tuple(x.shape)
+
+
+def dtype_name(x: Array) -> str:
+    return str(x.dtype)
+
+
+def isnumber(g: Array) -> bool:
+    """Whether ``g`` holds numbers (bool, integer, floating or complex)."""
+    return bool(jnp.issubdtype(g.dtype, jnp.number) or g.dtype == jnp.bool_)
+
+
+def size(x: Array) -> int:
+    return int(x.size)
+
+
+def nbytes(x: Array) -> int:
+    return int(x.size * x.dtype.itemsize)
+
+
+def concat(arrays: list, like: list) -> Array:
+    """One flat vector of ``arrays``, in their common (promoted) dtype; differentiable."""
+    if not arrays:
+        return jnp.zeros(0)
+    dtype = jnp.result_type(*like)
+    return jnp.concatenate([jnp.ravel(a).astype(dtype) for a in arrays])
+
+
+def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
+    """``v[start:stop]`` as an array of ``like``'s shape and dtype; differentiable."""
+    seg = jnp.reshape(v[start:stop], like.shape)
+    if jnp.iscomplexobj(seg) and not jnp.iscomplexobj(like):
+        seg = seg.real
+    return seg.astype(like.dtype)
+
+
+# --- pytree registration of Leaf and the rules ---------------------------------------------
+
+_REGISTERED: set[type] = set()
+
+
+_DATA_TYPES = ("float", "tuple", "Rule", "Array")
+
+
+def _isdata(field: dataclasses.Field) -> bool:
+    """Whether a rule's field travels as pytree data (a child) rather than static aux.
+
+    Decided by the field's declaration alone, never by its value (``jax.tree.map`` may
+    put anything at a leaf, and the structure must not change): ``float``, ``tuple``
+    (such as ``beta``, or a chain's rules) and ``Rule`` fields are data; ``bool``,
+    ``int`` and anything else (``Any``: a dtype) are static, as is a field declared with
+    ``dataclasses.field(metadata={"static": True})``.
+    """
+    if field.metadata.get("static"):
+        return False
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    return any(t in kind for t in _DATA_TYPES)
+
+
+@functools.cache
+def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The names of ``cls``'s data fields and of its static fields (``None``: not a
+    dataclass, so the rule is static as a whole)."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    fields = dataclasses.fields(cls)
+    return (tuple(f.name for f in fields if _isdata(f)),
+            tuple(f.name for f in fields if not _isdata(f)))
+
+
+def _dynamic(v: Any) -> Any:
+    """A Python number (in tuples too) as a weakly typed 0-d JAX array, so that it is
+    traced data everywhere: ``jax.jit`` treats a Python float so anyway, but
+    ``equinox.filter_jit`` would make it static and re-trace whenever it changes (as a
+    bias correction ``b1^t`` does at every step)."""
+    if isinstance(v, (bool, np.bool_)):
+        return v
+    if isinstance(v, (float, np.floating)):
+        return jnp.asarray(float(v))
+    if isinstance(v, (int, np.integer)):
+        return jnp.asarray(int(v))
+    if type(v) is tuple:
+        return tuple(_dynamic(e) for e in v)
+    return v
+
+
+def _split(rule: Any) -> tuple[tuple, list, tuple]:
+    layout = _layout(type(rule))
+    if layout is None:
+        return (), [], (("", rule),)
+    data, static = layout
+    return (data, [_dynamic(getattr(rule, n)) for n in data],
+            tuple((n, getattr(rule, n)) for n in static))
+
+
+def _flatten_rule(rule: Any) -> tuple[list, tuple]:
+    names, kids, static = _split(rule)
+    return kids, (names, static)
+
+
+def _flatten_rule_with_keys(rule: Any) -> tuple[list, tuple]:
+    names, kids, static = _split(rule)
+    return [(GetAttrKey(n), v) for n, v in zip(names, kids)], (names, static)
+
+
+def _unflatten_rule(cls: type, aux: tuple, kids: Any) -> Any:
+    names, static = aux
+    if static and static[0][0] == "":
+        return static[0][1]  # not a dataclass: the rule itself was the aux data
+    rule = object.__new__(cls)  # never re-run __init__/__post_init__ on traced values
+    for n, v in zip(names, kids):
+        object.__setattr__(rule, n, v)
+    for n, v in static:
+        object.__setattr__(rule, n, v)
+    return rule
+
+
+def register_rule(cls: type) -> None:
+    """Register the rule class ``cls`` as a JAX pytree (once)."""
+    if cls in _REGISTERED:
+        return
+    _REGISTERED.add(cls)
+    jax.tree_util.register_pytree_with_keys(
+        cls, _flatten_rule_with_keys, functools.partial(_unflatten_rule, cls), _flatten_rule)
+
+
+def _register_all() -> None:
+    from optimisers.rules import Rule
+    from optimisers.state import Leaf
+
+    if Leaf not in _REGISTERED:
+        _REGISTERED.add(Leaf)
+        jax.tree_util.register_pytree_with_keys(
+            Leaf,
+            lambda t: (((GetAttrKey("rule"), t.rule), (GetAttrKey("state"), _dynamic(t.state))),
+                       t.frozen),
+            lambda frozen, kids: Leaf(kids[0], kids[1], frozen),
+            lambda t: ((t.rule, _dynamic(t.state)), t.frozen))
+    todo = list(Rule.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        register_rule(cls)
+        todo.extend(cls.__subclasses__())
+
+
+_register_all()

@@ -1,0 +1,297 @@
+"""JAX models: pytrees, jax.jit, no re-trace on adjust, equinox, agreement with optax."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+import optimisers as O  # noqa: E402
+from conftest import ALL_RULES, rules_param  # noqa: E402
+
+
+def make_model(seed: int = 0) -> dict:
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    return {"layers": [{"w": jax.random.normal(k1, (3, 8)) / 2, "b": jnp.zeros(8)},
+                       {"w": jax.random.normal(k2, (8, 2)) / 3, "b": jnp.zeros(2)}],
+            "scale": jax.random.normal(k3, ())}
+
+
+def loss(model: dict, x: jax.Array) -> jax.Array:
+    h = x
+    for layer in model["layers"]:
+        h = jnp.tanh(h @ layer["w"] + layer["b"])
+    return jnp.mean((h * model["scale"] - 0.5) ** 2)
+
+
+def data(step: int) -> jax.Array:
+    return jax.random.normal(jax.random.PRNGKey(100 + step), (16, 3))
+
+
+@jax.jit
+def train_step(tree, model, x):
+    return O.update(tree, model, jax.grad(loss)(model, x))
+
+
+def assert_trees_close(a, b, **tol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
+
+
+optax = pytest.importorskip("optax")
+
+PEERS = [
+    (O.Adam(0.01), lambda: optax.adam(0.01)),
+    (O.Adam(0.02, (0.8, 0.99), 1e-6), lambda: optax.adam(0.02, b1=0.8, b2=0.99, eps=1e-6)),
+    (O.NAdam(0.01), lambda: optax.nadam(0.01)),
+    (O.Lion(0.003), lambda: optax.lion(0.003, weight_decay=0.0)),
+    (O.Momentum(0.05, 0.9), lambda: optax.sgd(0.05, momentum=0.9)),
+    (O.Nesterov(0.05, 0.9), lambda: optax.sgd(0.05, momentum=0.9, nesterov=True)),
+    (O.Descent(0.1), lambda: optax.sgd(0.1)),
+    (O.AdamW(0.01, lambd=0.1), lambda: optax.adamw(0.01, weight_decay=0.1)),
+]
+
+
+@pytest.mark.parametrize("rule, peer", PEERS, ids=[repr(r) for r, _ in PEERS])
+def test_agrees_with_optax_under_jit(rule, peer):
+    opt = peer()
+
+    @jax.jit
+    def optax_step(state, params, x):
+        updates, state = opt.update(jax.grad(loss)(params, x), state, params)
+        return state, optax.apply_updates(params, updates)
+
+    model = params = make_model()
+    tree, state = O.setup(rule, model), opt.init(params)
+    for step in range(20):
+        tree, model = train_step(tree, model, data(step))
+        state, params = optax_step(state, params, data(step))
+    assert_trees_close(model, params, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(model["scale"], make_model()["scale"])
+
+
+def test_adjust_does_not_retrace():
+    traces = 0
+
+    @jax.jit
+    def step(tree, model, x):
+        nonlocal traces
+        traces += 1
+        return O.update(tree, model, jax.grad(loss)(model, x))
+
+    model = make_model()
+    tree = O.setup(O.OptimiserChain(O.ClipNorm(5.0), O.AdamW(0.01, lambd=0.01)), model)
+    for i in range(3):
+        tree, model = step(tree, model, data(i))
+    tree = O.adjust(tree, 0.003)
+    tree = O.adjust_(tree, beta=(0.8, 0.95), lambd=0.02, omega=2.0)
+    _, model_jit = step(tree, model, data(3))
+    assert traces == 1
+    # the new values are really used: compare with the same step run eagerly
+    _, model_eager = O.update(tree, model, jax.grad(loss)(model, data(3)))
+    assert_trees_close(model_jit, model_eager, rtol=1e-5, atol=1e-6)
+    # changing a static field (a bool) does re-trace: it is part of the structure
+    tree = O.adjust(tree, couple=False)
+    step(tree, model, data(4))
+    assert traces == 2
+
+
+@rules_param(ALL_RULES)
+def test_every_rule_under_jit_matches_numpy(rule):
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(3, 4)).astype(np.float32)
+    gs = [rng.normal(size=(3, 4)).astype(np.float32) for _ in range(5)]
+    step = jax.jit(O.update)
+    mn, mj = {"w": w.copy()}, {"w": jnp.asarray(w)}
+    tn, tj = O.setup(rule, mn), O.setup(rule, mj)
+    for g in gs:
+        tn, mn = O.update_(tn, mn, {"w": g})
+        tj, mj = step(tj, mj, {"w": jnp.asarray(g)})
+    np.testing.assert_allclose(np.asarray(mj["w"]), mn["w"], rtol=1e-4, atol=2e-5)
+
+
+def test_accumgrad_chain_under_jit_waits():
+    """Under jit AccumGrad cannot return None: the chain keeps the next rule's state."""
+    x = {"w": jnp.ones(3)}
+    tree = O.setup(O.OptimiserChain(O.AccumGrad(3), O.Adam(0.1)), x)
+    step = jax.jit(O.update)
+    for i in range(2):
+        tree, y = step(tree, x, {"w": jnp.full(3, float(i))})
+        np.testing.assert_array_equal(y["w"], x["w"])
+    adam_state = tree["w"].state[1]
+    assert not np.asarray(adam_state[0]).any()
+    np.testing.assert_allclose(np.asarray(adam_state[2]), (0.9, 0.999))
+    tree, y = step(tree, x, {"w": jnp.full(3, 5.0)})
+    np.testing.assert_allclose(np.asarray(y["w"]), 0.9, rtol=1e-6)
+
+
+def test_update_in_place_is_out_of_place():
+    model = make_model()
+    tree = O.setup(O.Adam(0.1), model)
+    leaf = tree["layers"][0]["w"]
+    before = leaf.state
+    grads = jax.grad(loss)(model, data(0))
+    tree2, new = O.update_(tree, model, grads)
+    assert tree2 is tree and tree["layers"][0]["w"] is leaf and leaf.state is not before
+    assert new is not model
+    np.testing.assert_array_equal(model["layers"][0]["w"], make_model()["layers"][0]["w"])
+    assert not np.allclose(new["layers"][0]["w"], model["layers"][0]["w"])
+    # and under jit
+    tree, new2 = jax.jit(O.update_)(tree, new, grads)
+    assert isinstance(tree["layers"][0]["w"], O.Leaf)
+
+
+def test_pytree_layout():
+    leaves, treedef = jax.tree.flatten(O.AdamW(0.1, (0.8, 0.9), 0.01))
+    np.testing.assert_allclose(leaves, [0.1, 0.8, 0.9, 0.01, 1e-8])
+    assert all(v.weak_type for v in leaves)  # numbers become weakly typed arrays
+    back = jax.tree.unflatten(treedef, [0.1, 0.8, 0.9, 0.01, 1e-8])
+    assert back == O.AdamW(0.1, (0.8, 0.9), 0.01) and back.couple is True
+    assert jax.tree.leaves(O.ClipNorm(2.0, p=1.0, throw=False)) == [2.0]  # p is static
+    assert jax.tree.leaves(O.AccumGrad(4)) == []
+    chain = O.MixedPrecision(O.OptimiserChain(O.Descent(0.3), O.Momentum()), np.float32)
+    np.testing.assert_allclose(jax.tree.leaves(chain), [0.3, 0.01, 0.9])
+    assert float(jax.tree.map(lambda v: v * 2, chain).rule.rules[0].eta) == pytest.approx(0.6)
+    state = O.setup(O.RAdam(), {"w": jnp.ones(2)})["w"].state
+    assert [a.dtype for a in jax.tree.leaves(O.Leaf(O.Descent(), state))[1:]] == [
+        jnp.float32] * 4 + [jnp.int32]  # m, v, b1^t, b2^t, t
+    frozen = O.Leaf(O.Descent(0.1), None, frozen=True)
+    assert jax.tree.structure(frozen) != jax.tree.structure(O.Leaf(O.Descent(0.1), None))
+    assert jax.tree.unflatten(*reversed(jax.tree.flatten(frozen))).frozen
+
+
+def test_rule_defined_later_is_a_pytree():
+    @dataclasses.dataclass(frozen=True)
+    class Scaled(O.Rule):
+        eta: float = 0.5
+        flip: bool = False
+
+        def apply(self, state, x, dx):
+            (eta,) = O.backends.of(x).hyper(x, self.eta)
+            return state, (-eta if self.flip else eta) * dx
+
+    assert jax.tree.leaves(Scaled(0.25)) == [0.25]
+    model = {"w": jnp.ones(2)}
+    tree = O.setup(Scaled(), model)
+    _, new = jax.jit(O.update)(tree, model, {"w": jnp.ones(2)})
+    np.testing.assert_allclose(new["w"], 0.5)
+
+
+def test_frozen_leaf_skipped_under_jit():
+    model = {"a": jnp.ones(2), "b": jnp.ones(2)}
+    tree = O.freeze_(O.setup(O.Descent(0.5), model), "a")
+    tree, new = jax.jit(O.update)(tree, model, {"a": jnp.ones(2), "b": jnp.ones(2)})
+    np.testing.assert_array_equal(new["a"], 1.0)
+    np.testing.assert_array_equal(new["b"], 0.5)
+    assert tree["a"].frozen and not tree["b"].frozen
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rule", [O.Adam(0.01), O.AdamW(0.01, lambd=0.1), O.RMSProp(0.01),
+                                  O.Lion(0.01), O.OptimiserChain(O.ClipNorm(1.0), O.NAdam()),
+                                  O.MixedPrecision(O.Adam(0.001), np.float32)], ids=repr)
+def test_low_precision_keeps_dtype_under_jit(dtype, rule):
+    dt = jnp.dtype(getattr(jnp, dtype))
+    model = {"w": jnp.ones((2, 3), dt)}
+    tree = O.setup(rule, model)
+    step = jax.jit(O.update)
+    for _ in range(3):
+        tree, model = step(tree, model, {"w": jnp.ones((2, 3), jnp.float32)})
+        assert model["w"].dtype == dt
+    assert (model["w"] < 1).all()
+    if isinstance(rule, O.MixedPrecision):
+        assert tree["w"].state[0].dtype == jnp.float32
+    else:
+        assert all(a.dtype == dt for a in jax.tree.leaves(tree["w"].state) if a.ndim)
+    tree = O.adjust(tree, 0.02)
+    _, model = step(tree, model, {"w": jnp.ones((2, 3), dt)})
+    assert model["w"].dtype == dt
+
+
+def test_clipnorm_under_jit_cannot_throw_but_eager_does():
+    model = {"w": jnp.ones(2)}
+    tree = O.setup(O.ClipNorm(1.0), model)
+    bad = {"w": jnp.array([jnp.inf, 0.0])}
+    with pytest.raises(FloatingPointError, match="norm"):
+        O.update(tree, model, bad)
+    _, new = jax.jit(O.update)(tree, model, bad)  # traced: the norm is unknown until run
+    assert not np.isfinite(np.asarray(new["w"])).all()
+
+
+def test_grad_structure_errors_name_the_path():
+    model = make_model()
+    tree = O.setup(O.Adam(), model)
+    grads = jax.grad(loss)(model, data(0))
+    grads["layers"][1]["w"] = jnp.ones((2, 8))
+    with pytest.raises(ValueError, match=r"KeyPath\('layers', 1, 'w'\).*shape"):
+        jax.jit(O.update)(tree, model, grads)
+
+
+def test_complex_parameters_descend():
+    target = jnp.array([1 + 2j, -1j], jnp.complex64)
+    model = [jnp.zeros(2, jnp.complex64)]
+    tree = O.setup(O.Adam(0.1), model)
+    step = jax.jit(O.update)
+    for _ in range(100):
+        tree, model = step(tree, model, [jnp.conj(jax.grad(
+            lambda w: jnp.sum(jnp.abs(w - target) ** 2) / 2)(model[0]))])
+    assert jnp.abs(model[0] - target).max() < 0.05
+
+
+eqx = pytest.importorskip("equinox")
+
+
+def test_equinox_module_tree_protocol():
+    mlp = eqx.nn.MLP(3, 2, 8, 1, key=jax.random.PRNGKey(0))
+    kids = O.children(mlp)
+    assert "layers" in kids and isinstance(kids["layers"], tuple)
+    new_layers = tuple(O.rebuild(lin, {"weight": lin.weight * 0}) for lin in mlp.layers)
+    new = O.rebuild(mlp, {"layers": new_layers})
+    assert type(new) is type(mlp) and new is not mlp
+    assert not new.layers[0].weight.any() and mlp.layers[0].weight.any()
+    tree = O.setup(O.Adam(), mlp)
+    assert isinstance(tree["layers"][0]["weight"], O.Leaf)
+    assert tree["activation"] is None and tree["in_size"] is None
+
+
+def test_equinox_training_filter_jit():
+    key = jax.random.PRNGKey(0)
+    mlp = eqx.nn.MLP(3, 1, 16, 2, key=key)
+    x = jax.random.normal(key, (32, 3))
+    y = jnp.sin(x.sum(1, keepdims=True))
+
+    def mse(m):
+        return jnp.mean((jax.vmap(m)(x) - y) ** 2)
+
+    traces = 0
+
+    @eqx.filter_jit
+    def step(tree, m):
+        nonlocal traces
+        traces += 1
+        return O.update(tree, m, eqx.filter_grad(mse)(m))
+
+    tree = O.setup(O.Adam(0.01), mlp)
+    start, m = mse(mlp), mlp
+    for i in range(50):
+        tree, m = step(tree, m)
+        if i == 25:
+            tree = O.adjust(tree, 0.005)
+    assert type(m) is type(mlp) and mse(m) < start / 2
+    assert traces == 1  # numbers in the tree are data, not static, under filter_jit too
+    assert mlp.layers[0].weight is not m.layers[0].weight
+
+
+def test_equinox_linear_jax_grad_and_jit():
+    lin = eqx.nn.Linear(3, 2, key=jax.random.PRNGKey(1))
+    x = jnp.ones((4, 3))
+    grads = jax.grad(lambda m: jnp.sum(jax.vmap(m)(x) ** 2))(lin)
+    assert type(grads) is type(lin)  # what jax.grad returns: the model's own class
+    tree = O.setup(O.Descent(0.1), lin)
+    _, new = jax.jit(O.update)(tree, lin, grads)
+    np.testing.assert_allclose(new.weight, lin.weight - 0.1 * grads.weight, rtol=1e-6)
+    assert new.in_features == 3
