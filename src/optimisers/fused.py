@@ -179,9 +179,12 @@ class Group:
         state, d = call(self.rule, _fill(self.sig, iter([f for f, _ in joined])), x, (g,))
         out: list = []
         newsig = signature(state, out)
-        for parts, (flat, isview), now in zip(slots, joined, out):
-            if now is not flat or not isview:
-                xp.scatter(now, parts)  # the state was a copy, or the rule made a new one
+        for k, (parts, (flat, isview), now) in enumerate(zip(slots, joined, out)):
+            if now is not flat or not isview:  # the state was a copy, or the rule made a
+                made = xp.scatter(now, parts)  # new one: write it back into the parts,
+                if made is not None:           # or (immutable arrays) take new parts
+                    for arrays, part in zip(self.arrays, made):
+                        arrays[k] = part
         self._restate(newsig)
         if d is None:
             return

@@ -182,12 +182,19 @@ def joined(parts: tuple) -> tuple[Array, bool]:
     return np.concatenate(parts, axis=None), False
 
 
-def scatter(flat: Array, parts: tuple) -> None:
-    """Write consecutive segments of ``flat`` into each of ``parts``."""
-    start = 0
+def scatter(flat: Array, parts: tuple) -> list | None:
+    """Write consecutive segments of ``flat`` into each of ``parts`` and return ``None``;
+    where a part may not be written, return new arrays for all parts instead."""
+    writable = all(p.flags.writeable for p in parts)
+    out, start = [], 0
     for p in parts:
-        np.copyto(p, flat[start:start + p.size].reshape(p.shape))
+        seg = flat[start:start + p.size].reshape(p.shape)
+        if writable:
+            np.copyto(p, seg)
+        else:
+            out.append(seg.astype(p.dtype, copy=True))
         start += p.size
+    return None if writable else out
 
 
 def scatter_sub(xs: list, d: Array, cache: dict) -> None:
