@@ -34,11 +34,16 @@ def grads_for(model, step, rng):
 HAVE_NUMBA = _numba.available()
 
 
-@pytest.fixture(params=["compiled", "vectorised"] if HAVE_NUMBA else ["vectorised"])
+@pytest.fixture(params=["compiled", "vectorised", "chunked"] if HAVE_NUMBA else
+                ["vectorised", "chunked"])
 def path(request, monkeypatch):
-    """Which fused path runs: numba's one-pass kernels, or NumPy over concatenations."""
-    if request.param == "vectorised":
+    """Which fused path runs: numba's one-pass kernels, NumPy over concatenations, or
+    NumPy piece by piece (for large arrays; here pieces of 2 elements make every array
+    large)."""
+    if request.param != "compiled":
         monkeypatch.setattr(_numba, "_AVAILABLE", False)
+    if request.param == "chunked":
+        monkeypatch.setattr(fused, "CHUNK", 2)
     return request.param
 
 

@@ -37,6 +37,7 @@ from optimisers.rules import (
     Momentum,
     NAdam,
     Nesterov,
+    NewValue,
     OAdam,
     OptimiserChain,
     RAdam,
@@ -57,6 +58,9 @@ _USES_X = (AdamW, WeightDecay, SignDecay)  # rules that read the parameter's val
 
 MIN_GROUP = 2
 """Fewer arrays than this in a group take the plain path: nothing to gain."""
+
+CHUNK = 1 << 16
+"""Elements per piece when a group of large arrays is stepped piece by piece."""
 
 _FUSIBLE: dict[Rule, tuple[bool, bool]] = {}
 
@@ -172,6 +176,8 @@ class Group:
             onepass(grads, self.sig)
             self._restate(self._advance())
             return
+        if self._chunked(grads):
+            return
         g = xp.flatcat(grads)
         x = xp.flatcat(self.xs) if self.uses_x else g
         slots = list(zip(*self.arrays))  # per state array: one per member
@@ -194,6 +200,39 @@ class Group:
             for leaf, y in zip(self.leaves, xp.split_like(d, self.xs)):
                 new[id(leaf)] = y
 
+
+    def _chunked(self, grads: list) -> bool:
+        """In place, for groups of large arrays: the rule on cache-sized pieces of each
+        array in turn, so that its temporaries stay in cache. ``False`` where the group
+        is mostly small arrays (concatenating them is better) or the backend has no
+        pieces."""
+        xp = self.xp
+        if not self.write or not hasattr(xp, "pieces"):
+            return False
+        if "large" not in self.cache:
+            sizes = [xp.size(x) for x in self.xs]
+            self.cache["large"] = sum(sizes) >= CHUNK * len(sizes)
+        if not self.cache["large"]:
+            return False
+        pieces = [xp.pieces(x, g, arrays, CHUNK)
+                  for x, g, arrays in zip(self.xs, grads, self.arrays)]
+        if any(p is None for p in pieces):
+            return False
+        newsig = None
+        for member in pieces:
+            for x, g, parts in member:
+                state, d = call(self.rule, _fill(self.sig, iter(parts)), x, (g,))
+                out: list = []
+                newsig = signature(state, out)
+                for part, now in zip(parts, out):
+                    if now is not part:
+                        xp.assign(part, now)
+                if isinstance(d, NewValue):
+                    xp.assign(x, d.value)
+                elif d is not None:
+                    xp.subtract(x, d, True)
+        self._restate(newsig)
+        return True
 
     def _restate(self, newsig: Any) -> None:
         build, scalars = _builder(newsig)
