@@ -22,39 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from optimisers import backends
-from optimisers.rules import (
-    AccumGrad,
-    AdaBelief,
-    AdaDelta,
-    AdaGrad,
-    Adam,
-    AdaMax,
-    AdamW,
-    AMSGrad,
-    ClipGrad,
-    Descent,
-    Lion,
-    Momentum,
-    NAdam,
-    Nesterov,
-    NewValue,
-    OAdam,
-    OptimiserChain,
-    RAdam,
-    RMSProp,
-    Rprop,
-    Rule,
-    SignDecay,
-    WeightDecay,
-    call,
-)
+from optimisers.rules import NewValue, OptimiserChain, Rule, call
 
 __all__ = ["fusible", "step_groups", "pack", "Group", "MIN_GROUP"]
-
-_ELEMENTWISE = (Descent, Momentum, Nesterov, RMSProp, Rprop, Adam, RAdam, AdaMax, OAdam,
-                AdaGrad, AdaDelta, AMSGrad, NAdam, AdamW, AdaBelief, Lion, WeightDecay,
-                SignDecay, ClipGrad, AccumGrad)
-_USES_X = (AdamW, WeightDecay, SignDecay)  # rules that read the parameter's values
 
 MIN_GROUP = 2
 """Fewer arrays than this in a group take the plain path: nothing to gain."""
@@ -76,7 +46,7 @@ def fusible(rule: Rule) -> tuple[bool, bool]:
         parts = [fusible(r) for r in rule.rules]
         out = (all(p[0] for p in parts), any(p[1] for p in parts))
     else:
-        out = (type(rule) in _ELEMENTWISE, type(rule) in _USES_X)
+        out = (type(rule).elementwise, type(rule).reads_x)
     try:
         _FUSIBLE[rule] = out
     except TypeError:  # an unhashable field: never fused

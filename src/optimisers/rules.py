@@ -26,7 +26,12 @@ __all__ = [
 ]
 
 RULES: dict[str, type] = {}
-"""Every subclass of :class:`Rule` by name: the registry that checkpoints load from."""
+"""RULES: every subclass of :class:`Rule` by name: the registry that checkpoints load from.
+
+Example:
+    >>> RULES["Adam"] is Adam, "Lion" in RULES
+    (True, True)
+"""
 
 
 class Rule:
@@ -49,6 +54,12 @@ class Rule:
         >>> SignSGD().apply(None, np.zeros(2), np.array([-3.0, 2.0]))
         (None, array([-0.01,  0.01]))
     """
+
+    elementwise = False
+    """Whether each element's step depends only on that element (and on scalars equal
+    across arrays): such rules may run fused over many arrays at once (fused.py)."""
+    reads_x = False
+    """Whether ``apply`` reads the parameter's values (else only its dtype)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -128,6 +139,8 @@ class Descent(Rule):
         array([ 0.5, -1. ])
     """
 
+    elementwise = True
+
     eta: float = 0.1
 
     def apply(self, state, x, dx):
@@ -151,6 +164,8 @@ class Momentum(Rule):
         >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); d
         array([0.15])
     """
+
+    elementwise = True
 
     eta: float = 0.01
     rho: float = 0.9
@@ -179,6 +194,8 @@ class Nesterov(Rule):
         array([0.15])
     """
 
+    elementwise = True
+
     eta: float = 0.001
     rho: float = 0.9
 
@@ -206,6 +223,8 @@ class RMSProp(Rule):
         >>> r.apply(r.init(x), x, np.ones(1))[1].round(6)
         array([0.031623])
     """
+
+    elementwise = True
 
     eta: float = 0.001
     rho: float = 0.9
@@ -244,6 +263,8 @@ class Rprop(Rule):
         array([0.12])
     """
 
+    elementwise = True
+
     eta: float = 0.001
     ell: tuple = (0.5, 1.2)
     gamma: tuple = (1e-6, 50.0)
@@ -277,6 +298,8 @@ class Adam(Rule):
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]
         array([0.1])
     """
+
+    elementwise = True
 
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
@@ -312,6 +335,8 @@ class RAdam(Rule):
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]   # first steps: momentum only
         array([0.3])
     """
+
+    elementwise = True
 
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
@@ -355,6 +380,8 @@ class AdaMax(Rule):
         array([0.1])
     """
 
+    elementwise = True
+
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
     epsilon: float = 1e-8
@@ -386,6 +413,8 @@ class OAdam(Rule):
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]
         array([0.2])
     """
+
+    elementwise = True
 
     eta: float = 0.001
     beta: tuple = (0.5, 0.9)
@@ -420,6 +449,8 @@ class AdaGrad(Rule):
         array([0.1])
     """
 
+    elementwise = True
+
     eta: float = 0.1
     epsilon: float = 1e-8
 
@@ -447,6 +478,8 @@ class AdaDelta(Rule):
         >>> r.apply(r.init(x), x, np.array([1.0]))[1].round(4)
         array([0.14])
     """
+
+    elementwise = True
 
     rho: float = 0.9
     epsilon: float = 1e-8
@@ -479,6 +512,8 @@ class AMSGrad(Rule):
         >>> r.apply(r.init(x), x, np.array([1.0]))[1].round(4)
         array([0.3161])
     """
+
+    elementwise = True
 
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
@@ -515,6 +550,8 @@ class NAdam(Rule):
         array([0.1474])
     """
 
+    elementwise = True
+
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
     epsilon: float = 1e-8
@@ -550,6 +587,9 @@ class AdamW(Rule):
         array([0.15])
     """
 
+    elementwise = True
+    reads_x = True
+
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
     lambd: float = 0.0
@@ -583,6 +623,8 @@ class AdaBelief(Rule):
         >>> r.apply(r.init(x), x, np.array([3.0]))[1].round(4)
         array([0.1111])
     """
+
+    elementwise = True
 
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
@@ -618,6 +660,8 @@ class Lion(Rule):
         array([ 0.1, -0.1])
     """
 
+    elementwise = True
+
     eta: float = 0.001
     beta: tuple = (0.9, 0.99)
 
@@ -644,6 +688,9 @@ class WeightDecay(Rule):
         array([1.2])
     """
 
+    elementwise = True
+    reads_x = True
+
     lambd: float = 5e-4
 
     def apply(self, state, x, dx):
@@ -660,6 +707,9 @@ class SignDecay(Rule):
         >>> SignDecay(0.1).apply(None, np.array([-2.0]), np.array([1.0]))[1]
         array([0.9])
     """
+
+    elementwise = True
+    reads_x = True
 
     lambd: float = 1e-3
 
@@ -678,6 +728,8 @@ class ClipGrad(Rule):
         >>> ClipGrad(1.0).apply(None, np.zeros(2), np.array([-3.0, 0.5]))[1]
         array([-1. ,  0.5])
     """
+
+    elementwise = True
 
     delta: float = 10.0
 
@@ -793,6 +845,8 @@ class AccumGrad(Rule):
         >>> r.apply(s, x, np.array([3.0]))[1]
         array([2.])
     """
+
+    elementwise = True
 
     n: int = 1
 
