@@ -366,3 +366,28 @@ def test_higher_order_gradients_reach_apply():
     tree = O.setup(O.OptimiserChain(O.ClipGrad(100.0), Newton()), model)
     _, m = O.update(tree, model, [np.array([6.0])], [np.array([2.0])])
     assert m[0].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("rule", [
+    O.Adam(1e-2), O.RMSProp(1e-2), O.RAdam(1e-2), O.OAdam(1e-2), O.AdaGrad(1e-2),
+    O.AdaDelta(0.9, 1e-5), O.NAdam(1e-2), O.AdaBelief(1e-2), O.Descent(1e-2),
+    O.Momentum(1e-2), O.Nesterov(1e-2), O.AdamW(1e-2),
+], ids=lambda r: type(r).__name__)
+def test_complex_loss_decreases_monotonically(rule):
+    """Optimisers.jl's 'complex numbers: Flux#1776' test: w*x learns conj(x)."""
+    x = 1 + 1j
+
+    def loss(w):
+        return abs(w * x - np.conj(x)) ** 2
+
+    model = {"w": np.zeros(1, np.complex128)}
+    assert loss(model["w"][0]) == pytest.approx(2.0)
+    tree, last = O.setup(rule, model), np.inf
+    for i in range(10):
+        g = 2 * (model["w"] * x - np.conj(x)) * np.conj(x)
+        tree, model = O.update_(tree, model, {"w": g})
+        if isinstance(rule, (O.Momentum, O.Nesterov)) and i > 7:
+            continue  # very flat at the end
+        assert loss(model["w"][0]) < last
+        last = loss(model["w"][0])
+    assert loss(model["w"][0]) < 1.9
