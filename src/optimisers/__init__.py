@@ -27,6 +27,7 @@ from optimisers.rules import (
     Momentum,
     NAdam,
     Nesterov,
+    NewValue,
     OAdam,
     OptimiserChain,
     RAdam,
@@ -54,11 +55,12 @@ from optimisers.walk import fleaves, fmap, fmap_with_path, fmapstructure
 __version__ = "0.1.0"
 
 __all__ = [
-    "AMSGrad", "AccumGrad", "AdaBelief", "AdaDelta", "AdaGrad", "AdaMax", "Adam", "AdamW",
-    "ClipGrad", "ClipNorm", "Descent", "KeyPath", "Leaf", "Lion", "MixedPrecision",
-    "Momentum", "NAdam", "Nesterov", "OAdam", "OptimiserChain", "RAdam", "RMSProp", "RULES",
-    "Restructure", "Rprop", "Rule", "SignDecay", "WeightDecay", "adjust", "adjust_", "children", "destructure", "fleaves",
-    "fmap", "fmap_with_path", "fmapstructure", "freeze_", "functor", "getkeypath",
-    "haskeypath", "isleaf", "ismutable", "isnumeric", "load", "maywrite", "rebuild", "register",
-    "save", "select", "setup", "summary", "thaw_", "trainable", "trainables", "update", "update_",
+    "AccumGrad", "AdaBelief", "AdaDelta", "AdaGrad", "Adam", "AdaMax", "AdamW", "AMSGrad",
+    "ClipGrad", "ClipNorm", "Descent", "KeyPath", "Leaf", "Lion", "MixedPrecision", "Momentum",
+    "NAdam", "Nesterov", "NewValue", "OAdam", "OptimiserChain", "RAdam", "Restructure",
+    "RMSProp", "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
+    "children", "destructure", "fleaves", "fmap", "fmap_with_path", "fmapstructure", "freeze_",
+    "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric", "load",
+    "maywrite", "rebuild", "register", "save", "select", "setup", "summary", "thaw_",
+    "trainable", "trainables", "update", "update_",
 ]
