@@ -252,7 +252,7 @@ def _as_keys(x: Any, kids: dict, declared: tuple) -> tuple:
 
 
 def isnumeric(x: Any) -> bool:
-    """isnumeric(x) -> True for a floating or complex array of NumPy, PyTorch, JAX or CuPy.
+    """isnumeric(x) -> True for a floating or complex array of NumPy, PyTorch or JAX.
 
     0-d arrays count; integer and boolean arrays, and Python or NumPy scalars, never do.
     These are the arrays an optimiser trains.
@@ -269,7 +269,7 @@ def isnumeric(x: Any) -> bool:
 def maywrite(x: Any) -> bool:
     """maywrite(x) -> True when the array ``x`` may be overwritten in place.
 
-    Writable NumPy and CuPy arrays and PyTorch tensors may; JAX arrays and read-only
+    Writable NumPy arrays and PyTorch tensors may; JAX arrays and read-only
     NumPy arrays may not, so rules return new arrays for them.
 
     Example:

@@ -14,7 +14,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-_ROOTS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax", "cupy": "numpy"}
+_ROOTS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax"}
 _LOADED: dict[str, ModuleType] = {}
 _BY_TYPE: dict[type, str | None] = {}
 
