@@ -184,7 +184,7 @@ def _supported(rule: Any) -> bool:
     name = type(rule).__name__
     if name == "OptimiserChain":
         return all(_supported(r) for r in rule.rules)
-    return name in SNIPPETS and type(rule).__module__ == "optimisers.rules"
+    return name in SNIPPETS and type(rule).__module__.startswith("optimisers.rules.")
 
 
 _ONEPASS: dict[tuple, Any] = {}

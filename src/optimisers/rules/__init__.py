@@ -1,0 +1,33 @@
+"""The optimisation rules: each a small frozen dataclass with ``init`` and ``apply``.
+
+A rule sees one array at a time and never walks a tree: ``apply(state, x, dx)`` returns
+the new state and the step ``d``, and the parameter becomes ``x - d``. The rules live by
+family: :mod:`.descent`, :mod:`.adaptive`, :mod:`.transforms` and :mod:`.composite`,
+all on the base in :mod:`.base`; this package gathers them.
+"""
+
+from optimisers.rules.adaptive import (
+    AdaBelief,
+    AdaDelta,
+    AdaGrad,
+    Adam,
+    AdaMax,
+    AdamW,
+    AMSGrad,
+    Lion,
+    NAdam,
+    OAdam,
+    RAdam,
+    RMSProp,
+)
+from optimisers.rules.base import RULES, NewValue, Rule, call, ngrads
+from optimisers.rules.composite import AccumGrad, MixedPrecision, OptimiserChain
+from optimisers.rules.descent import Descent, Momentum, Nesterov, Rprop
+from optimisers.rules.transforms import ClipGrad, ClipNorm, SignDecay, WeightDecay
+
+__all__ = [
+    "Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Rprop", "Adam", "RAdam",
+    "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad", "NAdam", "AdamW", "AdaBelief",
+    "Lion", "WeightDecay", "SignDecay", "ClipGrad", "ClipNorm", "OptimiserChain",
+    "AccumGrad", "MixedPrecision", "NewValue", "RULES", "call", "ngrads",
+]

@@ -1,0 +1,450 @@
+"""Adaptive rules: a per-element step size from running moments of the gradient."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optimisers import backends
+from optimisers.rules.base import Rule
+
+__all__ = ["RMSProp", "Adam", "RAdam", "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad",
+           "NAdam", "AdamW", "AdaBelief", "Lion"]
+
+
+def _adam_moments(xp, state_m, state_v, dx, b1, b2):
+    m = xp.assign(state_m, b1 * state_m + (1 - b1) * dx)
+    v = xp.assign(state_v, b2 * state_v + (1 - b2) * xp.abs2(dx))
+    return m, v
+
+
+def _bias(bt: tuple, beta: tuple) -> tuple:
+    return (bt[0] * beta[0], bt[1] * beta[1])
+
+
+@dataclass(frozen=True)
+class RMSProp(Rule):
+    """RMSProp(eta=0.001, rho=0.9, epsilon=1e-8, centred=False) (Tieleman & Hinton 2012).
+
+    ``q = rho*q + (1-rho)*|g|^2``; centred: ``l = rho*l + (1-rho)*g``;
+    ``d = eta*g / (sqrt(q - |l|^2) + eps)``; as ``torch.optim.RMSprop(alpha=rho)``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = RMSProp(0.01), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.ones(1))[1].round(6)
+        array([0.031623])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    rho: float = 0.9
+    epsilon: float = 1e-8
+    centred: bool = False
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x, real_=True), (xp.zeros_like(x) if self.centred else None)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, rho = xp.hyper(x, self.eta, self.rho)
+        eps = xp.eps(x, self.epsilon)
+        q, l = state
+        q = xp.assign(q, rho * q + (1 - rho) * xp.abs2(dx))
+        if l is None:
+            return (q, l), eta * dx / (xp.sqrt(q) + eps)
+        l = xp.assign(l, rho * l + (1 - rho) * dx)
+        return (q, l), eta * dx / (xp.sqrt(q - xp.abs2(l)) + eps)
+
+
+@dataclass(frozen=True)
+class Adam(Rule):
+    """Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8) (Kingma & Ba 2015).
+
+    ``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*|g|^2``;
+    ``d = eta * m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)``. ``torch.optim.Adam`` and
+    ``optax.adam`` put ``eps`` at the same place, so the steps agree with both.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = Adam(0.1), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([3.0]))[1]
+        array([0.1])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    epsilon: float = 1e-8
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        eps = xp.eps(x, self.epsilon)
+        m, v, bt = state
+        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        d = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
+        return (m, v, _bias(bt, self.beta)), d
+
+
+@dataclass(frozen=True)
+class RAdam(Rule):
+    """RAdam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8): rectified Adam (Liu et al. 2020).
+
+    Adam with its adaptive term switched on only once the variance estimate is reliable
+    (``r > 4``), and scaled by the rectification factor. This is Optimisers.jl's form;
+    ``torch.optim.RAdam`` and ``optax.radam`` differ by design: they switch on at
+    ``r > 5`` (one step later with the default betas) and put ``eps`` outside the bias
+    correction, ``sqrt(1-b2^t) / (sqrt(v) + eps)``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = RAdam(0.1), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([3.0]))[1]   # first steps: momentum only
+        array([0.3])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    epsilon: float = 1e-8
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta, 1
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        eps = xp.eps(x, self.epsilon)
+        m, v, bt, t = state
+        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        rinf = 2 / (1 - self.beta[1]) - 1
+        r = rinf - 2 * t * bt[1] / (1 - bt[1])
+        traced = backends.istraced(r)  # under jax.jit: compute both branches, then select
+        if traced or r > 4:
+            ratio = (r - 4) * (r - 2) * rinf / ((rinf - 4) * (rinf - 2) * r)
+            (rect,) = xp.hyper(x, xp.sqrt(xp.where(r > 4, ratio, 1)) if traced else ratio**0.5)
+            d = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps) * rect
+            if traced:
+                d = xp.where(r > 4, d, eta * m / (1 - bt[0]))
+        else:
+            d = eta * m / (1 - bt[0])
+        return (m, v, _bias(bt, self.beta), t + 1), d
+
+
+@dataclass(frozen=True)
+class AdaMax(Rule):
+    """AdaMax(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8): Adam with the infinity norm
+    (Kingma & Ba 2015, section 7).
+
+    ``u = max(b2*u, |g|)``; ``d = eta/(1-b1^t) * m/(u + eps)``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = AdaMax(0.1), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([3.0]))[1]
+        array([0.1])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    epsilon: float = 1e-8
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        eps = xp.eps(x, self.epsilon)
+        m, u, bt = state
+        m = xp.assign(m, b1 * m + (1 - b1) * dx)
+        u = xp.assign(u, xp.maximum(b2 * u, xp.abs(dx)))
+        return (m, u, _bias(bt, self.beta)), eta / (1 - bt[0]) * m / (u + eps)
+
+
+@dataclass(frozen=True)
+class OAdam(Rule):
+    """OAdam(eta=0.001, beta=(0.5, 0.9), epsilon=1e-8): optimistic Adam (Daskalakis et al.
+    2018), for saddle-point problems such as GANs.
+
+    ``term = Adam's step``; ``d = 2*term - previous term``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = OAdam(0.1), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([3.0]))[1]
+        array([0.2])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    beta: tuple = (0.5, 0.9)
+    epsilon: float = 1e-8
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), xp.zeros_like(x), self.beta
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        eps = xp.eps(x, self.epsilon)
+        m, v, term, bt = state
+        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        new = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
+        d = 2 * new - term
+        term = xp.assign(term, new)
+        return (m, v, term, _bias(bt, self.beta)), d
+
+
+@dataclass(frozen=True)
+class AdaGrad(Rule):
+    """AdaGrad(eta=0.1, epsilon=1e-8) (Duchi et al. 2011).
+
+    ``acc = acc + |g|^2`` (starting from ``eps``); ``d = eta*g / (sqrt(acc) + eps)``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = AdaGrad(0.1), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([2.0]))[1]
+        array([0.1])
+    """
+
+    elementwise = True
+
+    eta: float = 0.1
+    epsilon: float = 1e-8
+
+    def init(self, x):
+        return backends.of(x).full_like(x, self.epsilon, real_=True)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        (eta,) = xp.hyper(x, self.eta)
+        eps = xp.eps(x, self.epsilon)
+        acc = xp.assign(state, state + xp.abs2(dx))
+        return acc, eta * dx / (xp.sqrt(acc) + eps)
+
+
+@dataclass(frozen=True)
+class AdaDelta(Rule):
+    """AdaDelta(rho=0.9, epsilon=1e-8) (Zeiler 2012): no learning rate.
+
+    ``acc = rho*acc + (1-rho)*|g|^2``; ``d = g*sqrt(dacc + eps)/sqrt(acc + eps)``;
+    ``dacc = rho*dacc + (1-rho)*|d|^2``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = AdaDelta(0.5, 0.01), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([1.0]))[1].round(4)
+        array([0.14])
+    """
+
+    elementwise = True
+
+    rho: float = 0.9
+    epsilon: float = 1e-8
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x, real_=True), xp.zeros_like(x, real_=True)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        (rho,) = xp.hyper(x, self.rho)
+        eps = xp.eps(x, self.epsilon)
+        acc, dacc = state
+        acc = xp.assign(acc, rho * acc + (1 - rho) * xp.abs2(dx))
+        d = dx * xp.sqrt(dacc + eps) / xp.sqrt(acc + eps)
+        dacc = xp.assign(dacc, rho * dacc + (1 - rho) * xp.abs2(d))
+        return (acc, dacc), d
+
+
+@dataclass(frozen=True)
+class AMSGrad(Rule):
+    """AMSGrad(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8) (Reddi et al. 2018).
+
+    Adam's moments (starting from ``eps``) with ``vhat = max(vhat, v)`` in the
+    denominator and no bias correction: ``d = eta*m / (sqrt(vhat) + eps)``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = AMSGrad(0.1), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([1.0]))[1].round(4)
+        array([0.3161])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    epsilon: float = 1e-8
+
+    def init(self, x):
+        xp = backends.of(x)
+        return (xp.full_like(x, self.epsilon), xp.full_like(x, self.epsilon, real_=True),
+                xp.full_like(x, self.epsilon, real_=True))
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        eps = xp.eps(x, self.epsilon)
+        m, v, vhat = state
+        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        vhat = xp.assign(vhat, xp.maximum(vhat, v))
+        return (m, v, vhat), eta * m / (xp.sqrt(vhat) + eps)
+
+
+@dataclass(frozen=True)
+class NAdam(Rule):
+    """NAdam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8): Adam with Nesterov momentum
+    (Dozat 2016).
+
+    ``d = eta * (b1*m/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)``, as
+    ``optax.nadam``. Optimisers.jl v0.4 differs by a stray factor ``b2`` inside the
+    square root; ``torch.optim.NAdam`` adds a momentum-decay schedule.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = NAdam(0.1), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([3.0]))[1].round(4)
+        array([0.1474])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    epsilon: float = 1e-8
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        eps = xp.eps(x, self.epsilon)
+        m, v, bt = state
+        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        c1, c2 = xp.hyper(x, 1 - self.beta[0] * bt[0], 1 - bt[0])
+        d = eta * (b1 * m / c1 + (1 - b1) * dx / c2) / (xp.sqrt(v / (1 - bt[1])) + eps)
+        return (m, v, _bias(bt, self.beta)), d
+
+
+@dataclass(frozen=True)
+class AdamW(Rule):
+    """AdamW(eta=0.001, beta=(0.9, 0.999), lambd=0.0, epsilon=1e-8, couple=True): Adam with
+    decoupled weight decay (Loshchilov & Hutter 2019).
+
+    ``a`` is Adam's step with ``eta = 1``; ``d = eta*(a + lambd*x)`` when ``couple``
+    (as ``torch.optim.AdamW(weight_decay=lambd)`` and ``optax.adamw``), else
+    ``d = eta*a + lambd*x`` (the paper's fully decoupled form).
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = AdamW(0.1, lambd=0.5), np.ones(1)
+        >>> r.apply(r.init(x), x, np.array([3.0]))[1]
+        array([0.15])
+    """
+
+    elementwise = True
+    reads_x = True
+
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    lambd: float = 0.0
+    epsilon: float = 1e-8
+    couple: bool = True
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2, lambd = xp.hyper(x, self.eta, *self.beta, self.lambd)
+        eps = xp.eps(x, self.epsilon)
+        m, v, bt = state
+        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        a = m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
+        d = eta * (a + lambd * x) if self.couple else eta * a + lambd * x
+        return (m, v, _bias(bt, self.beta)), d
+
+
+@dataclass(frozen=True)
+class AdaBelief(Rule):
+    """AdaBelief(eta=0.001, beta=(0.9, 0.999), epsilon=1e-16) (Zhuang et al. 2020).
+
+    Adam whose second moment tracks ``|g - m|^2 + eps``, the belief in the gradient.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = AdaBelief(0.1), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.array([3.0]))[1].round(4)
+        array([0.1111])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    epsilon: float = 1e-16
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        eps = xp.eps(x, self.epsilon)
+        m, s, bt = state
+        m = xp.assign(m, b1 * m + (1 - b1) * dx)
+        s = xp.assign(s, b2 * s + (1 - b2) * xp.abs2(dx - m) + eps)
+        d = eta * m / (1 - bt[0]) / (xp.sqrt(s / (1 - bt[1])) + eps)
+        return (m, s, _bias(bt, self.beta)), d
+
+
+@dataclass(frozen=True)
+class Lion(Rule):
+    """Lion(eta=0.001, beta=(0.9, 0.99)): evolved sign momentum (Chen et al. 2023).
+
+    ``d = eta * sign(b1*m + (1-b1)*g)``, then ``m = b2*m + (1-b2)*g``: the paper's
+    Algorithm 1, as ``optax.lion(eta, weight_decay=0.0)`` (optax's default decays the
+    weights too; Optimisers.jl v0.4 swaps the two weights).
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = Lion(0.1), np.zeros(2)
+        >>> r.apply(r.init(x), x, np.array([3.0, -1.0]))[1]
+        array([ 0.1, -0.1])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.99)
+
+    def init(self, x):
+        return backends.of(x).zeros_like(x)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        d = eta * xp.sign(b1 * state + (1 - b1) * dx)
+        m = xp.assign(state, b2 * state + (1 - b2) * dx)
+        return m, d

@@ -1,0 +1,111 @@
+"""The optimisation rules: each a small frozen dataclass with ``init`` and ``apply``.
+
+A rule sees one array at a time and never walks a tree. ``apply(state, x, dx)`` returns
+the new state and the step ``d``; the parameter then becomes ``x - d`` (a step of
+``None`` means "no step"). Arithmetic goes through the array's backend, so one rule
+serves NumPy, PyTorch and JAX, and hyper-parameters are used in the array's own dtype.
+
+This module holds what every rule shares: the base class :class:`Rule`, the registry
+:data:`RULES` and :func:`call`; the rules themselves live beside it, by family.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+__all__ = ["Rule", "RULES", "NewValue", "call", "ngrads"]
+
+RULES: dict[str, type] = {}
+"""RULES: every subclass of :class:`Rule` by name: the registry that checkpoints load from.
+
+Example:
+    >>> RULES["Adam"].__name__, "Lion" in RULES
+    ('Adam', True)
+"""
+
+
+class Rule:
+    """Rule: the base class of every optimisation rule.
+
+    Subclass it as a frozen dataclass whose fields are the hyper-parameters, define
+    ``init(x) -> state`` and ``apply(state, x, dx) -> (state, d)``, and the new rule
+    works everywhere a built-in one does (setup, update, adjust, checkpoints). Write
+    state arrays through ``backends.of(x).assign`` so that they update in place where
+    the array may be written.
+
+    Example:
+        >>> import numpy as np
+        >>> from dataclasses import dataclass
+        >>> @dataclass(frozen=True)
+        ... class SignSGD(Rule):
+        ...     eta: float = 0.01
+        ...     def apply(self, state, x, dx):
+        ...         return state, self.eta * np.sign(dx)
+        >>> SignSGD().apply(None, np.zeros(2), np.array([-3.0, 2.0]))
+        (None, array([-0.01,  0.01]))
+    """
+
+    elementwise = False
+    """Whether each element's step depends only on that element (and on scalars equal
+    across arrays): such rules may run fused over many arrays at once (fused.py)."""
+    reads_x = False
+    """Whether ``apply`` reads the parameter's values (else only its dtype)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        RULES.setdefault(cls.__name__, cls)
+        jax_backend = sys.modules.get("optimisers.backends.jax")
+        if jax_backend is not None:  # JAX seen already: the new rule is a pytree too
+            jax_backend.register_rule(cls)
+
+    def init(self, x: Any) -> Any:
+        """The initial state for the array ``x``; ``None`` for a stateless rule."""
+        return None
+
+    def apply(self, state: Any, x: Any, dx: Any, *higher: Any) -> tuple[Any, Any]:
+        """One step: ``(new_state, d)``; the parameter becomes ``x - d``."""
+        raise NotImplementedError(f"{type(self).__name__} must define apply(state, x, dx)")
+
+    def __post_init__(self) -> None:
+        eta = getattr(self, "eta", 0)
+        if isinstance(eta, (int, float)) and eta < 0:
+            raise ValueError(f"{type(self).__name__}: the learning rate eta must be >= 0, "
+                             f"got {eta}; a negative step would ascend the loss")
+
+
+_NGRADS: dict[type, float] = {}
+
+
+def ngrads(rule: Rule) -> float:
+    """How many gradient arguments ``rule.apply`` takes (``inf`` for ``*dx``)."""
+    cls = type(rule)
+    if cls not in _NGRADS:
+        params = list(inspect.signature(cls.apply).parameters.values())[3:]  # after self, state, x
+        _NGRADS[cls] = (float("inf") if any(p.kind is p.VAR_POSITIONAL for p in params)
+                        else len(params))
+    return _NGRADS[cls]
+
+
+def call(rule: Rule, state: Any, x: Any, grads: tuple) -> tuple[Any, Any]:
+    """``rule.apply`` with as many of the gradients as it takes."""
+    n = ngrads(rule)
+    return rule.apply(state, x, *(grads if n >= len(grads) else grads[: int(n)]))
+
+
+class NewValue:
+    """NewValue(value): a step that sets the parameter to ``value`` instead of subtracting.
+
+    For rules that compute the new parameter themselves (:class:`MixedPrecision` rounds
+    its master copy), so that no rounding of ``x - (x - new)`` creeps in.
+
+    Example:
+        >>> NewValue(3.0).value
+        3.0
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value

@@ -1,0 +1,165 @@
+"""Composite rules: chains, gradient accumulation, and mixed precision.
+
+They are ordinary rules whose state is a tuple, built from other rules' states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from optimisers import backends
+from optimisers.rules.base import NewValue, Rule, call
+from optimisers.rules.descent import Descent
+
+__all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision"]
+
+
+@dataclass(frozen=True, init=False, repr=False)
+class OptimiserChain(Rule):
+    """OptimiserChain(*rules): apply the rules in order, each one's step the next one's gradient.
+
+    The state is the tuple of the rules' states. A rule that yields no step (``None``,
+    as :class:`AccumGrad` between accumulations) ends the chain for that update. An
+    empty chain passes the gradient through.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import ClipGrad
+        >>> rule = OptimiserChain(ClipGrad(1.0), Descent(0.1))
+        >>> rule.apply(rule.init(np.zeros(2)), np.zeros(2), np.array([5.0, 0.5]))[1]
+        array([0.1 , 0.05])
+    """
+
+    rules: tuple
+
+    def __init__(self, *rules: Rule) -> None:
+        for r in rules:
+            if not isinstance(r, Rule):
+                raise TypeError(f"OptimiserChain takes rules, got {type(r).__name__}")
+            if isinstance(r, MixedPrecision):
+                raise ValueError("MixedPrecision writes the parameter itself, so it cannot sit "
+                                 "inside an OptimiserChain; wrap the chain instead: "
+                                 "MixedPrecision(OptimiserChain(...))")
+        object.__setattr__(self, "rules", tuple(rules))
+
+    def __repr__(self) -> str:
+        return f"OptimiserChain({', '.join(map(repr, self.rules))})"
+
+    def init(self, x):
+        return tuple(r.init(x) for r in self.rules)
+
+    def apply(self, state, x, dx, *higher):
+        states = list(state)
+        stepped = None  # under jax.jit, after an AccumGrad: whether it really stepped
+        for i, r in enumerate(self.rules):
+            old = states[i]
+            states[i], dx = call(r, states[i], x, (dx, *higher))
+            if dx is None:
+                break
+            if stepped is not None:  # keep the old state where no step was taken
+                states[i] = _select(backends.of(x), stepped, states[i], old)
+            elif isinstance(r, AccumGrad) and backends.istraced(states[i][1]):
+                stepped = states[i][1] == 1
+        if stepped is not None and dx is not None:
+            dx = backends.of(x).where(stepped, dx, 0 * dx)
+        return tuple(states), dx
+
+
+def _select(xp: Any, cond: Any, new: Any, old: Any) -> Any:
+    """``new`` where ``cond`` else ``old``, through the tuples of a rule's state."""
+    if isinstance(new, tuple):
+        return tuple(_select(xp, cond, a, b) for a, b in zip(new, old))
+    return new if new is None else xp.where(cond, new, old)
+
+
+@dataclass(frozen=True)
+class AccumGrad(Rule):
+    """AccumGrad(n): average the gradients of ``n`` calls, then take one step with them.
+
+    The first ``n-1`` updates change nothing but the accumulator; the ``n``-th passes the
+    mean on (as the gradient of the next rule in a chain). Put it first in a chain.
+
+    Under ``jax.jit`` the count is traced, so "no step" (``None``) cannot be returned:
+    the step is zero instead, and an :class:`OptimiserChain` keeps the states of the
+    rules after this one unchanged on those calls, so the result is the same.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = AccumGrad(2), np.zeros(1)
+        >>> s, d = r.apply(r.init(x), x, np.array([1.0])); d is None
+        True
+        >>> r.apply(s, x, np.array([3.0]))[1]
+        array([2.])
+    """
+
+    elementwise = True
+
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, (int, np.integer)) or self.n < 1:
+            raise ValueError(f"AccumGrad(n) needs a whole number n >= 1, got {self.n!r}")
+
+    def init(self, x):
+        return backends.of(x).zeros_like(x), 1
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        acc, c = state
+        (n,) = xp.hyper(x, self.n)
+        if backends.istraced(c):  # under jax.jit: select with where; zero for "no step"
+            acc = xp.where(c == 1, dx / n, acc + dx / n)
+            done = c == self.n
+            return (acc, xp.where(done, 1, c + 1)), xp.where(done, acc, 0 * acc)
+        acc = xp.assign(acc, dx / n if c == 1 else acc + dx / n)
+        if c == self.n:
+            return (acc, 1), acc
+        return (acc, c + 1), None
+
+
+@dataclass(frozen=True)
+class MixedPrecision(Rule):
+    """MixedPrecision(rule, dtype=float32): train a low-precision parameter through a
+    higher-precision master copy.
+
+    The state is ``(xT, rule_state)``: ``xT`` the parameter in ``dtype``, updated by
+    ``rule``, then written back (rounded) to the parameter: the step is a
+    :class:`NewValue`, so the parameter is exactly ``xT`` cast to its dtype. Must be
+    outermost: wrap a chain, never put it inside one.
+
+    Example:
+        >>> import numpy as np
+        >>> rule, x = MixedPrecision(Descent(1e-4)), np.ones(1, np.float16)
+        >>> s = rule.init(x)
+        >>> for _ in range(10):
+        ...     s, step = rule.apply(s, x, np.ones(1, np.float16)); x = step.value
+        >>> x, s[0]     # float16 alone would never move from 1.0 in steps of 1e-4
+        (array([0.999], dtype=float16), array([0.999], dtype=float32))
+    """
+
+    rule: Rule = dataclasses.field(default_factory=Descent)
+    dtype: Any = np.float32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rule, Rule):
+            raise TypeError(f"MixedPrecision wraps a rule, got {type(self.rule).__name__}")
+        if isinstance(self.rule, MixedPrecision):
+            raise ValueError("MixedPrecision inside MixedPrecision: use one, with the "
+                             "higher dtype")
+
+    def init(self, x):
+        xT = backends.of(x).astype(x, self.dtype)
+        return xT, self.rule.init(xT)
+
+    def apply(self, state, x, dx, *higher):
+        xp = backends.of(x)
+        xT, st = state
+        st, d = call(self.rule, st, xT, tuple(xp.cast(g, xT) for g in (dx, *higher)))
+        if d is None:
+            return (xT, st), None
+        xT = xp.subtract(xT, d, inplace=True)
+        return (xT, st), NewValue(xp.astype(xT, x.dtype))  # a copy, never xT itself

@@ -1,0 +1,128 @@
+"""Gradient descent and its momentum variants, and Rprop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optimisers import backends
+from optimisers.rules.base import Rule
+
+__all__ = ["Descent", "Momentum", "Nesterov", "Rprop"]
+
+
+@dataclass(frozen=True)
+class Descent(Rule):
+    """Descent(eta=0.1): plain gradient descent, ``d = eta * g``.
+
+    Example:
+        >>> import numpy as np
+        >>> Descent(0.5).apply(None, np.zeros(2), np.array([1.0, -2.0]))[1]
+        array([ 0.5, -1. ])
+    """
+
+    elementwise = True
+
+    eta: float = 0.1
+
+    def apply(self, state, x, dx):
+        (eta,) = backends.of(x).hyper(x, self.eta)
+        return state, eta * dx
+
+
+@dataclass(frozen=True)
+class Momentum(Rule):
+    """Momentum(eta=0.01, rho=0.9): ``v = rho*v + eta*g``; ``d = v``.
+
+    Classical momentum (Polyak 1964) with the learning rate inside the velocity. With a
+    constant ``eta`` the steps are those of ``torch.optim.SGD(lr=eta, momentum=rho)`` and
+    ``optax.sgd(eta, momentum=rho)``, whose velocity leaves ``eta`` out (theirs is
+    ``v/eta``); by design, after ``adjust`` of ``eta`` ours still carries the old rate in
+    ``v`` and changes pace smoothly.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = Momentum(0.1, 0.5), np.zeros(1)
+        >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); d
+        array([0.15])
+    """
+
+    elementwise = True
+
+    eta: float = 0.01
+    rho: float = 0.9
+
+    def init(self, x):
+        return backends.of(x).zeros_like(x)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, rho = xp.hyper(x, self.eta, self.rho)
+        v = xp.assign(state, rho * state + eta * dx)
+        return v, v
+
+
+@dataclass(frozen=True)
+class Nesterov(Rule):
+    """Nesterov(eta=0.001, rho=0.9): Nesterov's accelerated gradient (Sutskever et al. 2013).
+
+    ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``; the same steps as
+    ``torch.optim.SGD(lr=eta, momentum=rho, nesterov=True)``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = Nesterov(0.1, 0.5), np.zeros(1)
+        >>> r.apply(r.init(x), x, np.ones(1))[1]
+        array([0.15])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    rho: float = 0.9
+
+    def init(self, x):
+        return backends.of(x).zeros_like(x)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        eta, rho = xp.hyper(x, self.eta, self.rho)
+        d = -(rho * rho) * state + (1 + rho) * eta * dx
+        v = xp.assign(state, rho * state - eta * dx)
+        return v, d
+
+
+@dataclass(frozen=True)
+class Rprop(Rule):
+    """Rprop(eta=0.001, ell=(0.5, 1.2), gamma=(1e-6, 50.0)): resilient backprop
+    (Riedmiller & Braun 1993).
+
+    Per element, the step size grows by ``ell[1]`` while the gradient keeps its sign and
+    shrinks by ``ell[0]`` when it flips (then that gradient is forgotten), clamped to
+    ``gamma``; ``d = s * sign(g)``. As ``torch.optim.Rprop(etas=ell, step_sizes=gamma)``.
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = Rprop(0.1), np.zeros(1)
+        >>> s, d = r.apply(r.init(x), x, np.ones(1)); r.apply(s, x, np.ones(1))[1]
+        array([0.12])
+    """
+
+    elementwise = True
+
+    eta: float = 0.001
+    ell: tuple = (0.5, 1.2)
+    gamma: tuple = (1e-6, 50.0)
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.full_like(x, self.eta)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        lo, hi, gmin, gmax = xp.hyper(x, *self.ell, *self.gamma)
+        gp, s = state
+        sgn = xp.sign(gp * dx)
+        s = xp.assign(s, xp.where(sgn > 0, xp.minimum(s * hi, gmax),
+                                  xp.where(sgn < 0, xp.maximum(s * lo, gmin), s)))
+        gp = xp.assign(gp, xp.where(sgn < 0, 0 * dx, dx))
+        return (gp, s), s * xp.sign(gp)
