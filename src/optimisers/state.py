@@ -21,8 +21,16 @@ from typing import Any
 from optimisers import backends, fused
 from optimisers.keypath import KeyPath
 from optimisers.rules import NewValue, Rule, call
-from optimisers.tree import _ismodule, children, isleaf, isnumeric, ispositional, trainable
-from optimisers.walk import fmap, mirror, place, walk
+from optimisers.tree import (
+    _ismodule,
+    children,
+    isleaf,
+    ismutable,
+    isnumeric,
+    ispositional,
+    trainable,
+)
+from optimisers.walk import fmap, mirror, place, substitute, walk
 
 __all__ = ["Leaf", "setup", "update", "update_", "leaves"]
 
@@ -245,7 +253,7 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
         if not t.frozen:
             _add(plan, t, x, grads, kp)
         return
-    if not isinstance(t, (dict, tuple, list)):
+    if type(t) not in (dict, tuple, list):
         raise _not_a_tree(t, kp)
     kids = children(x)
     keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
@@ -262,16 +270,21 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
     """Phase two: run each Leaf's rule once, groups of them fused where possible; return
     the new arrays made out of place."""
+    # Rules that may raise (ClipNorm on a non-finite norm) run first, on copies of their
+    # state, so that an error leaves everything as it was; their results land below.
+    risky = [e for e in entries if e.leaf.rule.raises()]
+    if inplace and risky:
+        copy = _copier()
+        done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state)) for e in risky}
+    else:
+        done = {}
     try:
         rest, new, groups = fused.step_groups(entries, inplace, known)
     except (ValueError, TypeError, ArithmeticError) as err:
         raise type(err)(f"{err} (in a fused group of Leafs)") from err
     for e in rest:
         leaf, x = e.leaf, e.x
-        try:
-            leaf.state, d = call(leaf.rule, leaf.state, x, tuple(e.grads))
-        except (ValueError, TypeError, ArithmeticError) as err:
-            raise type(err)(f"{err} (in {leaf.rule!r} at {e.paths[0]!r})") from err
+        leaf.state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state)
         if isinstance(d, NewValue):
             y = backends.of(x).assign(x, d.value) if inplace else d.value
         elif d is not None:
@@ -281,6 +294,14 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
         if y is not x:
             new[id(leaf)] = y
     return new, groups
+
+
+def _apply(e: _Entry, state: Any) -> tuple[Any, Any]:
+    """``(new_state, step)`` of one entry's rule; an error names the entry's path."""
+    try:
+        return call(e.leaf.rule, state, e.x, tuple(e.grads))
+    except (ValueError, TypeError, ArithmeticError) as err:
+        raise type(err)(f"{err} (in {e.leaf.rule!r} at {e.paths[0]!r})") from err
 
 
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
@@ -300,7 +321,12 @@ def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, An
         if known is not None:
             known.groups = groups
         return tree, model
-    return tree, place(tree, model, lambda leaf, x: new.get(id(leaf), x))
+    model = place(tree, model, lambda leaf, x: new.get(id(leaf), x))
+    # A mutable array updated here may also sit where no Leaf is (a non-trainable
+    # child): update_ changes it there too, being in place, so update must as well.
+    moved = {id(e.x): new[id(e.leaf)] for e in entries
+             if id(e.leaf) in new and ismutable(e.x)}
+    return tree, substitute(model, moved) if moved else model
 
 
 def _first_leaf(t: Any) -> Leaf | None:
@@ -438,13 +464,11 @@ def _read(prog: tuple, g: Any, out: list) -> bool:
     return True
 
 
-def copy_tree(tree: Any) -> Any:
-    """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept,
-    and state packed by :func:`fused.pack` stays packed."""
-    memo: dict[int, Leaf] = {}
+def _copier() -> Any:
+    """A function copying writable arrays (packed state stays packed), leaving the rest."""
     copiers: dict[str, Any] = {}
 
-    def copy_array(a: Any) -> Any:
+    def copy(a: Any) -> Any:
         lib = backends.library(a)
         if lib is None:
             return a
@@ -454,22 +478,35 @@ def copy_tree(tree: Any) -> Any:
                 lambda a: xp.copy(a) if xp.maywrite(a) else a)
         return copiers[lib](a)
 
+    return copy
+
+
+def copy_tree(tree: Any) -> Any:
+    """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept,
+    and state packed by :func:`fused.pack` stays packed."""
+    memo: dict[int, Leaf] = {}
+    copy = _copier()
+
     def leaf(t: Leaf) -> Leaf:
         if id(t) not in memo:
-            memo[id(t)] = Leaf(t.rule, fmap(copy_array, t.state), t.frozen)
+            memo[id(t)] = Leaf(t.rule, fmap(copy, t.state), t.frozen)
         return memo[id(t)]
 
     return _map_leaves(leaf, tree)
 
 
-def _map_leaves(f: Any, t: Any) -> Any:
+def _map_leaves(f: Any, t: Any, kp: KeyPath = KeyPath()) -> Any:
+    """The state tree with ``f(leaf)`` in place of each Leaf; anything but a Leaf, None or
+    a plain dict, tuple or list (a model passed as the tree) is a TypeError."""
     if isinstance(t, Leaf):
         return f(t)
-    if isinstance(t, dict):
-        return {k: _map_leaves(f, v) for k, v in t.items()}
-    if isinstance(t, (tuple, list)):
-        return type(t)(_map_leaves(f, v) for v in t)
-    return t
+    if type(t) is dict:
+        return {k: _map_leaves(f, v, kp + (k,)) for k, v in t.items()}
+    if type(t) in (tuple, list):
+        return type(t)(_map_leaves(f, v, kp + (i,)) for i, v in enumerate(t))
+    if t is None:
+        return t
+    raise _not_a_tree(t, kp)
 
 
 def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:

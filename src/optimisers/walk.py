@@ -8,14 +8,14 @@ from typing import Any
 from optimisers.keypath import KeyPath
 from optimisers.tree import children, isleaf, ismutable, ispositional, rebuild
 
-__all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror", "place"]
+__all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror", "place", "substitute"]
 
 
 def mirror(x: Any, new_children: Mapping) -> Any:
     """The plain-container twin of the node ``x``: a tuple or list for positional nodes,
     a ``dict`` keyed like ``x``'s children for every other node. Used by the state tree."""
     if ispositional(x):
-        return type(x)(new_children.values()) if isinstance(x, list) else tuple(
+        return list(new_children.values()) if isinstance(x, list) else tuple(
             new_children.values())
     return dict(new_children)
 
@@ -158,3 +158,27 @@ def place(t: Any, x: Any, value: Callable[[Any, Any], Any]) -> Any:
         return out
 
     return go(t, x)
+
+
+def substitute(x: Any, new: dict) -> Any:
+    """``x`` with every leaf whose ``id`` is a key of ``new`` replaced by its value,
+    wherever it sits; only nodes with a replaced child are rebuilt (ties kept)."""
+    memo: dict[int, tuple[Any, Any]] = {}
+
+    def go(x: Any) -> Any:
+        if id(x) in new:
+            return new[id(x)]
+        if id(x) in memo:
+            return memo[id(x)][1]
+        kids = children(x)
+        changed = {}
+        for k, c in kids.items():
+            y = go(c)
+            if y is not c:
+                changed[k] = y
+        out = rebuild(x, changed) if changed else x
+        if ismutable(x):
+            memo[id(x)] = (x, out)
+        return out
+
+    return go(x)

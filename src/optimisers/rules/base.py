@@ -60,6 +60,12 @@ class Rule:
         if jax_backend is not None:  # JAX seen already: the new rule is a pytree too
             jax_backend.register_rule(cls)
 
+    def raises(self) -> bool:
+        """Whether ``apply`` may raise on valid input (as ``ClipNorm`` does on a non-finite
+        norm). ``update_`` then runs this rule first, on a copy of its state, so that an
+        error leaves the model and the tree as they were. Override it if yours may."""
+        return False
+
     def init(self, x: Any) -> Any:
         """The initial state for the array ``x``; ``None`` for a stateless rule."""
         return None

@@ -49,6 +49,9 @@ class OptimiserChain(Rule):
     def __repr__(self) -> str:
         return f"OptimiserChain({', '.join(map(repr, self.rules))})"
 
+    def raises(self) -> bool:
+        return any(r.raises() for r in self.rules)
+
     def init(self, x):
         return tuple(r.init(x) for r in self.rules)
 
@@ -150,6 +153,9 @@ class MixedPrecision(Rule):
         if isinstance(self.rule, MixedPrecision):
             raise ValueError("MixedPrecision inside MixedPrecision: use one, with the "
                              "higher dtype")
+
+    def raises(self) -> bool:
+        return self.rule.raises()
 
     def init(self, x):
         xT = backends.of(x).astype(x, self.dtype)

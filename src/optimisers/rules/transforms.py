@@ -93,6 +93,9 @@ class ClipNorm(Rule):
     p: float = dataclasses.field(default=2.0, metadata={"static": True})  # not traced by JAX
     throw: bool = True
 
+    def raises(self) -> bool:
+        return bool(self.throw)
+
     def apply(self, state, x, dx):
         xp = backends.of(x)
         n = xp.norm(dx, self.p)
