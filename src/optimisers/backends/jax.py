@@ -15,6 +15,14 @@ auxiliary data, and nested rules are children. ``Leaf.frozen`` is static. Python
 numbers among the children (hyper-parameters, and counters such as Adam's ``b1^t`` in a
 state) are flattened as weakly typed 0-d arrays, so they are data under
 ``equinox.filter_jit`` too.
+
+There are no fused group functions here (``flatcat`` and the rest, see ``fused.py``), on
+purpose. Under ``jax.jit`` each Leaf's rule and counters are separate traced values, so
+a group would have to spread them over its elements; and splitting a concatenation back
+into per-array outputs costs XLA (on CPU) one compiled kernel per distinct slice, where
+the per-array steps are identical kernels that it compiles once. Measured with 200
+arrays of 512 elements: the concatenating step compiled in 22 s, the per-array one in
+1.7 s.
 """
 
 from __future__ import annotations

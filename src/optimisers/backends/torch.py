@@ -8,13 +8,16 @@ under ``torch.no_grad()``, so a parameter that requires grad may be updated.
 from __future__ import annotations
 
 import copy as _copy
+import math
 import weakref
 from collections.abc import Mapping
+from operator import is_ as _is
 from typing import Any
 
 import numpy as np
 import torch
 from torch import conj, nn, real, sqrt  # noqa: F401
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 Array = torch.Tensor
 
@@ -204,6 +207,202 @@ def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
     if seg.is_complex() and not like.is_complex():
         seg = seg.real
     return seg.to(dtype=like.dtype, device=like.device, copy=True)
+
+
+# --- fused groups (fused.py) ---------------------------------------------------------------
+#
+# A group's tensors are flattened into one vector and written back by C++ loops (torch's
+# flatten helpers and foreach ops): no Python loop runs per tensor in an in-place step.
+# Adam and AdamW, stepped in place in float32 or float64, run torch's own fused kernel.
+
+_PACKED: dict[int, tuple] = {}  # id(buffer) -> (weakref to it, weakrefs to its views in order)
+_deref = weakref.ref.__call__
+
+
+def device(x: Array) -> torch.device:
+    return x.device
+
+
+def flatcat(arrays: list) -> Array:
+    """All ``arrays`` flattened into one vector (they share a dtype and device). Only read:
+    for a single array it may be a view of it."""
+    return _flatten_dense_tensors(arrays)
+
+
+def packed(parts: tuple) -> list:
+    """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
+    buf = torch.cat([p.detach().reshape(-1) for p in parts])
+    views = list(_unflatten_dense_tensors(buf, parts))
+    key = id(buf)
+    _PACKED[key] = (weakref.ref(buf), tuple(map(weakref.ref, views)))
+    weakref.finalize(buf, _PACKED.pop, key, None)  # the views keep the buffer alive
+    return views
+
+
+def _packing(a: Array) -> tuple | None:
+    """``(buffer, views)`` when ``a`` is a view made by :func:`packed`, else ``None``."""
+    base = a._base
+    entry = _PACKED.get(id(base)) if base is not None else None
+    if entry is None or entry[0]() is not base:
+        return None
+    return base, entry[1]
+
+
+def joined(parts: tuple) -> tuple[Array, bool]:
+    """``(flat, isview)``: the whole packed buffer when ``parts`` are exactly its views in
+    order, else a new concatenation of them."""
+    hit = _packing(parts[0])
+    if hit is not None and len(hit[1]) == len(parts) and all(
+            map(_is, map(_deref, hit[1]), parts)):
+        return hit[0], True
+    return flatcat(list(parts)), False
+
+
+def scatter(flat: Array, parts: tuple) -> None:
+    """Write consecutive segments of ``flat`` into each of ``parts`` (in place)."""
+    torch._foreach_copy_(list(parts), list(_unflatten_dense_tensors(flat, parts)))
+
+
+def scatter_sub(xs: list, d: Array, cache: dict) -> None:
+    """``x -= segment of d`` for each ``x``, in place, by one foreach op."""
+    torch._foreach_sub_(xs, _unflatten_dense_tensors(d, xs))
+
+
+def split_like(d: Array, xs: list) -> list:
+    """New tensors ``x_i - segment of d``, typed like each ``x_i`` (a ``Parameter`` stays
+    one), as :func:`subtract` makes them."""
+    out = list(torch._foreach_sub(xs, _unflatten_dense_tensors(d, xs)))
+    for i, (x, y) in enumerate(zip(xs, out)):
+        if y.dtype != x.dtype:
+            y = out[i] = y.to(x.dtype)
+        if isinstance(x, nn.Parameter):
+            out[i] = nn.Parameter(y, requires_grad=x.requires_grad)
+    return out
+
+
+def copier() -> Any:
+    """A copy function that keeps packed state packed: a packed buffer is copied once."""
+    memo: dict[int, tuple[list, dict]] = {}
+
+    def copy_(a: Array) -> Array:
+        hit = _packing(a)
+        if hit is None:
+            return copy(a)
+        base, refs = hit
+        if id(base) not in memo:
+            views = [r() for r in refs]
+            if any(v is None for v in views):  # some view was dropped: copy one by one
+                return copy(a)
+            memo[id(base)] = (packed(views), {id(v): i for i, v in enumerate(views)})
+        new, index = memo[id(base)]
+        i = index.get(id(a))
+        return new[i] if i is not None else copy(a)
+
+    return copy_
+
+
+def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+    """A step running a whole Adam or AdamW group in torch's fused kernel, or ``None``.
+
+    The kernel is torch's own (``torch.optim.Adam(fused=True)``): it computes the same
+    formula in a different order of operations, so it agrees with the plain path to
+    rounding, not bit for bit; tests check it to float32 rounding. Used only where it can
+    express the step exactly: float32 or float64 contiguous tensors, Python-number
+    hyper-parameters, and bias corrections ``(b1^t, b2^t)`` that the kernel, which takes a
+    step count, can reproduce (it does after any :func:`~optimisers.adjust`, to rounding).
+    """
+    kernel = cache.get("fused_adam", False)
+    if kernel is False:
+        kernel = cache["fused_adam"] = _AdamKernel.make(rule, xs, arrays)
+    if kernel is None:
+        return None
+    args = _adam_scalars(rule, sig[2])
+    if args is None:
+        return None
+    return lambda grads, sig: kernel(grads, *args)
+
+
+SERIAL_BELOW = 4096
+"""On CPU, groups whose tensors average fewer elements than this run the kernel on one
+thread: it would start a parallel region per tensor, which costs more than it saves."""
+
+
+class _AdamKernel:
+    """torch's fused Adam kernel set up for one group."""
+
+    __slots__ = ("rule", "xs", "ms", "vs", "steps", "serial")
+
+    @classmethod
+    def make(cls, rule: Any, xs: list, arrays: list) -> _AdamKernel | None:
+        from optimisers.rules import Adam, AdamW
+
+        if type(rule) not in (Adam, AdamW) or not hasattr(torch, "_fused_adam_"):
+            return None
+        fields = (rule.eta, *rule.beta, rule.epsilon, getattr(rule, "lambd", 0.0))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fields):
+            return None
+        x0 = xs[0]
+        if x0.dtype not in (torch.float32, torch.float64) or x0.device.type not in (
+                "cpu", "cuda"):
+            return None
+        ms, vs = [a[0] for a in arrays], [a[1] for a in arrays]
+        if not all(t.dtype == x0.dtype and t.device == x0.device and t.is_contiguous()
+                   for t in (*xs, *ms, *vs)):
+            return None
+        return cls(rule, xs, ms, vs)
+
+    def __init__(self, rule: Any, xs: list, ms: list, vs: list) -> None:
+        self.rule, self.xs, self.ms, self.vs = rule, list(xs), ms, vs
+        self.steps = [torch.zeros((), dtype=torch.float32, device=xs[0].device)] * len(xs)
+        self.serial = xs[0].device.type == "cpu" and (
+            sum(x.numel() for x in xs) < SERIAL_BELOW * len(xs))
+
+    def __call__(self, grads: list, lr: float, step: float, wd: float) -> None:
+        rule = self.rule
+        if not _dense(grads):
+            grads = [g.to_dense().contiguous() for g in grads]
+        self.steps[0].fill_(step)  # the same tensor for all: the kernel only reads it
+        fn = torch._fused_adamw_ if wd else torch._fused_adam_  # wd: AdamW's decay only
+        threads = torch.get_num_threads() if self.serial else 1
+        if threads > 1:
+            torch.set_num_threads(1)
+        try:
+            fn(self.xs, grads, self.ms, self.vs, [], self.steps, lr=lr,
+               beta1=float(rule.beta[0]), beta2=float(rule.beta[1]), weight_decay=wd,
+               eps=float(rule.epsilon), amsgrad=False, maximize=False)
+        finally:
+            if threads > 1:
+                torch.set_num_threads(threads)
+
+
+def _dense(grads: list) -> bool:
+    """Whether all ``grads`` are dense contiguous tensors, as the kernel needs them."""
+    try:
+        return all(map(torch.Tensor.is_contiguous, grads))
+    except RuntimeError:  # a sparse gradient
+        return False
+
+
+def _adam_scalars(rule: Any, bt: tuple) -> tuple | None:
+    """``(lr, step, weight_decay)`` for torch's kernel so that its step is ours:
+    ``eta * m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)`` (plus AdamW's decay), or ``None``."""
+    b1, b2 = float(rule.beta[0]), float(rule.beta[1])
+    bt0, bt1 = bt
+    if not (isinstance(bt0, float) and isinstance(bt1, float)
+            and 0 <= b1 < 1 and 0 < b2 < 1 and 0 <= bt0 < 1 and 0 <= bt1 < 1):
+        return None
+    # the kernel reads the step count as float32 and corrects by 1 - b2**step
+    step = float(np.float32(math.log(bt1) / math.log(b2))) if bt1 > 0 else 3e38
+    if step <= 0 or math.fabs((1 - b2**step) - (1 - bt1)) > 1e-7 * (1 - bt1):
+        return None
+    lr = float(rule.eta) * (1 - b1**step) / (1 - bt0)  # the kernel divides by 1 - b1**step
+    lambd = float(getattr(rule, "lambd", 0.0))
+    if not lambd:
+        return lr, step, 0.0
+    if lr <= 0:
+        return None
+    # AdamW: the kernel multiplies x by 1 - lr*wd before the step
+    return lr, step, (float(rule.eta) * lambd if rule.couple else lambd) / lr
 
 
 # --- nn.Module as a node of the tree protocol ----------------------------------------------

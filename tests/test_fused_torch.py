@@ -1,0 +1,320 @@
+"""PyTorch's fused paths give the same tensors as the plain path, for every rule and chain."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import optimisers as O  # noqa: E402
+from conftest import rules_param  # noqa: E402
+from optimisers import backends, fused  # noqa: E402
+
+tb = backends.ops("torch")
+
+
+def make_model(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+
+    tied = randn(3, 2)
+    return {
+        "layers": [{"w": randn(4, 3), "b": randn(3)} for _ in range(4)],
+        "tied_a": tied, "tied_b": tied,
+        "scalar": randn(), "frozen": randn(5),
+        "wide": randn(2, 2, 2),
+    }
+
+
+def grads_for(model, step, g):
+    grads = O.fmap(lambda x: torch.randn(x.shape, generator=g, dtype=torch.float64).to(
+        x.dtype) if O.isnumeric(x) else None, model, cache=False)
+    if step % 3 == 1:
+        grads["layers"][1] = None  # no gradient for one layer in some steps
+    return grads
+
+
+def run(rule, steps, inplace, fuse, monkeypatch, dtype=torch.float32, adjust_at=None):
+    with monkeypatch.context() as m:
+        if not fuse:
+            m.setattr(fused, "MIN_GROUP", 10**9)
+        model = make_model(dtype)
+        tree = O.setup(rule, model)
+        O.freeze_(tree, "frozen")
+        g = torch.Generator().manual_seed(1)
+        for step in range(steps):
+            if step == adjust_at:
+                O.adjust_(tree, beta=(0.8, 0.99))
+            grads = grads_for(model, step, g)
+            if inplace:
+                tree, model = O.update_(tree, model, grads)
+            else:
+                tree, model = O.update(tree, model, grads)
+        return tree, model
+
+
+def kernel(rule, dtype=torch.float32):
+    """Whether the group steps in torch's fused Adam kernel (not the same operations as
+    ours, so equal only to rounding)."""
+    return type(rule) in (O.Adam, O.AdamW) and dtype in (torch.float32, torch.float64)
+
+
+def assert_same(a, b, exact=True):
+    la, lb = O.fleaves(a), O.fleaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            if exact:
+                assert torch.equal(x, y), (x, y)
+            else:
+                # torch's fused Adam rounds differently from our formula (its moment is a
+                # lerp, its denominator sqrt(v)/sqrt(1-b2^t) + eps): a few ulps
+                eps = torch.finfo(x.dtype).eps
+                torch.testing.assert_close(x, y, rtol=8 * eps, atol=eps)
+        else:
+            assert x == y
+
+
+@rules_param()
+@pytest.mark.parametrize("inplace", [True, False], ids=["update_", "update"])
+def test_fused_equals_plain(rule, inplace, monkeypatch):
+    tree_f, model_f = run(rule, 7, inplace, True, monkeypatch)
+    tree_p, model_p = run(rule, 7, inplace, False, monkeypatch)
+    exact = not (inplace and kernel(rule))
+    if not exact:  # the kernel really ran
+        assert any(g.cache.get("fused_adam") for g in O.state._first_leaf(tree_f)._plan.groups)
+    assert_same(model_f, model_p, exact)
+    assert model_f["tied_a"] is model_f["tied_b"]
+    assert torch.equal(model_f["frozen"], make_model()["frozen"])
+    for (_kp, lf), (_, lp) in zip(O.state.leaves(tree_f), O.state.leaves(tree_p)):
+        assert_same(lf.state, lp.state, exact)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64,
+                                   torch.complex64], ids=str)
+@rules_param([O.Adam(0.1), O.OptimiserChain(O.WeightDecay(0.1), O.Momentum(0.1)),
+              O.AdamW(0.1, lambd=0.1), O.Lion(0.1)])
+def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch):
+    _, model_f = run(rule, 4, True, True, monkeypatch, dtype)
+    _, model_p = run(rule, 4, True, False, monkeypatch, dtype)
+    # complex: torch's own sgn and division round differently in their vectorised body
+    # and their scalar tail, so even the plain path depends on where an element sits
+    assert_same(model_f, model_p, exact=not kernel(rule, dtype) and not dtype.is_complex)
+
+
+@rules_param([O.Adam(0.05), O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False)])
+def test_adam_kernel_follows_adjusted_betas(rule, monkeypatch):
+    """The kernel takes a step count; bias corrections (b1^t, b2^t) built from betas
+    changed mid-run are reproduced by a fractional step and a corrected rate."""
+    tree_f, model_f = run(rule, 8, True, True, monkeypatch, adjust_at=3)
+    tree_p, model_p = run(rule, 8, True, False, monkeypatch, adjust_at=3)
+    assert_same(model_f, model_p, exact=False)
+    for (_kp, lf), (_, lp) in zip(O.state.leaves(tree_f), O.state.leaves(tree_p)):
+        assert_same(lf.state, lp.state, exact=False)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "serial"])
+@rules_param([O.Adam(0.05), O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False)])
+def test_adam_kernel_modes(rule, mode, monkeypatch):
+    """Torch's kernel, on all threads or (for small tensors on CPU) on one."""
+    monkeypatch.setattr(tb, "SERIAL_BELOW", 0 if mode == "parallel" else 10**9)
+    threads = torch.get_num_threads()
+
+    def once(fuse):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            g = torch.Generator().manual_seed(3)
+            model = [torch.randn(s, generator=g) for s in [(4, 3), (3,), (5,), (2, 2, 2), ()]]
+            tree = O.setup(rule, model)
+            for _ in range(5):
+                tree, model = O.update_(tree, model, [torch.randn(x.shape, generator=g)
+                                                      for x in model])
+            return tree, model
+
+    (tree_f, model_f), (tree_p, model_p) = once(True), once(False)
+    assert_same(model_f, model_p, exact=False)
+    for lf, lp in zip(tree_f, tree_p):
+        assert_same(lf.state, lp.state, exact=False)
+    (group,) = O.state._first_leaf(tree_f)._plan.groups
+    assert group.cache["fused_adam"].serial == (mode == "serial")
+    assert torch.get_num_threads() == threads  # restored
+
+
+def test_non_contiguous_parameters_take_the_concatenating_path(monkeypatch):
+    def once(fuse):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            g = torch.Generator().manual_seed(4)
+            model = [torch.randn(3, 4, generator=g).t(), torch.randn(5, generator=g)]
+            grads = [torch.randn(3, 4, generator=g).t(), torch.randn(5, generator=g)]
+            tree = O.setup(O.Adam(0.1), model)
+            for _ in range(3):
+                tree, model = O.update_(tree, model, grads)
+            return tree, model
+
+    (tree_f, model_f), (_, model_p) = once(True), once(False)
+    assert_same(model_f, model_p)  # bit for bit: our own formula, concatenated
+    (group,) = O.state._first_leaf(tree_f)._plan.groups
+    assert group.cache["fused_adam"] is None
+    assert not model_f[0].is_contiguous()
+
+
+def test_non_contiguous_gradients_in_the_kernel(monkeypatch):
+    out = []
+    for fuse in (True, False):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            model = [torch.ones(3, 4), torch.ones(5)]
+            tree = O.setup(O.Adam(0.1), model)
+            g = torch.arange(12.0).reshape(4, 3)
+            for _ in range(3):
+                tree, model = O.update_(tree, model, [g.t(), torch.ones(5)])
+            out.append(model)
+    assert_same(out[0], out[1], exact=False)
+
+
+def spy_runs(monkeypatch):
+    runs = []
+    original = fused.Group.run
+
+    def spy(self, grads, new):
+        runs.append((id(self), len(grads)))
+        return original(self, grads, new)
+
+    monkeypatch.setattr(fused.Group, "run", spy)
+    return runs
+
+
+@pytest.mark.parametrize("rule", [O.Adam(), O.Momentum(), O.OptimiserChain(O.ClipGrad(),
+                                                                          O.Nesterov())],
+                         ids=repr)
+def test_fused_path_is_taken_and_groups_are_reused(rule, monkeypatch):
+    runs = spy_runs(monkeypatch)
+    model = {f"p{i}": torch.ones(8) for i in range(50)}
+    tree = O.setup(rule, model)
+    g = {k: torch.ones(8) for k in model}
+    for _ in range(3):
+        tree, model = O.update_(tree, model, g)
+    assert [n for _, n in runs] == [50, 50, 50]
+    assert runs[1][0] == runs[2][0]  # the group found in step 2 is kept for step 3
+    (group,) = O.state._first_leaf(tree)._plan.groups
+    assert (group.cache["fused_adam"] is not None) == isinstance(rule, O.Adam)
+
+
+def test_module_with_grad_is_fused(monkeypatch):
+    runs = spy_runs(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(10)))
+    plain = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(10)))
+    plain.load_state_dict(model.state_dict())
+    tree, tree_p = O.setup(O.Adam(0.01), model), O.setup(O.Adam(0.01), plain)
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        for m in (model, plain):
+            m.zero_grad()
+            m(x).square().sum().backward()
+        O.update_(tree, model)
+        with monkeypatch.context() as mp:
+            mp.setattr(fused, "MIN_GROUP", 10**9)
+            O.update_(tree_p, plain)
+    assert [n for _, n in runs] == [20, 20, 20]  # weights and biases: one group
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=1e-7)
+        assert a.is_leaf and a.requires_grad
+
+
+def test_setup_packs_state_contiguously():
+    model = [torch.ones(3), torch.ones(2, 2), torch.ones(1, dtype=torch.float64)]
+    tree = O.setup(O.Adam(), model)
+    m0, m1 = tree[0].state[0], tree[1].state[0]
+    assert m0._base is not None and m0._base is m1._base and m0._base.numel() == 7
+    flat, isview = tb.joined((m0, m1))
+    assert isview and flat is m0._base
+    assert not tb.joined((m1, m0))[1]  # not in the buffer's order: a concatenation
+    assert tree[2].state[0]._base is None  # alone in its dtype: not packed
+    new_tree, _ = O.update(tree, model, [torch.ones_like(x) for x in model])
+    n0, n1 = new_tree[0].state[0], new_tree[1].state[0]
+    assert n0._base is n1._base and n0._base is not m0._base  # a pure update keeps it
+    assert torch.equal(m0, torch.zeros(3))  # and leaves the old state alone
+
+
+def test_state_replaced_by_hand_is_respected():
+    model = {f"p{i}": torch.ones(4, dtype=torch.float64) for i in range(3)}
+    tree = O.setup(O.Momentum(0.1, 0.5), model)
+    g = {k: torch.ones(4, dtype=torch.float64) for k in model}
+    tree, model = O.update_(tree, model, g)
+    tree, model = O.update_(tree, model, g)  # the group is now known
+    tree["p1"].state = torch.full((4,), 10.0, dtype=torch.float64)  # not a packed view
+    tree, model = O.update_(tree, model, g)
+    torch.testing.assert_close(tree["p1"].state, torch.full((4,), 5.1, dtype=torch.float64))
+    torch.testing.assert_close(tree["p0"].state, torch.full((4,), 0.175, dtype=torch.float64))
+    torch.testing.assert_close(model["p1"], torch.full((4,), 1 - 0.1 - 0.15 - 5.1,
+                                                       dtype=torch.float64))
+
+
+def test_packed_buffers_are_freed():
+    import gc
+    import weakref
+
+    gc.collect()
+    before = len(tb._PACKED)
+    model = [torch.ones(3), torch.ones(2)]
+    tree = O.setup(O.Adam(), model)
+    buf = weakref.ref(tree[0].state[0]._base)
+    assert len(tb._PACKED) == before + 2  # m and v
+    del tree
+    gc.collect()
+    assert buf() is None and len(tb._PACKED) == before
+
+
+def test_kernel_not_used_where_it_cannot_match(monkeypatch):
+    model = {f"p{i}": torch.ones(8, dtype=torch.float16) for i in range(4)}
+    tree = O.setup(O.Adam(), model)
+    g = {k: torch.ones(8, dtype=torch.float16) for k in model}
+    for _ in range(2):
+        tree, model = O.update_(tree, model, g)
+    (group,) = O.state._first_leaf(tree)._plan.groups
+    assert group.cache["fused_adam"] is None  # float16: our formula rounds per operation
+    assert tb._adam_scalars(O.Adam(), (0.9, 0.999)) == pytest.approx((1e-3, 1.0, 0.0))
+    assert tb._adam_scalars(O.Adam(), (0.9**3, 0.999**3))[1] == 3.0
+    assert tb._adam_scalars(O.Adam(beta=(0.9, 1.0)), (0.9, 1.0)) is None
+
+
+def test_many_small_tensors_of_random_sizes(monkeypatch):
+    def once(fuse, rule):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            g = torch.Generator().manual_seed(5)
+            model = [torch.randn(int(torch.randint(1, 20, (1,), generator=g)), generator=g)
+                     for _ in range(150)]
+            tree = O.setup(rule, model)
+            for _ in range(4):
+                tree, model = O.update_(tree, model, [torch.randn(x.shape, generator=g)
+                                                      for x in model])
+            return model
+
+    for rule in (O.Nesterov(0.1), O.OptimiserChain(O.ClipGrad(0.5), O.SignDecay(0.1),
+                                                   O.RMSProp(0.1))):
+        assert_same(once(True, rule), once(False, rule))
+    assert_same(once(True, O.Adam(0.1)), once(False, O.Adam(0.1)), exact=False)
+
+
+def test_numpy_and_torch_agree_through_fused_paths():
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(6)]
+    gs = [[rng.normal(size=(5, 3)).astype(np.float32) for _ in xs] for _ in range(5)]
+    mn, mt = [x.copy() for x in xs], [torch.tensor(x) for x in xs]
+    tn, tt = O.setup(O.Nesterov(0.1), mn), O.setup(O.Nesterov(0.1), mt)
+    for g in gs:
+        tn, mn = O.update_(tn, mn, g)
+        tt, mt = O.update_(tt, mt, [torch.tensor(a) for a in g])
+    for a, b in zip(mn, mt):
+        np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-7)
