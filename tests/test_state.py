@@ -237,3 +237,24 @@ def test_rule_errors_name_the_path():
     tree = O.setup(O.ClipNorm(), model)
     with pytest.raises(FloatingPointError, match=r"norm is inf.*at KeyPath\('w'\)"):
         O.update_(tree, model, {"w": np.array([np.inf, 0.0])})
+
+
+@pytest.mark.parametrize("edit", ["delete", "replace", "append"])
+def test_model_edited_between_steps_is_seen(edit):
+    """update_ caches what it learned about (tree, model); an edit of the model between
+    steps must send it back to the full check, with the path in the error."""
+    model = {"a": np.ones(2), "b": [np.ones(2)]}
+    tree = O.setup(O.Descent(0.1), model)
+    for _ in range(2):
+        O.update_(tree, model, {"a": np.ones(2)})
+    if edit == "delete":
+        del model["b"]
+        err = "has keys"
+    elif edit == "replace":
+        model["a"] = np.ones(3)
+        err = "shape"
+    else:
+        model["b"].append(np.ones(2))
+        err = "b"
+    with pytest.raises(ValueError, match=err):
+        O.update_(tree, model, {"a": np.ones(2)})

@@ -137,6 +137,33 @@ def test_tied_gradient_counted_once():
     assert model[5].weight is w
 
 
+def test_tied_gradient_counted_once_on_every_step():
+    """From the second step update_ reads .grad through its cached plan: the tie must
+    still be counted once, a parameter without .grad skipped, and a new .grad seen."""
+    model = make_model()
+    w = model[3].weight
+    tree = O.setup(O.Descent(1.0), model)
+    for step in range(4):
+        backward(model, step)
+        if step == 2:
+            model[0].weight.grad = None
+        w0, expected = model[0].weight.detach().clone(), w.detach() - w.grad
+        O.update_(tree, model)
+        torch.testing.assert_close(model[3].weight.detach(), expected)
+        if step == 2:
+            assert torch.equal(model[0].weight, w0)
+        model.zero_grad()
+
+
+def test_cached_plan_still_needs_grads_for_other_models():
+    model = [np.ones(2)]
+    tree = O.setup(O.Descent(0.1), model)
+    O.update_(tree, model, [np.ones(2)])
+    O.update_(tree, model, [np.ones(2)])  # now through the cached plan
+    with pytest.raises(TypeError, match="needs the gradients"):
+        O.update_(tree, model)
+
+
 def test_tied_submodule_counted_once():
     lin = nn.Linear(3, 3)
     model = nn.Sequential(lin, nn.Tanh(), lin)

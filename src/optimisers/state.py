@@ -309,6 +309,8 @@ def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, An
     known = first._plan if first is not None else None
     entries = known.gather(tree, model, grads) if known is not None else None
     if entries is None:
+        if grads is _DOTGRAD:
+            grads = (_module_grads(model),)
         plan: dict[int, _Entry] = {}
         _gather(tree, model, grads, KeyPath(), plan)
         entries = list(plan.values())
@@ -345,8 +347,16 @@ def _getter(x: Any) -> Any:
     if isinstance(x, (Mapping, list)) or ispositional(x):
         return operator.getitem
     if _ismodule(x):
-        return lambda m, k: children(m)[k]
+        return _module_child
     return getattr
+
+
+def _module_child(m: Any, k: str) -> Any:
+    """``children(m)[k]`` for a ``torch.nn.Module``, without building all its children."""
+    for found in (m._modules, m._buffers, m._parameters):  # the precedence of children
+        if k in found:
+            return found[k]
+    raise KeyError(k)
 
 
 class _Plan:
@@ -360,7 +370,7 @@ class _Plan:
     """
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
-                 "groups")
+                 "groups", "firsts")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
@@ -369,8 +379,16 @@ class _Plan:
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
         self.prog = self._compile(tree, model, KeyPath())
-        self.specs = [(type(x), x.shape, x.dtype) for _, x, _ in self.slots]
+        self.specs = [(backends.of(x).gradtype(x), x.shape, x.dtype)
+                      for _, x, _ in self.slots]
         self.tied = len({id(leaf) for leaf, _, _ in self.slots}) < len(self.slots)
+        # For update_(tree, module): which slots read a parameter's .grad, as
+        # module_grads does (the first path to each tensor); None for other models.
+        self.firsts = None
+        if "torch" in sys.modules and backends.ops("torch").hasmodule(model):
+            seen: set[int] = set()
+            self.firsts = [id(x) not in seen and not seen.add(id(x))
+                           for _, x, _ in self.slots]
 
     def _compile(self, t: Any, x: Any, kp: KeyPath) -> Any:
         if isinstance(t, Leaf):
@@ -400,12 +418,21 @@ class _Plan:
         """The entries of a step, or ``None`` when anything differs from what was learned."""
         if tree is not self.tree or model is not self.model:
             return None
-        for get, node, k, child in self.edges:
-            if get(node, k) is not child:
-                return None
+        try:
+            for get, node, k, child in self.edges:
+                if get(node, k) is not child:
+                    return None
+        except (KeyError, IndexError, AttributeError):  # a child was removed
+            return None
         for c, n in self.sizes:
             if len(c) != n:
                 return None
+        if grads is _DOTGRAD:
+            if self.firsts is None:
+                return None
+            grads = ([x.grad if first and x.is_leaf else None
+                      for (_, x, _), first in zip(self.slots, self.firsts)],)
+            return self._entries(grads)
         per_tree = []
         for g in grads:
             out = [None] * len(self.slots)
@@ -414,6 +441,10 @@ class _Plan:
             elif not _read(self.prog, g, out):
                 return None
             per_tree.append(out)
+        return self._entries(per_tree)
+
+    def _entries(self, per_tree: list) -> list:
+        """The entries of a step, from each gradient tree's gradients listed by slot."""
         if len(per_tree) == 1 and not self.tied:  # the common case, kept tight
             entries = []
             for (leaf, x, kp), (tx, sx, dx), g in zip(self.slots, self.specs, per_tree[0]):
@@ -568,9 +599,16 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
         (array([0.9, 1.9]), True)
     """
     if grads is _NOGRAD:
-        if "torch" in sys.modules and backends.ops("torch").hasmodule(model):
-            grads = backends.ops("torch").module_grads(model)
-        else:
-            raise TypeError("update_(tree, model, grads) needs the gradients; only a "
-                            "torch.nn.Module model may leave them out (its .grad is read)")
+        return _update(tree, model, _DOTGRAD, inplace=True)
     return _update(tree, model, (grads, *higher), inplace=True)
+
+
+_DOTGRAD = ()  # as the gradients of _update: each parameter's .grad (see update_)
+
+
+def _module_grads(model: Any) -> Any:
+    """The gradient tree of a PyTorch model's ``.grad``s; a TypeError for other models."""
+    if "torch" in sys.modules and backends.ops("torch").hasmodule(model):
+        return backends.ops("torch").module_grads(model)
+    raise TypeError("update_(tree, model, grads) needs the gradients; only a "
+                    "torch.nn.Module model may leave them out (its .grad is read)")

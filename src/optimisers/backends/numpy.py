@@ -113,6 +113,9 @@ def shape(x: Array) -> tuple:
     return tuple(x.shape)
 
 
+gradtype = type  # the type of a gradient that needs no cast for a parameter x
+
+
 def dtype_name(x: Array) -> str:
     return str(x.dtype)
 

@@ -169,6 +169,12 @@ def add(a: Array, b: Array) -> Array:
     return a + b
 
 
+def gradtype(x: Array) -> type:
+    """The type of a gradient that needs no cast for ``x``: autograd gives a parameter's
+    gradient as a plain tensor."""
+    return torch.Tensor if isinstance(x, nn.Parameter) else type(x)
+
+
 def shape(x: Array) -> tuple:
     return tuple(x.shape)
 
