@@ -34,13 +34,16 @@ def grads_for(model, step, rng):
 HAVE_NUMBA = _numba.available()
 
 
-@pytest.fixture(params=["compiled", "vectorised", "chunked"] if HAVE_NUMBA else
-                ["vectorised", "chunked"])
+@pytest.fixture(params=["compiled", "parallel", "vectorised", "chunked"] if HAVE_NUMBA
+                else ["vectorised", "chunked"])
 def path(request, monkeypatch):
-    """Which fused path runs: numba's one-pass kernels, NumPy over concatenations, or
-    NumPy piece by piece (for large arrays; here pieces of 2 elements make every array
-    large)."""
-    if request.param != "compiled":
+    """Which fused path runs: numba's one-pass kernels (on one core, or on all over
+    pieces of 3 elements), NumPy over concatenations, or NumPy piece by piece (for large
+    arrays; here pieces of 2 elements make every array large)."""
+    if request.param == "parallel":
+        monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
+        monkeypatch.setattr(_numba, "PIECE", 3)
+    elif request.param != "compiled":
         monkeypatch.setattr(_numba, "_AVAILABLE", False)
     if request.param == "chunked":
         monkeypatch.setattr(fused, "CHUNK", 2)

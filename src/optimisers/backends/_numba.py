@@ -190,28 +190,58 @@ def _supported(rule: Any) -> bool:
 _ONEPASS: dict[tuple, Any] = {}
 
 
-def _compile(source_lines: list, nstate: int, flat_g: bool) -> Any:
-
+def _compile(source_lines: list, nstate: int, flat_g: bool, parallel: bool) -> str:
+    """The source of a one-pass kernel over pieces of arrays: piece ``j`` has ``sizes[j]``
+    elements at addresses ``xa[j]`` (parameter), ``sa*[j]`` (states) and ``gf[j]``
+    (gradient), or at ``starts[j]`` in a flat ``gf``. Pieces run in parallel (``prange``)
+    when ``parallel``."""
     states = "".join(f", sa{k}" for k in range(nstate))
     views = "".join(f"\n        s{k} = numba.carray(as_pointer(sa{k}[j]), (n,))"
                     for k in range(nstate))
     body = "\n".join("            " + line for line in source_lines)
     gread = "gf[start + i]" if flat_g else "gv[i]"
     gview = "" if flat_g else "\n        gv = numba.carray(as_pointer(gf[j]), (n,))"
+    loop = "numba.prange" if parallel else "range"
     src = f'''
-def kernel(xa, gf, sizes, c{states}):
-    start = 0
-    for j in range(sizes.size):
+def kernel(xa, gf, sizes, starts, c{states}):
+    for j in {loop}(sizes.size):
         n = sizes[j]
+        start = starts[j]
         x = numba.carray(as_pointer(xa[j]), (n,)){gview}{views}
         for i in range(n):
             xi = x[i]
             g = {gread}
 {body}
             x[i] = xi - g
-        start += n
 '''
     return src
+
+
+PARALLEL_FROM = 1 << 20
+"""Groups of at least this many elements run their one-pass kernel on all cores, split
+into pieces of ``PIECE`` elements; smaller ones on one (starting threads costs more)."""
+PIECE = 1 << 16
+
+
+class _Pieces:
+    """How a group's arrays are cut into a kernel's pieces: whole arrays, or (in
+    parallel) ``PIECE`` elements each. ``owner[p]`` is the array of piece ``p``,
+    ``offset[p]`` its first element there, ``starts`` and ``sizes`` its place in the
+    flat gradient and its length."""
+
+    def __init__(self, sizes: list, parallel: bool) -> None:
+        rows, start = [], 0
+        for j, n in enumerate(sizes):
+            step = PIECE if parallel else max(n, 1)
+            rows += [(j, lo, start + lo, min(step, n - lo)) for lo in range(0, n, step)]
+            start += n
+        owner, offset, starts, size = np.array(rows, dtype=np.intp).reshape(-1, 4).T
+        self.owner, self.offset, self.starts, self.sizes = owner, offset, starts, size
+
+    def addresses(self, arrays: list) -> np.ndarray:
+        """The address of each piece within ``arrays`` (one per array, in order)."""
+        base = np.array([a.__array_interface__["data"][0] for a in arrays], dtype=np.intp)
+        return base[self.owner] + self.offset * arrays[0].itemsize
 
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
@@ -232,21 +262,21 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     nstate = len(arrays[0])
     # many small arrays: concatenating the gradients (one call) beats reading addresses
     flat_g = len(xs) > 64 and sum(x.size for x in xs) < 16384 * len(xs)
+    parallel = sum(x.size for x in xs) >= PARALLEL_FROM
     lines = _lines(rule, sig, dtype, [])
-    key = (tuple(lines), nstate, flat_g, dtype)
+    key = (tuple(lines), nstate, flat_g, parallel, dtype)
     if key not in _ONEPASS:
         import numba
 
         namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
-        exec(compile(_compile(lines, nstate, flat_g), "<optimisers one-pass kernel>", "exec"),
-             namespace)
-        _ONEPASS[key] = numba.njit(nogil=True, error_model="numpy")(namespace["kernel"])
+        source = _compile(lines, nstate, flat_g, parallel)
+        exec(compile(source, "<optimisers one-pass kernel>", "exec"), namespace)
+        _ONEPASS[key] = numba.njit(nogil=True, error_model="numpy", parallel=parallel)(
+            namespace["kernel"])
     kernel = _ONEPASS[key]
-    address = lambda a: a.__array_interface__["data"][0]  # noqa: E731
-    xa = np.array([address(x) for x in xs], dtype=np.intp)
-    sizes = np.array([x.size for x in xs], dtype=np.intp)
-    sa = [np.array([address(member[k]) for member in arrays], dtype=np.intp)
-          for k in range(nstate)]
+    pieces = _Pieces([x.size for x in xs], parallel)
+    xa = pieces.addresses(xs)
+    sa = [pieces.addresses([member[k] for member in arrays]) for k in range(nstate)]
 
     def step(grads: list, sig: Any) -> None:
         consts: list = []
@@ -257,8 +287,8 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
         else:
             if not all(g.flags.c_contiguous for g in grads):
                 grads = [np.ascontiguousarray(g) for g in grads]
-            gf = np.array([address(g) for g in grads], dtype=np.intp)
-        kernel(xa, gf, sizes, c, *sa)
+            gf = pieces.addresses(grads)
+        kernel(xa, gf, pieces.sizes, pieces.starts, c, *sa)
         step.keep = (xs, arrays, grads)  # the addresses stay valid while these live
 
     cache["onepass"] = step
