@@ -85,3 +85,13 @@ def test_where_matching_nothing_is_an_error():
 def test_freeze_refuses_model_arrays():
     with pytest.raises(TypeError, match="expected a state tree"):
         O.freeze_(np.ones(2))
+
+
+def test_adjust_keeps_shared_rules_shared():
+    """Leafs that shared one rule object share the adjusted one (one group stays one)."""
+    model = {"a": np.ones(2), "b": np.ones(2), "c": np.ones(2)}
+    tree = O.setup(O.Adam(0.1), model)
+    tree["c"].rule = O.Adam(0.1)  # equal, but its own object
+    for new in (O.adjust(tree, 0.01), O.adjust_(tree, 0.01)):
+        assert new["a"].rule is new["b"].rule and new["a"].rule.eta == 0.01
+        assert new["c"].rule is not new["a"].rule and new["c"].rule == new["a"].rule

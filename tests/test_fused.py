@@ -117,6 +117,62 @@ def test_fused_path_is_taken_and_groups_are_reused(monkeypatch):
     assert runs[1][0] == runs[2][0]  # the group found in step 2 is kept for step 3
 
 
+# Adam's Leafs fuse only while their bias corrections agree: the events that make one
+# Leaf lag behind (skipped, frozen, replaced) come last
+EVENTS = ["", "", "", "float64", "", "adjust", "", "state", "", "none", "freeze", "thaw",
+          "rule", ""]
+
+
+@rules_param([O.Adam(0.1), O.OptimiserChain(O.WeightDecay(0.1), O.Momentum(0.1))])
+def test_whole_group_step_falls_back_whenever_anything_changed(rule, path, monkeypatch):
+    """update_ steps a training loop's single group of every Leaf straight from the
+    gradients (no per-Leaf entries); each change between steps must be noticed."""
+    fast = []
+    original = O.state._Plan.whole
+
+    def spy(self, per_tree):
+        fast.append(original(self, per_tree))
+        return fast[-1]
+
+    monkeypatch.setattr(O.state._Plan, "whole", spy)
+
+    def run(fuse):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            rng = np.random.default_rng(3)
+            model = {f"p{i}": rng.normal(size=5).astype(np.float32) for i in range(6)}
+            tree = O.setup(rule, model)
+            for event in EVENTS:
+                g = {k: rng.normal(size=5).astype(np.float32) for k in model}
+                if event == "freeze":
+                    O.freeze_(tree["p1"])
+                elif event == "thaw":
+                    O.thaw_(tree)
+                elif event == "adjust":
+                    O.adjust_(tree, eta=0.05)
+                elif event == "float64":
+                    g["p2"] = g["p2"].astype(np.float64)
+                elif event == "state":
+                    tree["p3"].state = O.fmap(lambda a: np.asarray(a) * 0.5 if O.isnumeric(a)
+                                              else a, tree["p3"].state)
+                elif event == "none":
+                    g["p4"] = None
+                elif event == "rule":
+                    tree["p5"].rule = O.Descent(0.1)
+                tree, model = O.update_(tree, model, g)
+            return tree, model
+
+    tree_f, model_f = run(True)
+    # direct except where the step before changed something (from the 2nd step: a plan)
+    assert fast[:9] == [True, True, False, True, False, True, False, True, False]
+    tree_p, model_p = run(False)
+    assert_same(model_f, model_p)
+    leaves_f, leaves_p = O.fleaves(tree_f), O.fleaves(tree_p)
+    assert [x.rule for x in leaves_f] == [x.rule for x in leaves_p]
+    assert_same([x.state for x in leaves_f], [x.state for x in leaves_p])
+
+
 def test_setup_packs_state_contiguously():
     model = [np.ones(3, np.float32), np.ones((2, 2), np.float32), np.ones(1, np.float64)]
     tree = O.setup(O.Adam(), model)
@@ -196,3 +252,19 @@ def test_many_small_arrays(rule, monkeypatch, path):
             return model
 
     assert_same(once(True), once(False))
+
+
+@rules_param([O.Adam(0.1), O.Momentum(0.1)])
+def test_tied_zero_dim_arrays(rule, path):
+    """Gradients summed over a tie of 0-d arrays: NumPy makes a scalar of the sum, whose
+    memory a compiled kernel must not read by address (it was a freed temporary)."""
+    def run(inplace):
+        a = np.array(0.5)
+        model = (a, (a, np.array(-0.5)))
+        tree = O.setup(rule, model)
+        for _ in range(3):
+            g = (np.array(1.0), (np.array(1.0), np.array(1.0)))
+            tree, model = (O.update_ if inplace else O.update)(tree, model, g)
+        return model
+
+    assert_same(run(True), run(False))

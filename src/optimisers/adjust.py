@@ -82,6 +82,20 @@ def _adjust_rule(rule: Rule, changes: dict) -> Rule:
     return dataclasses.replace(rule, **new) if new else rule
 
 
+def _adjuster(changes: dict) -> Any:
+    """``_adjust_rule`` with ``changes``, once per distinct rule object: Leafs that
+    shared a rule share the new one (so fused groups, which check rules by identity,
+    stay whole after an adjust)."""
+    made: dict[int, tuple[Rule, Rule]] = {}
+
+    def new(rule: Rule) -> Rule:
+        if id(rule) not in made:
+            made[id(rule)] = (rule, _adjust_rule(rule, changes))  # keeps the id taken
+        return made[id(rule)][1]
+
+    return new
+
+
 def _changes(rules: list[Rule], eta: float | None, fields: dict) -> dict:
     changes = dict(fields, **({} if eta is None else {"eta": eta}))
     known = set().union(*(_fields(r) for r in rules)) if rules else set()
@@ -118,10 +132,11 @@ def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields
     changes = _changes([leaf.rule for leaf in chosen], eta, fields)
     ids = {id(leaf) for leaf in chosen}
     memo: dict[int, Leaf] = {}
+    adjusted = _adjuster(changes)
 
     def renew(leaf: Leaf) -> Leaf:
         if id(leaf) not in memo:
-            rule = _adjust_rule(leaf.rule, changes) if id(leaf) in ids else leaf.rule
+            rule = adjusted(leaf.rule) if id(leaf) in ids else leaf.rule
             memo[id(leaf)] = Leaf(rule, leaf.state, leaf.frozen)
         return memo[id(leaf)]
 
@@ -144,7 +159,8 @@ def adjust_(tree: Any, eta: float | None = None, *, where: Where = None, **field
     """
     chosen = select(tree, where)
     changes = _changes([leaf.rule for leaf in chosen], eta, fields)
-    new = [_adjust_rule(leaf.rule, changes) for leaf in chosen]  # validate all, then write
+    adjusted = _adjuster(changes)
+    new = [adjusted(leaf.rule) for leaf in chosen]  # validate all, then write
     for leaf, rule in zip(chosen, new):
         leaf.rule = rule
     return tree

@@ -11,6 +11,7 @@ validating everything and summing the gradients of tied parameters, and only the
 from __future__ import annotations
 
 import functools
+import itertools
 import numbers
 import operator
 import sys
@@ -307,7 +308,10 @@ def _apply(e: _Entry, state: Any) -> tuple[Any, Any]:
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
     first = _first_leaf(tree) if inplace else None
     known = first._plan if first is not None else None
-    entries = known.gather(tree, model, grads) if known is not None else None
+    per_tree = known.read(tree, model, grads) if known is not None else None
+    if per_tree is not None and known.whole(per_tree):
+        return tree, model  # the usual training loop: one fused group, all checked
+    entries = known.entries(per_tree) if per_tree is not None else None
     if entries is None:
         if grads is _DOTGRAD:
             grads = (_module_grads(model),)
@@ -321,7 +325,7 @@ def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, An
                                   or known.model is not model):
             known = first._plan = _Plan(tree, model)  # the next step reuses what it learned
         if known is not None:
-            known.groups = groups
+            known.learn(groups)
         return tree, model
     model = place(tree, model, lambda leaf, x: new.get(id(leaf), x))
     # A mutable array updated here may also sit where no Leaf is (a non-trainable
@@ -329,6 +333,10 @@ def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, An
     moved = {id(e.x): new[id(e.leaf)] for e in entries
              if id(e.leaf) in new and ismutable(e.x)}
     return tree, substitute(model, moved) if moved else model
+
+
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+_FROZEN, _RULE, _STATE = (operator.attrgetter(a) for a in ("frozen", "rule", "state"))
 
 
 def _first_leaf(t: Any) -> Leaf | None:
@@ -370,17 +378,19 @@ class _Plan:
     """
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
-                 "groups", "firsts")
+                 "groups", "group", "firsts", "columns")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
         self.groups: list = []  # the fused groups of the last step (see fused.Group)
-        self.edges: list = []  # (getter, node, key, child) for tree and model
+        self.group = None  # the one group of every Leaf, if that is what the last step ran
+        self.edges: list = []  # (fetch, keys, children) per node of tree and model
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
         self.prog = self._compile(tree, model, KeyPath())
         self.specs = [(backends.of(x).gradtype(x), x.shape, x.dtype)
                       for _, x, _ in self.slots]
+        self.columns = tuple(map(list, zip(*self.specs))) if self.specs else ([], [], [])
         self.tied = len({id(leaf) for leaf, _, _ in self.slots}) < len(self.slots)
         # For update_(tree, module): which slots read a parameter's .grad, as
         # module_grads does (the first path to each tensor); None for other models.
@@ -399,12 +409,12 @@ class _Plan:
         if isinstance(x, (dict, list)):
             self.sizes.append((x, len(x)))
         keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
+        used = tuple(k for k in keys if t[k] is not None)
+        self.edges.append((t.__getitem__, keys, [t[k] for k in keys]))
+        self.edges.append((x.__getitem__ if get is operator.getitem
+                           else functools.partial(get, x), used, [kids[k] for k in used]))
         leaf_keys, leaf_slots, nodes = [], [], []
-        for k in keys:
-            self.edges.append((operator.getitem, t, k, t[k]))
-            if t[k] is None:
-                continue
-            self.edges.append((get, x, k, kids[k]))
+        for k in used:
             sub = self._compile(t[k], kids[k], kp + (k,))
             if type(sub) is int:
                 leaf_keys.append(k)
@@ -414,13 +424,47 @@ class _Plan:
         return (type(x), get, tuple(leaf_keys), tuple(leaf_slots), tuple(nodes),
                 frozenset(kids), isinstance(x, (tuple, list)), len(kids))
 
-    def gather(self, tree: Any, model: Any, grads: tuple) -> list | None:
-        """The entries of a step, or ``None`` when anything differs from what was learned."""
+    def learn(self, groups: list) -> None:
+        """Keep the fused groups of the last step; note a single group of every Leaf."""
+        self.groups = groups
+        one = groups[0] if len(groups) == 1 else None
+        self.group = one if (
+            one is not None and one.write and not self.tied and not one.rule.raises()
+            and len(one.leaves) == len(self.slots)
+            and all(map(operator.is_, one.leaves, (leaf for leaf, _, _ in self.slots)))
+        ) else None
+
+    def whole(self, per_tree: list) -> bool:
+        """Step the single group of every Leaf (see :meth:`learn`) when each has a plain
+        gradient and its Leaf is as the group left it; ``False`` (nothing done) if not."""
+        group = self.group
+        if group is None or len(per_tree) != 1:
+            return False
+        gs, leaves = per_tree[0], group.leaves
+        txs, shapes, dtypes = self.columns
+        # the checks of entries() and fused.Group.holds, a column at a time
+        if (any(map(operator.is_, gs, itertools.repeat(None)))
+                or not all(map(operator.is_, map(type, gs), txs))
+                or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
+                or any(map(_FROZEN, leaves))
+                or not all(map(operator.is_, map(_RULE, leaves), itertools.repeat(group.rule)))
+                or not all(map(operator.is_, map(_STATE, leaves), group.states))):
+            return False
+        with backends.nograd():
+            try:
+                group.run(gs, {})
+            except (ValueError, TypeError, ArithmeticError) as err:
+                raise type(err)(f"{err} (in a fused group of Leafs)") from err
+        return True
+
+    def read(self, tree: Any, model: Any, grads: tuple) -> list | None:
+        """Each gradient tree's gradients listed by slot, or ``None`` when anything
+        differs from what was learned."""
         if tree is not self.tree or model is not self.model:
             return None
         try:
-            for get, node, k, child in self.edges:
-                if get(node, k) is not child:
+            for fetch, keys, kids in self.edges:
+                if not all(map(operator.is_, map(fetch, keys), kids)):
                     return None
         except (KeyError, IndexError, AttributeError):  # a child was removed
             return None
@@ -430,9 +474,8 @@ class _Plan:
         if grads is _DOTGRAD:
             if self.firsts is None:
                 return None
-            grads = ([x.grad if first and x.is_leaf else None
-                      for (_, x, _), first in zip(self.slots, self.firsts)],)
-            return self._entries(grads)
+            return [[x.grad if first and x.is_leaf else None
+                     for (_, x, _), first in zip(self.slots, self.firsts)]]
         per_tree = []
         for g in grads:
             out = [None] * len(self.slots)
@@ -441,9 +484,9 @@ class _Plan:
             elif not _read(self.prog, g, out):
                 return None
             per_tree.append(out)
-        return self._entries(per_tree)
+        return per_tree
 
-    def _entries(self, per_tree: list) -> list:
+    def entries(self, per_tree: list) -> list:
         """The entries of a step, from each gradient tree's gradients listed by slot."""
         if len(per_tree) == 1 and not self.tied:  # the common case, kept tight
             entries = []
@@ -456,19 +499,15 @@ class _Plan:
                     entries.append(_Entry(leaf, x, [g], kp))
             return entries
         plan: dict[int, _Entry] = {}
-        for i, (leaf, x, kp) in enumerate(self.slots):
+        for i, ((leaf, x, kp), (tx, sx, dx)) in enumerate(zip(self.slots, self.specs)):
             gs = [out[i] for out in per_tree]
             if gs[0] is None:
                 continue
-            gs = [g if g is None or _plain(g, x) else _grad_array(g, x, kp) for g in gs]
+            gs = [g if g is None or type(g) is tx and g.shape == sx and g.dtype == dx
+                  else _grad_array(g, x, kp) for g in gs]
             if not leaf.frozen:
                 _add(plan, leaf, x, gs, kp)
         return list(plan.values())
-
-
-def _plain(g: Any, x: Any) -> bool:
-    """A gradient that needs no check or cast: same type, shape and dtype as ``x``."""
-    return type(g) is type(x) and g.shape == x.shape and g.dtype == x.dtype
 
 
 def _read(prog: tuple, g: Any, out: list) -> bool:

@@ -285,7 +285,9 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
         if flat_g:
             gf = np.concatenate(grads, axis=None)
         else:
-            if not all(g.flags.c_contiguous for g in grads):
+            # only an ndarray's own memory has a lasting address (a NumPy scalar's is
+            # a temporary copy)
+            if not all(type(g) is np.ndarray and g.flags.c_contiguous for g in grads):
                 grads = [np.ascontiguousarray(g) for g in grads]
             gf = pieces.addresses(grads)
         kernel(xa, gf, pieces.sizes, pieces.starts, c, *sa)
