@@ -217,7 +217,7 @@ def kernel(xa, gf, sizes, starts, c{states}):
     return src
 
 
-PARALLEL_FROM = 1 << 20
+PARALLEL_FROM = 1 << 18
 """Groups of at least this many elements run their one-pass kernel on all cores, split
 into pieces of ``PIECE`` elements; smaller ones on one (starting threads costs more)."""
 PIECE = 1 << 16
