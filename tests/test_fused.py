@@ -8,7 +8,7 @@ import pytest
 import optimisers as O
 from conftest import ALL_RULES, rules_param
 from optimisers import backends, fused
-from optimisers.backends import _numba
+from optimisers.backends import _numba, _ufuncs
 
 
 def make_model(dtype=np.float32, seed=0):
@@ -34,17 +34,22 @@ def grads_for(model, step, rng):
 HAVE_NUMBA = _numba.available()
 
 
-@pytest.fixture(params=["compiled", "parallel", "vectorised", "chunked"] if HAVE_NUMBA
-                else ["vectorised", "chunked"])
+@pytest.fixture(params=["compiled", "parallel", "vectorised", "ufuncs", "chunked"]
+                if HAVE_NUMBA else ["vectorised", "ufuncs", "chunked"])
 def path(request, monkeypatch):
     """Which fused path runs: numba's one-pass kernels (on one core, or on all over
-    pieces of 3 elements), NumPy over concatenations, or NumPy piece by piece (for large
-    arrays; here pieces of 2 elements make every array large)."""
+    pieces of 3 elements), NumPy over concatenations, NumPy programs translated from the
+    kernels' snippets over pieces of large arrays, or each rule's own apply piece by
+    piece (for large arrays; here pieces of 2 or 3 elements make every array large)."""
     if request.param == "parallel":
         monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
         monkeypatch.setattr(_numba, "PIECE", 3)
     elif request.param != "compiled":
         monkeypatch.setattr(_numba, "_AVAILABLE", False)
+    if request.param == "ufuncs":
+        monkeypatch.setattr(_ufuncs, "PIECE", 3)
+        monkeypatch.setattr(_ufuncs, "LARGE", 1)
+        monkeypatch.setattr(_ufuncs, "THREADS", 2)  # several threads even on one core
     if request.param == "chunked":
         monkeypatch.setattr(fused, "CHUNK", 2)
     return request.param

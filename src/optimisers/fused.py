@@ -29,8 +29,9 @@ __all__ = ["fusible", "step_groups", "pack", "Group", "MIN_GROUP"]
 MIN_GROUP = 2
 """Fewer arrays than this in a group take the plain path: nothing to gain."""
 
-CHUNK = 1 << 16
-"""Elements per piece when a group of large arrays is stepped piece by piece."""
+CHUNK = 1 << 18
+"""Elements per piece when a group of large arrays is stepped piece by piece by its
+rule's own ``apply`` (rules that the backend has no one-pass step for)."""
 
 _FUSIBLE: dict[Rule, tuple[bool, bool]] = {}
 
@@ -186,25 +187,29 @@ class Group:
             self.cache["large"] = sum(sizes) >= CHUNK * len(sizes)
         if not self.cache["large"]:
             return False
-        pieces = [xp.pieces(x, g, arrays, CHUNK)
-                  for x, g, arrays in zip(self.xs, grads, self.arrays)]
-        if any(p is None for p in pieces):
+        members = [xp.pieces(x, g, arrays, CHUNK)
+                   for x, g, arrays in zip(self.xs, grads, self.arrays)]
+        if any(p is None for p in members):
             return False
-        newsig = None
-        for member in pieces:
-            for x, g, parts in member:
-                state, d = call(self.rule, _fill(self.sig, iter(parts)), x, (g,))
-                out: list = []
-                newsig = signature(state, out)
-                for part, now in zip(parts, out):
-                    if now is not part:
-                        xp.assign(part, now)
-                if isinstance(d, NewValue):
-                    xp.assign(x, d.value)
-                elif d is not None:
-                    xp.subtract(x, d, True)
-        self._restate(newsig)
+        pieces = [piece for member in members for piece in member]
+        self._restate(xp.parallel(self._pieces, pieces)[-1])
         return True
+
+    def _pieces(self, pieces: list) -> Any:
+        """Step ``(x, g, state parts)`` pieces in place; return the new signature."""
+        xp, newsig = self.xp, None
+        for x, g, parts in pieces:
+            state, d = call(self.rule, _fill(self.sig, iter(parts)), x, (g,))
+            out: list = []
+            newsig = signature(state, out)
+            for part, now in zip(parts, out):
+                if now is not part:
+                    xp.assign(part, now)
+            if isinstance(d, NewValue):
+                xp.assign(x, d.value)
+            elif d is not None:
+                xp.subtract(x, d, True)
+        return newsig
 
     def _restate(self, newsig: Any) -> None:
         build, scalars = _builder(newsig)

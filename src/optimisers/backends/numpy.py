@@ -10,6 +10,8 @@ import numpy as np
 from numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
 
 from optimisers.backends import _numba as _kernels
+from optimisers.backends import _ufuncs
+from optimisers.backends._ufuncs import parallel  # noqa: F401 (fused.py uses it)
 
 Array = np.ndarray
 
@@ -250,8 +252,11 @@ def copier() -> Any:
 
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
-    """A compiled one-pass step for a whole group, or ``None`` (see ``_numba.onepass``)."""
-    return _kernels.onepass(rule, sig, xs, arrays, cache)
+    """A one-pass step for a whole group, or ``None``: compiled by numba where it is
+    installed (``_numba.onepass``), else NumPy calls over pieces of large arrays
+    (``_ufuncs.onepass``)."""
+    return (_kernels.onepass(rule, sig, xs, arrays, cache)
+            or _ufuncs.onepass(rule, sig, xs, arrays, cache))
 
 
 def pieces(x: Array, g: Array, arrays: list, size: int) -> list | None:

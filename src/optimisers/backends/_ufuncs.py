@@ -1,0 +1,184 @@
+"""One-pass group steps in pure NumPy, for groups of large arrays when numba is absent.
+
+The rule snippets of ``_numba.py`` (one line per scalar operation of the rule's
+``apply``) are translated once into a short function of NumPy ufunc calls writing into
+preallocated buffers (``out=``). It runs over cache-sized pieces of the group's arrays,
+on all cores (NumPy lets go of the GIL inside each call): the same operations in the
+same dtype as the plain path, so the same bits, without the plain path's temporaries,
+and with each piece read from memory once.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import os
+from typing import Any
+
+import numpy as np
+
+from optimisers.backends import _numba
+
+PIECE = 1 << 18
+"""Elements per piece: one piece per thread at a time, its buffers in cache."""
+
+LARGE = 1 << 14
+"""Groups whose arrays average fewer elements take the concatenating path instead."""
+
+THREADS = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1, 8)
+"""Threads stepping pieces (see :func:`parallel`)."""
+
+_POOL: list = []
+_BINARY = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "true_divide"}
+_PROGRAMS: dict[tuple, Any] = {}
+
+
+def parallel(fn: Any, items: list) -> list:
+    """``[fn(part) for part in parts]``: ``items`` cut into one contiguous part per thread,
+    the parts run at once (one part, here, when there are few items)."""
+    if THREADS < 2 or len(items) < 2 * THREADS:
+        return [fn(items)]
+    if not _POOL:
+        _POOL.append(concurrent.futures.ThreadPoolExecutor(THREADS, "optimisers"))
+    cut = -(-len(items) // THREADS)
+    runs = [_POOL[0].submit(fn, items[i:i + cut]) for i in range(0, len(items), cut)]
+    return [run.result() for run in runs]
+
+
+class _Translation:
+    """Snippet lines as NumPy calls over slots ``s[k]``: ``s[0]`` the parameter, ``s[1]``
+    the gradient, ``s[2 ...]`` the states, then scratch buffers; ``c[k]`` the rule's
+    constants. Scratch buffers are reused as soon as no name holds them, and a value
+    that is only computed to be stored is computed straight into its state."""
+
+    def __init__(self, lines: list, nstate: int) -> None:
+        self.first = 2 + nstate  # the first scratch slot
+        self.nslots = self.first
+        self.free: list[int] = []
+        self.steps: list[list] = []  # [function name, operands, out]
+        self.names: dict[str, Any] = {"xi": 0, "g": 1}
+        for line in [*lines, "x[i] = xi - g"]:
+            (target,), value = _parse(line)
+            if isinstance(target, ast.Subscript):  # s{k}[i] = ... or x[i] = ...
+                name = target.value.id
+                self._store(0 if name == "x" else 2 + int(name[1:]), self._eval(value))
+                continue
+            slot = self._eval(value)
+            if 2 <= slot < self.first:  # a name for a state's old value: a copy of it,
+                slot = self._op("copyto", [slot])  # as the state may be written next
+            old = self.names.get(target.id)
+            self.names[target.id] = slot
+            self._release(old)
+
+    def source(self) -> str:
+        body = []
+        for fn, operands, out in self.steps:
+            args = ", ".join(f"c[{a[1]}]" if type(a) is tuple else f"s[{a}]"
+                             for a in operands)
+            body.append(f"    copyto(s[{out}], {args})" if fn == "copyto"
+                        else f"    {fn}({args}, out=s[{out}])")
+        return "def piece(s, c):\n" + "\n".join(body) + "\n"
+
+    def _release(self, slot: Any) -> None:
+        if (type(slot) is int and slot >= self.first and slot not in self.free
+                and slot not in self.names.values()):
+            self.free.append(slot)
+
+    def _op(self, fn: str, operands: list) -> int:
+        for a in operands:  # an operand's buffer may take the result (elementwise)
+            self._release(a)
+        if self.free:
+            out = self.free.pop()
+        else:
+            out, self.nslots = self.nslots, self.nslots + 1
+        self.steps.append([fn, operands, out])
+        return out
+
+    def _eval(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Name):
+            return self.names[node.id]
+        if isinstance(node, ast.Subscript):  # c[k] or s{k}[i]
+            base = node.value.id
+            return ("c", node.slice.value) if base == "c" else 2 + int(base[1:])
+        if isinstance(node, ast.BinOp):
+            return self._op(_BINARY[type(node.op)],
+                            [self._eval(node.left), self._eval(node.right)])
+        if isinstance(node, ast.Call) and node.func.attr in ("sqrt", "sign", "minimum",
+                                                              "maximum"):
+            return self._op(node.func.attr, [self._eval(a) for a in node.args])
+        raise ValueError(f"no NumPy translation for {ast.unparse(node)}")
+
+    def _store(self, slot: int, src: Any) -> None:
+        """``s[slot] = s[src]``: by making the step that computed ``src`` write into
+        ``slot`` when nothing after that step reads ``slot``; else by a copy."""
+        made = next((i for i in range(len(self.steps) - 1, -1, -1)
+                     if self.steps[i][2] == src), None) if type(src) is int else None
+        if (made is not None and src >= self.first
+                and all(slot not in step[1] for step in self.steps[made + 1:])):
+            self.steps[made][2] = slot
+            for name, held in self.names.items():
+                if held == src:
+                    self.names[name] = slot
+            self._release(src)
+            return
+        self.steps.append(["copyto", [src], slot])
+
+
+def _parse(line: str) -> tuple[list, ast.expr]:
+    node = ast.parse(line).body[0]
+    assert isinstance(node, ast.Assign)
+    return node.targets, node.value
+
+
+def _program(lines: list, nstate: int) -> tuple[Any, int]:
+    """``(piece, nscratch)``: the NumPy function of a rule's snippet lines, compiled once
+    per distinct lines."""
+    key = (tuple(lines), nstate)
+    if key not in _PROGRAMS:
+        t = _Translation(lines, nstate)
+        namespace = {name: getattr(np, name) for name in (
+            *_BINARY.values(), "sqrt", "sign", "minimum", "maximum", "copyto")}
+        exec(compile(t.source(), "<optimisers NumPy program>", "exec"), namespace)
+        _PROGRAMS[key] = (namespace["piece"], t.nslots - t.first)
+    return _PROGRAMS[key]
+
+
+def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+    """A function ``step(grads, sig)`` stepping a group of large arrays piece by piece in
+    place, or ``None`` (an unsupported rule, dtype or layout, or mostly small arrays,
+    which the concatenating path serves better)."""
+    if "ufuncs" in cache:
+        return cache["ufuncs"]
+    cache["ufuncs"] = None
+    dtype = xs[0].dtype
+    every = [*xs, *(a for member in arrays for a in member)]
+    if (not _numba._supported(rule) or dtype not in (np.float32, np.float64)
+            or sum(x.size for x in xs) < LARGE * len(xs)
+            or not all(a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+                       for a in every)):
+        return None
+    nstate = len(arrays[0])
+    piece, nscratch = _program(_numba._lines(rule, sig, dtype, []), nstate)
+    flat = [[a.reshape(-1) for a in (x, *member)] for x, member in zip(xs, arrays)]
+
+    def run(work: list) -> None:
+        scratch = [np.empty(PIECE, dtype) for _ in range(nscratch)]
+        for (x, *states), g, lo, hi, c in work:
+            n = hi - lo
+            piece([x[lo:hi], g[lo:hi], *(s[lo:hi] for s in states),
+                   *(b[:n] for b in scratch)], c)
+
+    def step(grads: list, sig: Any) -> None:
+        consts: list = []
+        _numba._lines(rule, sig, dtype, consts)
+        c = list(np.array(consts, dtype=dtype))
+        work = []
+        for arrays_, g in zip(flat, grads):
+            g = np.ascontiguousarray(g, dtype=dtype).reshape(-1)
+            n = g.size
+            work += [(arrays_, g, lo, min(lo + PIECE, n), c) for lo in range(0, n, PIECE)]
+        parallel(run, work)
+
+    cache["ufuncs"] = step
+    return step
