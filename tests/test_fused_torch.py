@@ -86,7 +86,7 @@ def test_fused_equals_plain(rule, inplace, monkeypatch):
     tree_p, model_p = run(rule, 7, inplace, False, monkeypatch)
     exact = not (inplace and kernel(rule))
     if not exact:  # the kernel really ran
-        assert any(g.cache.get("fused_adam") for g in O.state._first_leaf(tree_f)._plan.groups)
+        assert any(g.cache.get("fused_adam") for g in O.gather._first_leaf(tree_f)._plan.groups)
     assert_same(model_f, model_p, exact)
     assert model_f["tied_a"] is model_f["tied_b"]
     assert torch.equal(model_f["frozen"], make_model()["frozen"])
@@ -140,7 +140,7 @@ def test_adam_kernel_modes(rule, mode, monkeypatch):
     assert_same(model_f, model_p, exact=False)
     for lf, lp in zip(tree_f, tree_p):
         assert_same(lf.state, lp.state, exact=False)
-    (group,) = O.state._first_leaf(tree_f)._plan.groups
+    (group,) = O.gather._first_leaf(tree_f)._plan.groups
     assert group.cache["fused_adam"].serial == (mode == "serial")
     assert torch.get_num_threads() == threads  # restored
 
@@ -160,7 +160,7 @@ def test_non_contiguous_parameters_take_the_concatenating_path(monkeypatch):
 
     (tree_f, model_f), (_, model_p) = once(True), once(False)
     assert_same(model_f, model_p)  # bit for bit: our own formula, concatenated
-    (group,) = O.state._first_leaf(tree_f)._plan.groups
+    (group,) = O.gather._first_leaf(tree_f)._plan.groups
     assert group.cache["fused_adam"] is None
     assert not model_f[0].is_contiguous()
 
@@ -204,7 +204,7 @@ def test_fused_path_is_taken_and_groups_are_reused(rule, monkeypatch):
         tree, model = O.update_(tree, model, g)
     assert [n for _, n in runs] == [50, 50, 50]
     assert runs[1][0] == runs[2][0]  # the group found in step 2 is kept for step 3
-    (group,) = O.state._first_leaf(tree)._plan.groups
+    (group,) = O.gather._first_leaf(tree)._plan.groups
     assert (group.cache["fused_adam"] is not None) == isinstance(rule, O.Adam)
 
 
@@ -280,7 +280,7 @@ def test_kernel_not_used_where_it_cannot_match(monkeypatch):
     g = {k: torch.ones(8, dtype=torch.float16) for k in model}
     for _ in range(2):
         tree, model = O.update_(tree, model, g)
-    (group,) = O.state._first_leaf(tree)._plan.groups
+    (group,) = O.gather._first_leaf(tree)._plan.groups
     assert group.cache["fused_adam"] is None  # float16: our formula rounds per operation
     assert tb._adam_scalars(O.Adam(), (0.9, 0.999)) == pytest.approx((1e-3, 1.0, 0.0))
     assert tb._adam_scalars(O.Adam(), (0.9**3, 0.999**3))[1] == 3.0

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from optimisers.keypath import KeyPath
+from optimisers.leaf import Leaf, leaves
 from optimisers.rules import OptimiserChain, Rule
-from optimisers.state import Leaf, _map_leaves, leaves
+from optimisers.state import _map_leaves
 
 __all__ = ["adjust", "adjust_", "freeze_", "thaw_", "select"]
 

@@ -57,8 +57,8 @@ import numpy as np
 
 from optimisers import backends, fused
 from optimisers.keypath import KeyPath
+from optimisers.leaf import Leaf, leaves
 from optimisers.rules import RULES, Rule
-from optimisers.state import Leaf, leaves
 
 __all__ = ["save", "load"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from optimisers import backends
 from optimisers.keypath import KeyPath, getkeypath
-from optimisers.state import Leaf, leaves
+from optimisers.leaf import Leaf, leaves
 from optimisers.tree import children
 from optimisers.walk import fleaves
 

@@ -271,8 +271,8 @@ def register_rule(cls: type) -> None:
 
 
 def _register_all() -> None:
+    from optimisers.leaf import Leaf
     from optimisers.rules import Rule
-    from optimisers.state import Leaf
 
     if Leaf not in _REGISTERED:
         _REGISTERED.add(Leaf)

@@ -1,0 +1,93 @@
+"""The Leaf: the optimiser state of one trainable array, and walking a state tree."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from optimisers import backends
+from optimisers.keypath import KeyPath
+from optimisers.rules import Rule
+
+__all__ = ["Leaf", "leaves"]
+
+
+class Leaf:
+    """Leaf(rule, state, frozen=False): the optimiser state of one trainable array.
+
+    A small mutable object; its identity encodes sharing: a tied parameter has one
+    Leaf, reached from every path to it. ``frozen`` Leafs are skipped by updates
+    (see :func:`freeze_`). The ``repr`` shows the state by shape and dtype, never its
+    numbers.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Adam
+        >>> Leaf(Adam(), Adam().init(np.zeros((3, 2), np.float32)))
+        Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], (0.9, 0.999)))
+    """
+
+    __slots__ = ("rule", "state", "frozen", "_plan")
+
+    def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
+        self.rule = rule
+        self.state = state
+        self.frozen = frozen
+        self._plan = None  # set on a tree's first Leaf by update_: see _Plan
+
+    def __repr__(self) -> str:
+        frozen = ", frozen=True" if self.frozen else ""
+        return f"Leaf({self.rule!r}, {brief(self.state)}{frozen})"
+
+
+_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+          "complex64": "c64", "complex128": "c128", "int32": "i32", "int64": "i64",
+          "bool": "bool"}
+
+
+def brief(x: Any) -> str:
+    """A compact text for a state: arrays as ``f32[3, 2]``, containers element by element."""
+    lib = backends.library(x)
+    if lib is not None:
+        xp = backends.ops(lib)
+        name = xp.dtype_name(x)
+        return f"{_SHORT.get(name, name)}[{', '.join(map(str, xp.shape(x)))}]"
+    if isinstance(x, tuple):
+        inner = ", ".join(brief(v) for v in x)
+        return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if isinstance(x, list):
+        return "[" + ", ".join(brief(v) for v in x) + "]"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {brief(v)}" for k, v in x.items()) + "}"
+    return repr(x)
+
+
+def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]:
+    """Every ``(KeyPath, Leaf)`` of a state tree in walk order (a tied Leaf once per path).
+
+    Raises:
+        TypeError: when the tree holds an array or other object that ``setup`` never
+            puts there (a model passed where the state tree belongs).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, setup
+        >>> [str(kp) for kp, _ in leaves(setup(Descent(), {"a": [np.ones(1)]}))]
+        ['a.0']
+    """
+    if isinstance(tree, Leaf):
+        yield kp, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from leaves(v, kp + (k,))
+    elif isinstance(tree, (tuple, list)):
+        for k, v in enumerate(tree):
+            yield from leaves(v, kp + (k,))
+    elif tree is not None:
+        raise _not_a_tree(tree, kp)
+
+
+def _not_a_tree(t: Any, kp: KeyPath) -> TypeError:
+    found = "an array" if backends.library(t) else f"a {type(t).__name__}"
+    return TypeError(f"expected a state tree from setup(rule, model), but found {found} at "
+                     f"{kp!r}; pass the state tree first: update(tree, model, grads)")
