@@ -1,362 +1,31 @@
-"""Checkpoints: ``save`` and ``load`` a state tree, without pickle.
-
-A checkpoint is one ZIP file (stored, not compressed; readable by ``numpy.load`` and
-``unzip``) with these members:
-
-``checkpoint.json``
-    A UTF-8 JSON document::
-
-        {"format": "optimisers.checkpoint", "version": 1,
-         "tree": <node>, "leaves": [<leaf>, ...], "arrays": <count>}
-
-``arrays/<i>.npy``
-    Array number ``i`` in NumPy's ``.npy`` format (header version 1.0 or 2.0, never an
-    object dtype). A dtype that NumPy lacks (``bfloat16``, ``float8_*``) is stored as its
-    bits, an unsigned integer array of the same item size.
-
-``<node>`` is the state tree: ``null`` (no Leaf here), ``{"leaf": i}`` (entry ``i`` of
-``leaves``; a tied Leaf is stored once and referenced from every path to it),
-``{"dict": [[<key>, <node>], ...]}``, ``{"tuple": [<node>, ...]}`` or
-``{"list": [<node>, ...]}``. Each ``<leaf>`` is
-``{"path": "layers.0.weight", "rule": <value>, "frozen": false, "state": <value>}``,
-``path`` being the first key path that reaches it (for people; loading walks ``tree``).
-
-A ``<value>`` is JSON ``null``, ``true``/``false``, an integer or a string as itself,
-or an object with one tag:
-
-- ``{"float": "0.9"}``: a Python float by ``repr``, exact (``"inf"``, ``"nan"``, ``"-0.0"``);
-  ``{"complex": ["1.0", "-2.5"]}``.
-- ``{"tuple": [...]}``, ``{"list": [...]}``, ``{"dict": [[<key>, <value>], ...]}``.
-- ``{"array": i, "dtype": "float32", "shape": [3, 2], "library": "torch"}``, plus
-  ``"bits": "uint16"`` when stored as bits, ``"scalar": true`` for a NumPy scalar and
-  ``"weak": true`` for a weakly-typed JAX scalar; one array object reached twice is
-  stored once.
-- ``{"rule": "Adam", "fields": {"eta": <value>, "beta": <value>, ...}}``: a rule, by its
-  class name in :data:`optimisers.RULES` and its constructor arguments (nested rules for
-  :class:`OptimiserChain` and :class:`MixedPrecision`).
-- ``{"dtype": "float32", "as": "type"}``: a dtype field, ``as`` one of ``"type"``
-  (``np.float32``), ``"numpy"`` (``np.dtype("float32")``), ``"torch"``, ``"jax"``.
-
-Loading never unpickles, never executes code from the file and never imports a name the
-file chooses: rules come from the registry :data:`optimisers.RULES` (every subclass of
-:class:`Rule` registers itself when defined), dtypes from a fixed list or from ``like``.
-"""
+"""Reading a checkpoint: every part checked against ``like`` before it is used."""
 
 from __future__ import annotations
 
-import inspect
 import io
 import json
 import math
-import os
-import secrets
 import zipfile
 from typing import Any
 
 import numpy as np
 
-from optimisers import backends, fused
+from optimisers import backends
+from optimisers.checkpoint._format import (
+    _FREE,
+    _JSON,
+    _SIGNED,
+    _STANDARD,
+    _TYPES,
+    FORMAT,
+    VERSION,
+    _dtype_name,
+    _Invalid,
+    _params,
+)
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
 from optimisers.rules import RULES, Rule
-
-__all__ = ["save", "load"]
-
-FORMAT = "optimisers.checkpoint"
-VERSION = 1
-_JSON = "checkpoint.json"
-_STAMP = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same tree gives the same bytes
-_STANDARD = frozenset(np.dtype(c).name for c in np.typecodes["All"]
-                      if np.dtype(c).kind in "biufc")
-_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
-_TYPES = {"tuple": tuple, "list": list}
-
-
-class _Invalid(ValueError):
-    """A problem found while loading; :func:`load` re-raises it as a plain ValueError."""
-
-
-def save(path: str | os.PathLike, tree: Any) -> None:
-    """save(path, tree) -> None: write the state tree to a checkpoint file, atomically.
-
-    Stores every Leaf's rule (class name and hyper-parameters), state (arrays with their
-    dtypes, step counters and other numbers exactly), frozen flag, and which Leafs are
-    shared, in the pickle-free format described in :mod:`optimisers.checkpoint`. The file
-    is written to a temporary file in the same directory, flushed to disk, then renamed
-    over ``path``: a crash during ``save`` leaves any previous checkpoint intact.
-
-    Args:
-        path: the file to write (any name; ``.ckpt`` or ``.npz`` are customary).
-        tree: a state tree from :func:`setup`, with NumPy, PyTorch or JAX arrays.
-
-    Raises:
-        TypeError: the tree holds something a checkpoint cannot store without pickle (a
-            function as a hyper-parameter, an object array, a rule class that is not the
-            one registered under its name in ``RULES``), or it is not a state tree.
-
-    Example:
-        >>> import os, tempfile
-        >>> import numpy as np
-        >>> from optimisers import Adam, setup, update_
-        >>> model = {"w": np.ones(3)}
-        >>> tree = setup(Adam(0.1), model)
-        >>> tree, model = update_(tree, model, {"w": np.ones(3)})
-        >>> folder = tempfile.TemporaryDirectory()
-        >>> save(os.path.join(folder.name, "opt.ckpt"), tree)
-        >>> sorted(os.listdir(folder.name))
-        ['opt.ckpt']
-        >>> folder.cleanup()
-    """
-    for _ in leaves(tree):  # a model passed in place of the tree: TypeError, naming the path
-        pass
-    writer = _Writer()
-    doc = {"format": FORMAT, "version": VERSION, "tree": writer.node(tree, KeyPath())}
-    doc["leaves"], doc["arrays"] = writer.leaves, len(writer.arrays)
-    text = json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-    _atomic_write(os.fspath(path), text.encode("utf-8"), writer.arrays)
-
-
-def load(path: str | os.PathLike, like: Any) -> Any:
-    """load(path, like=tree) -> tree: read a checkpoint written by :func:`save`.
-
-    ``like`` is a state tree for the same model (from :func:`setup`); it fixes the
-    expected structure, and each state array comes back in the library and on the device
-    of the matching array in ``like`` (NumPy, PyTorch or JAX; a checkpoint saved from one
-    library loads into another). Everything else comes from the file: rules with their
-    hyper-parameters (which may differ from ``like``'s, e.g. after :func:`adjust`), states,
-    frozen flags and sharing. ``like`` is not changed. Training continued from the loaded
-    tree is bit-for-bit the training that was never interrupted.
-
-    Args:
-        path: a file written by :func:`save`.
-        like: a state tree of the same structure, giving array libraries and devices.
-
-    Returns:
-        A new state tree.
-
-    Raises:
-        ValueError: the file does not match ``like`` (structure, sharing, rule class,
-            state shape or dtype; the message names the :class:`KeyPath`), names a rule
-            that is not in ``RULES``, or is not an intact checkpoint (truncated,
-            corrupted, or some other kind of file).
-        TypeError: ``like`` is not a state tree.
-        FileNotFoundError: there is no file at ``path``.
-
-    Example:
-        >>> import os, tempfile
-        >>> import numpy as np
-        >>> from optimisers import Adam, adjust_, setup, update_
-        >>> model = {"w": np.ones(3)}
-        >>> tree = adjust_(setup(Adam(0.1), model), 0.01)
-        >>> tree, model = update_(tree, model, {"w": np.ones(3)})
-        >>> folder = tempfile.TemporaryDirectory()
-        >>> save(os.path.join(folder.name, "opt.ckpt"), tree)
-        >>> back = load(os.path.join(folder.name, "opt.ckpt"), like=setup(Adam(), model))
-        >>> back["w"].rule, back["w"].state[2] == tree["w"].state[2]
-        (Adam(eta=0.01, beta=(0.9, 0.999), epsilon=1e-08), True)
-        >>> folder.cleanup()
-    """
-    for _ in leaves(like):
-        pass
-    name = os.fspath(path)
-    with open(name, "rb") as f:
-        try:
-            with zipfile.ZipFile(f) as zf:
-                reader = _Reader(zf, like)
-                tree = reader.tree()
-        except _Invalid as e:
-            raise ValueError(str(e)) from None
-        except Exception as e:  # whatever a damaged file makes the decoders raise
-            raise ValueError(f"{name!r} is not an intact optimisers checkpoint (truncated, "
-                             f"corrupted, or another kind of file): {type(e).__name__}: "
-                             f"{e}") from e
-    fused.pack([leaf for leaf, _, _ in reader.built.values() if _hashable(leaf.rule)])
-    return tree  # with states laid out as setup lays them out, for the fused path
-
-
-def _hashable(rule: Rule) -> bool:
-    """Whether a rule may key a fused group (not with a list field, nor, after ``jax.jit``,
-    with JAX arrays for hyper-parameters)."""
-    try:
-        hash(rule)
-    except TypeError:
-        return False
-    return True
-
-
-# ----------------------------------------------------------------------------- writing
-
-
-class _Writer:
-    """Turns a state tree into the JSON document and the list of arrays."""
-
-    def __init__(self) -> None:
-        self.leaves: list[dict] = []
-        self.arrays: list[np.ndarray] = []
-        self.leaf_ids: dict[int, int] = {}
-        self.array_ids: dict[int, dict] = {}
-        self.keep: list[Any] = []  # holds every array seen, so that ids stay unique
-
-    def node(self, t: Any, kp: KeyPath) -> Any:
-        if t is None:
-            return None
-        if isinstance(t, Leaf):
-            if id(t) not in self.leaf_ids:
-                self.leaf_ids[id(t)] = len(self.leaves)
-                self.leaves.append({"path": str(kp), "rule": self.value(t.rule, kp, "the rule"),
-                                    "frozen": bool(t.frozen),
-                                    "state": self.value(t.state, kp, "the state")})
-            return {"leaf": self.leaf_ids[id(t)]}
-        if isinstance(t, dict):
-            return {"dict": [[self.value(k, kp, "a key"), self.node(v, kp + (k,))]
-                             for k, v in t.items()]}
-        tag = "tuple" if isinstance(t, tuple) else "list"
-        return {tag: [self.node(v, kp + (i,)) for i, v in enumerate(t)]}
-
-    def value(self, v: Any, kp: KeyPath, where: str) -> Any:
-        if v is None or isinstance(v, (bool, str)):
-            return v
-        if isinstance(v, (np.generic, np.ndarray)) or backends.library(v) is not None:
-            return self.array(v, kp, where)
-        if isinstance(v, int):
-            return int(v)
-        if isinstance(v, float):
-            return {"float": repr(float(v))}
-        if isinstance(v, complex):
-            return {"complex": [repr(v.real), repr(v.imag)]}
-        if isinstance(v, (tuple, list)):
-            tag = "tuple" if isinstance(v, tuple) else "list"
-            return {tag: [self.value(x, kp, where) for x in v]}
-        if isinstance(v, dict):
-            return {"dict": [[self.value(k, kp, where), self.value(x, kp, where)]
-                             for k, x in v.items()]}
-        if isinstance(v, Rule):
-            return self.rule(v, kp)
-        dtype = _encode_dtype(v)
-        if dtype is not None:
-            return dtype
-        raise TypeError(f"cannot save {where} at {kp!r}: it holds a {type(v).__name__} "
-                        f"({v!r:.60}), which a checkpoint stores only by pickling; use "
-                        f"numbers, strings, tuples, lists, dicts, dtypes, arrays and rules")
-
-    def rule(self, rule: Rule, kp: KeyPath) -> dict:
-        cls, name = type(rule), type(rule).__name__
-        if RULES.get(name) is not cls:
-            raise TypeError(f"cannot save the rule {name} at {kp!r}: optimisers.RULES maps "
-                            f"{name!r} to {RULES.get(name)!r}, not to this class, so loading "
-                            f"would build a different rule; give the class a unique name")
-        fields = {}
-        for p in _params(cls):
-            if not hasattr(rule, p.name):
-                raise TypeError(f"cannot save the rule {name} at {kp!r}: its constructor "
-                                f"takes {p.name!r} but the rule has no attribute of that "
-                                f"name; make the rule a dataclass")
-            fields[p.name] = self.value(getattr(rule, p.name), kp, f"{name}.{p.name}")
-        return {"rule": name, "fields": fields}
-
-    def array(self, a: Any, kp: KeyPath, where: str) -> dict:
-        if id(a) in self.array_ids:
-            return self.array_ids[id(a)]
-        lib = "numpy" if isinstance(a, (np.generic, np.ndarray)) else backends.library(a)
-        arr, name, bits = _to_numpy(a, lib, f"{where} at {kp!r}")
-        rec = {"array": len(self.arrays), "dtype": name, "shape": list(arr.shape),
-               "library": lib}
-        if bits:
-            rec["bits"] = bits
-        if isinstance(a, np.generic):
-            rec["scalar"] = True
-        if getattr(a, "weak_type", False) is True:
-            rec["weak"] = True  # a JAX weakly-typed scalar, as jit makes step counters
-        self.arrays.append(arr)
-        self.keep.append(a)
-        self.array_ids[id(a)] = rec
-        return rec
-
-
-def _params(cls: type) -> list[inspect.Parameter]:
-    """The named constructor parameters of a rule class (``*rules`` included)."""
-    return [p for p in inspect.signature(cls).parameters.values()
-            if p.kind is not p.VAR_KEYWORD]
-
-
-def _to_numpy(a: Any, lib: str | None, where: str) -> tuple[np.ndarray, str, str | None]:
-    """``(array, dtype name, bits dtype name or None)`` for an array of any library."""
-    if lib == "torch":
-        import torch
-
-        t = a.detach()
-        if t.layout is not torch.strided:
-            raise TypeError(f"cannot save {where}: a {t.layout} tensor; make it dense")
-        t = t.cpu().resolve_conj().resolve_neg().contiguous()
-        name = str(t.dtype).removeprefix("torch.")
-        if name in _STANDARD:
-            return t.numpy(), name, None
-        size = t.element_size()
-        if size not in _SIGNED:
-            raise TypeError(f"cannot save {where}: tensors of dtype {name}")
-        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
-        return t.view(ints).numpy().view(_BITS[size]), name, np.dtype(_BITS[size]).name
-    arr = np.asarray(a)  # NumPy arrays and scalars, JAX arrays (fetched from the device)
-    name = arr.dtype.name
-    if name in _STANDARD:
-        return arr, name, None
-    kind, size = arr.dtype.kind, arr.dtype.itemsize
-    if kind == "V" and arr.dtype.fields is None and size in _BITS and name.isidentifier():
-        bits = np.ascontiguousarray(arr).view(_BITS[size])
-        return bits, name, np.dtype(_BITS[size]).name
-    raise TypeError(f"cannot save {where}: an array of dtype {arr.dtype}; a checkpoint "
-                    f"holds bool, integer, floating and complex arrays")
-
-
-def _encode_dtype(v: Any) -> dict | None:
-    if isinstance(v, np.dtype):
-        return {"dtype": v.name, "as": "numpy"}
-    if isinstance(v, type) and issubclass(v, np.generic):
-        return {"dtype": np.dtype(v).name, "as": "type"}
-    mod = type(v).__module__.partition(".")[0]
-    if mod == "torch" and type(v).__name__ == "dtype":
-        return {"dtype": str(v).removeprefix("torch."), "as": "torch"}
-    if mod == "jax" and isinstance(v, type) and hasattr(v, "dtype"):
-        return {"dtype": np.dtype(v).name, "as": "jax"}
-    return None
-
-
-def _atomic_write(path: str, doc: bytes, arrays: list[np.ndarray]) -> None:
-    """Write the ZIP to a temporary file beside ``path``, fsync it, rename it over ``path``."""
-    folder, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-                zf.writestr(zipfile.ZipInfo(_JSON, _STAMP), doc)
-                for i, arr in enumerate(arrays):
-                    info = zipfile.ZipInfo(f"arrays/{i}.npy", _STAMP)
-                    with zf.open(info, "w", force_zip64=arr.nbytes > 2**30) as member:
-                        np.lib.format.write_array(member, arr, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable; not possible everywhere (Windows)
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
-# ----------------------------------------------------------------------------- reading
-
-_FREE = object()  # the ``like`` of keys and hyper-parameters: nothing to compare with
 
 
 def _tag(j: Any, tags: tuple, what: str) -> tuple[str, Any]:
@@ -381,10 +50,6 @@ def _list(s: Any) -> list:
 def _no_floats(s: str) -> Any:
     raise _Invalid(f"the checkpoint is malformed: a bare JSON number {s} (floats are stored "
                    f"as strings)")
-
-
-def _dtype_name(a: Any) -> str:
-    return str(a.dtype).removeprefix("torch.")
 
 
 def _describe(t: Any) -> str:
