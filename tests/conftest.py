@@ -71,3 +71,18 @@ def rules_param(rules=ALL_RULES):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def spy_runs(monkeypatch) -> list:
+    """A list that collects ``(id(group), number of arrays)`` for each fused group run."""
+    from optimisers import fused
+
+    runs: list = []
+    original = fused.Group.run
+
+    def spy(self, grads, new):
+        runs.append((id(self), len(grads)))
+        return original(self, grads, new)
+
+    monkeypatch.setattr(fused.Group, "run", spy)
+    return runs

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from conftest import ALL_RULES, rules_param
+from conftest import ALL_RULES, rules_param, spy_runs
 from optimisers import backends, fused
 from optimisers.backends import _numba, _ufuncs
 
@@ -105,14 +105,7 @@ def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch, path):
 
 
 def test_fused_path_is_taken_and_groups_are_reused(monkeypatch):
-    runs = []
-    original = fused.Group.run
-
-    def spy(self, grads, new):
-        runs.append((id(self), len(grads)))
-        return original(self, grads, new)
-
-    monkeypatch.setattr(fused.Group, "run", spy)
+    runs = spy_runs(monkeypatch)
     model = {f"p{i}": np.ones(8, np.float32) for i in range(50)}
     tree = O.setup(O.Adam(), model)
     g = {k: np.ones(8, np.float32) for k in model}

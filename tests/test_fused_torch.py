@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import optimisers as O  # noqa: E402
-from conftest import rules_param  # noqa: E402
+from conftest import rules_param, spy_runs  # noqa: E402
 from optimisers import backends, fused  # noqa: E402
 
 tb = backends.ops("torch")
@@ -178,18 +178,6 @@ def test_non_contiguous_gradients_in_the_kernel(monkeypatch):
                 tree, model = O.update_(tree, model, [g.t(), torch.ones(5)])
             out.append(model)
     assert_same(out[0], out[1], exact=False)
-
-
-def spy_runs(monkeypatch):
-    runs = []
-    original = fused.Group.run
-
-    def spy(self, grads, new):
-        runs.append((id(self), len(grads)))
-        return original(self, grads, new)
-
-    monkeypatch.setattr(fused.Group, "run", spy)
-    return runs
 
 
 @pytest.mark.parametrize("rule", [O.Adam(), O.Momentum(), O.OptimiserChain(O.ClipGrad(),
