@@ -220,7 +220,7 @@ def kernel(xa, gf, sizes, starts, c{states}):
 PARALLEL_FROM = 1 << 18
 """Groups of at least this many elements run their one-pass kernel on all cores, split
 into pieces of ``PIECE`` elements; smaller ones on one (starting threads costs more)."""
-PIECE = 1 << 16
+PIECE = 1 << 18
 
 
 class _Pieces:
