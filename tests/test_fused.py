@@ -266,3 +266,22 @@ def test_tied_zero_dim_arrays(rule, path):
         return model
 
     assert_same(run(True), run(False))
+
+
+def test_packed_state_is_freed_with_its_tree():
+    """The record of packed buffers holds them weakly: a dropped tree frees its state."""
+    import gc
+    import weakref
+
+    gc.collect()
+    records = backends.ops("numpy")._PACKS._records
+    before = len(records)
+    model = [np.ones(3, np.float32), np.ones(4, np.float32)]
+    tree = O.setup(O.Adam(), model)
+    buf = weakref.ref(tree[0].state[0].base)
+    assert len(records) == before + 2  # m and v
+    copy = O.state.copy_tree(tree)  # keeps the layout, in a buffer of its own
+    assert copy[0].state[0].base is copy[1].state[0].base is not buf()
+    del tree, copy
+    gc.collect()
+    assert buf() is None and len(records) == before

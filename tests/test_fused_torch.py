@@ -252,14 +252,14 @@ def test_packed_buffers_are_freed():
     import weakref
 
     gc.collect()
-    before = len(tb._PACKED)
+    before = len(tb._PACKS._records)
     model = [torch.ones(3), torch.ones(2)]
     tree = O.setup(O.Adam(), model)
     buf = weakref.ref(tree[0].state[0]._base)
-    assert len(tb._PACKED) == before + 2  # m and v
+    assert len(tb._PACKS._records) == before + 2  # m and v
     del tree
     gc.collect()
-    assert buf() is None and len(tb._PACKED) == before
+    assert buf() is None and len(tb._PACKS._records) == before
 
 
 def test_kernel_not_used_where_it_cannot_match(monkeypatch):
@@ -306,3 +306,4 @@ def test_numpy_and_torch_agree_through_fused_paths():
         tt, mt = O.update_(tt, mt, [torch.tensor(a) for a in g])
     for a, b in zip(mn, mt):
         np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-7)
+

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
-from operator import is_ as _is
 from typing import Any
 
 import numpy as np
@@ -11,6 +9,7 @@ from numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: 
 
 from optimisers.backends import _numba as _kernels
 from optimisers.backends import _ufuncs
+from optimisers.backends._packs import Packs
 from optimisers.backends._ufuncs import parallel  # noqa: F401 (fused.py uses it)
 
 Array = np.ndarray
@@ -152,7 +151,7 @@ def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
 
 # ---------------------------------------------------------------- fused groups (fused.py)
 
-_PACKED: dict[int, tuple] = {}  # id(buffer) -> (views in order, buffer)
+_PACKS = Packs(lambda a: a.base)
 
 
 def device(x: Array) -> str:
@@ -173,17 +172,15 @@ def packed(parts: tuple) -> list:
         np.copyto(v, p)
         views.append(v)
         start += p.size
-    _PACKED[id(buf)] = (tuple(views), buf)
-    weakref.finalize(buf, _PACKED.pop, id(buf), None)
-    return views
+    return _PACKS.add(buf, views)
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
     """``(flat, isview)``: the whole packed buffer when ``parts`` are exactly its views in
     order, else a new concatenation of them."""
-    entry = _PACKED.get(id(parts[0].base))
-    if entry is not None and len(entry[0]) == len(parts) and all(map(_is, entry[0], parts)):
-        return entry[1], True
+    buf = _PACKS.whole(parts)
+    if buf is not None:
+        return buf, True
     return np.concatenate(parts, axis=None), False
 
 
@@ -234,21 +231,9 @@ def split_like(d: Array, xs: list) -> list:
 
 
 def copier() -> Any:
-    """A copy function that keeps packed state packed: a packed buffer is copied once."""
-    memo: dict[int, tuple[list, dict]] = {}
-
-    def copy_(a: Array) -> Array:
-        if not a.flags.writeable:
-            return a
-        entry = _PACKED.get(id(a.base))
-        if entry is None:
-            return a.copy()
-        if id(a.base) not in memo:
-            memo[id(a.base)] = (packed(entry[0]), {id(v): i for i, v in enumerate(entry[0])})
-        views, index = memo[id(a.base)]
-        return views[index[id(a)]] if id(a) in index else a.copy()
-
-    return copy_
+    """A copy function that keeps packed state packed: a packed buffer is copied once.
+    Read-only arrays are shared, not copied."""
+    return _PACKS.copier(lambda a: a.copy() if a.flags.writeable else a, packed)
 
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:

@@ -11,13 +11,14 @@ import copy as _copy
 import math
 import weakref
 from collections.abc import Mapping
-from operator import is_ as _is
 from typing import Any
 
 import numpy as np
 import torch
 from torch import conj, nn, real, sqrt  # noqa: F401
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from optimisers.backends._packs import Packs
 
 Array = torch.Tensor
 
@@ -221,8 +222,7 @@ def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
 # flatten helpers and foreach ops): no Python loop runs per tensor in an in-place step.
 # Adam and AdamW, stepped in place in float32 or float64, run torch's own fused kernel.
 
-_PACKED: dict[int, tuple] = {}  # id(buffer) -> (weakref to it, weakrefs to its views in order)
-_deref = weakref.ref.__call__
+_PACKS = Packs(lambda a: a._base)
 
 
 def device(x: Array) -> torch.device:
@@ -238,29 +238,15 @@ def flatcat(arrays: list) -> Array:
 def packed(parts: tuple) -> list:
     """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
     buf = torch.cat([p.detach().reshape(-1) for p in parts])
-    views = list(_unflatten_dense_tensors(buf, parts))
-    key = id(buf)
-    _PACKED[key] = (weakref.ref(buf), tuple(map(weakref.ref, views)))
-    weakref.finalize(buf, _PACKED.pop, key, None)  # the views keep the buffer alive
-    return views
-
-
-def _packing(a: Array) -> tuple | None:
-    """``(buffer, views)`` when ``a`` is a view made by :func:`packed`, else ``None``."""
-    base = a._base
-    entry = _PACKED.get(id(base)) if base is not None else None
-    if entry is None or entry[0]() is not base:
-        return None
-    return base, entry[1]
+    return _PACKS.add(buf, list(_unflatten_dense_tensors(buf, parts)))
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
     """``(flat, isview)``: the whole packed buffer when ``parts`` are exactly its views in
     order, else a new concatenation of them."""
-    hit = _packing(parts[0])
-    if hit is not None and len(hit[1]) == len(parts) and all(
-            map(_is, map(_deref, hit[1]), parts)):
-        return hit[0], True
+    buf = _PACKS.whole(parts)
+    if buf is not None:
+        return buf, True
     return flatcat(list(parts)), False
 
 
@@ -288,23 +274,7 @@ def split_like(d: Array, xs: list) -> list:
 
 def copier() -> Any:
     """A copy function that keeps packed state packed: a packed buffer is copied once."""
-    memo: dict[int, tuple[list, dict]] = {}
-
-    def copy_(a: Array) -> Array:
-        hit = _packing(a)
-        if hit is None:
-            return copy(a)
-        base, refs = hit
-        if id(base) not in memo:
-            views = [r() for r in refs]
-            if any(v is None for v in views):  # some view was dropped: copy one by one
-                return copy(a)
-            memo[id(base)] = (packed(views), {id(v): i for i, v in enumerate(views)})
-        new, index = memo[id(base)]
-        i = index.get(id(a))
-        return new[i] if i is not None else copy(a)
-
-    return copy_
+    return _PACKS.copier(copy, packed)
 
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
