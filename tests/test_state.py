@@ -258,3 +258,25 @@ def test_model_edited_between_steps_is_seen(edit):
         err = "b"
     with pytest.raises(ValueError, match=err):
         O.update_(tree, model, {"a": np.ones(2)})
+
+
+@pytest.mark.parametrize("bad", ["short", "long", "tuple", "none", "shape"])
+def test_list_gradients_checked_on_every_cached_step(bad):
+    """A list of arrays' gradients are read by one slice once the plan is known; a
+    gradient list unlike the model's must still get the full check and its error."""
+    model = [np.ones(2), np.ones(2), np.ones(2)]
+    tree = O.setup(O.Descent(0.5), model)
+    for _ in range(2):
+        O.update_(tree, model, [np.ones(2)] * 3)
+    g = {"short": [np.ones(2)] * 2, "long": [np.ones(2)] * 4, "tuple": (np.ones(2),) * 3,
+         "none": [np.ones(2), None, np.ones(2)], "shape": [np.ones(2), np.ones(3), np.ones(2)]}
+    if bad in ("none", "tuple"):  # accepted: as the full check on a fresh tree does
+        fresh = [np.zeros(2), np.zeros(2), np.zeros(2)]
+        O.update_(O.setup(O.Descent(0.5), fresh), fresh, g[bad])
+        O.update_(tree, model, g[bad])
+        assert [x.tolist() for x in model] == [x.tolist() for x in fresh]
+        return
+    before = [x.copy() for x in model]
+    with pytest.raises((ValueError, TypeError)):
+        O.update_(tree, model, g[bad])
+    assert all((x == y).all() for x, y in zip(model, before))

@@ -201,9 +201,8 @@ class _Plan:
             self.sizes.append((x, len(x)))
         keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
         used = tuple(k for k in keys if t[k] is not None)
-        self.edges.append((t.__getitem__, keys, [t[k] for k in keys]))
-        self.edges.append((x.__getitem__ if get is operator.getitem
-                           else functools.partial(get, x), used, [kids[k] for k in used]))
+        self._edges(t, operator.getitem, keys, [t[k] for k in keys])
+        self._edges(x, get, used, [kids[k] for k in used])
         leaf_keys, leaf_slots, nodes = [], [], []
         for k in used:
             sub = self._compile(t[k], kids[k], kp + (k,))
@@ -212,8 +211,22 @@ class _Plan:
                 leaf_slots.append(sub)
             else:
                 nodes.append((k, sub))
+        positional = isinstance(x, (tuple, list))
+        # a list or tuple of arrays, each a Leaf: its gradients land in out[lo:lo + n]
+        whole = positional and leaf_keys == list(range(len(kids))) and leaf_slots == list(
+            range(leaf_slots[0], leaf_slots[0] + len(kids))) if leaf_slots else False
         return (type(x), get, tuple(leaf_keys), tuple(leaf_slots), tuple(nodes),
-                frozenset(kids), isinstance(x, (tuple, list)), len(kids))
+                frozenset(kids), positional, len(kids),
+                leaf_slots[0] if whole else None)
+
+    def _edges(self, node: Any, get: Any, keys: tuple, kids: list) -> None:
+        """Note ``node``'s children at ``keys``; a whole list or tuple is compared as it
+        is (its length is checked with :attr:`sizes`), without a lookup per key."""
+        if isinstance(node, (list, tuple)) and keys == tuple(range(len(node))):
+            self.edges.append((None, node, kids))
+        else:
+            self.edges.append((node.__getitem__ if get is operator.getitem
+                               else functools.partial(get, node), keys, kids))
 
     def learn(self, groups: list) -> None:
         """Keep the fused groups of the last step; note a single group of every Leaf."""
@@ -255,7 +268,8 @@ class _Plan:
             return None
         try:
             for fetch, keys, kids in self.edges:
-                if not all(map(operator.is_, map(fetch, keys), kids)):
+                if not all(map(operator.is_, keys if fetch is None else map(fetch, keys),
+                               kids)):
                     return None
         except (KeyError, IndexError, AttributeError):  # a child was removed
             return None
@@ -306,7 +320,12 @@ def _read(prog: tuple, g: Any, out: list) -> bool:
     unlike what was learned (the slow gather then says exactly what is wrong)."""
     if g is None:
         return True
-    cls, get, leaf_keys, leaf_slots, nodes, known, positional, n = prog
+    cls, get, leaf_keys, leaf_slots, nodes, known, positional, n, lo = prog
+    if lo is not None and type(g) is cls:  # a list or tuple of arrays, as learned
+        if len(g) != n:
+            return False
+        out[lo:lo + n] = g
+        return True
     if isinstance(g, Mapping):
         if not g.keys() <= known:
             return False
