@@ -8,6 +8,7 @@ so a step over 2,000 small arrays is one call instead of 2,000.
 from __future__ import annotations
 
 import importlib.util
+import threading
 from typing import Any
 
 import numpy as np
@@ -188,6 +189,7 @@ def _supported(rule: Any) -> bool:
 
 
 _ONEPASS: dict[tuple, Any] = {}
+_PARALLEL = threading.Lock()
 
 
 def _compile(source_lines: list, nstate: int, flat_g: bool, parallel: bool) -> str:
@@ -290,7 +292,11 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
             if not all(type(g) is np.ndarray and g.flags.c_contiguous for g in grads):
                 grads = [np.ascontiguousarray(g) for g in grads]
             gf = pieces.addresses(grads)
-        kernel(xa, gf, pieces.sizes, pieces.starts, c, *sa)
+        if parallel:  # numba's default thread pool must not be entered from two threads
+            with _PARALLEL:
+                kernel(xa, gf, pieces.sizes, pieces.starts, c, *sa)
+        else:
+            kernel(xa, gf, pieces.sizes, pieces.starts, c, *sa)
         step.keep = (xs, arrays, grads)  # the addresses stay valid while these live
 
     cache["onepass"] = step
