@@ -311,3 +311,17 @@ def test_updates_from_several_threads(path):
         t.join()
     for seed in range(4):
         assert_same(together[seed], alone[seed])
+
+
+def test_packing_keeps_every_bit():
+    """Packing skips copying all-zero state (fresh from setup), but -0.0 is not zero."""
+    model = [np.ones(3), np.ones(2)]
+    tree = O.setup(O.Momentum(), model)
+    tree[0].state = np.array([0.0, -0.0, 0.0])
+    tree[1].state = np.array([-0.0, np.nan])
+    fused.pack([tree[0], tree[1]])
+    copy = O.state.copy_tree(tree)
+    for t in (tree, copy):
+        assert t[0].state.base is t[1].state.base is not None
+        assert np.signbit(t[0].state).tolist() == [False, True, False]
+        assert np.signbit(t[1].state[0]) and np.isnan(t[1].state[1])

@@ -36,7 +36,8 @@ def eps(x: Array, e: float) -> Any:
 
 
 def zeros_like(x: Array, real_: bool = False) -> Array:
-    return np.zeros_like(x.real if real_ else x)
+    # np.zeros, not np.zeros_like: large zeros come from calloc, untouched until written
+    return np.zeros(x.shape, x.real.dtype if real_ else x.dtype)
 
 
 def full_like(x: Array, value: float, real_: bool = False) -> Array:
@@ -165,14 +166,21 @@ def flatcat(arrays: list) -> Array:
 
 def packed(parts: tuple) -> list:
     """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
-    buf = np.empty(sum(p.size for p in parts), parts[0].dtype)
+    buf = np.zeros(sum(p.size for p in parts), parts[0].dtype)
     views, start = [], 0
     for p in parts:
         v = buf[start:start + p.size].reshape(p.shape)
-        np.copyto(v, p)
+        if not _zero_bytes(p):  # fresh state is zeros, which the buffer has already
+            np.copyto(v, p)
         views.append(v)
         start += p.size
     return _PACKS.add(buf, views)
+
+
+def _zero_bytes(a: Array) -> bool:
+    """Whether every byte of ``a`` is zero (so not ``-0.0``, which compares equal to 0)."""
+    return a.flags.c_contiguous and a.dtype.kind in "biufc" and not a.reshape(-1).view(
+        np.uint8).any()
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
