@@ -304,3 +304,22 @@ def test_import_loads_neither_torch_nor_jax():
             "assert 'torch' not in sys.modules and 'jax' not in sys.modules, "
             "[m for m in sys.modules if m.split('.')[0] in ('torch', 'jax')]")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_restructured_tensors_are_private():
+    """re(v)'s tensors share memory with neither v nor each other: updating one in place
+    (as update_ does) changes nothing else. A tied weight comes back as one tensor."""
+    model = make_model()
+    flat, re = O.destructure(model)
+    v = flat.detach().clone()
+    new = re(v)
+    assert new[3].weight is new[5].weight
+    before = {k: p.detach().clone() for k, p in new.named_parameters()}
+    with torch.no_grad():
+        new[0].weight.add_(1.0)
+    assert torch.equal(v, flat.detach())
+    for k, p in new.named_parameters():
+        assert torch.equal(p, before[k] + (1.0 if k == "0.weight" else 0.0)), k
+    tree = O.setup(O.Descent(0.1), new)
+    O.update_(tree, new, {"0": {"weight": torch.ones_like(new[0].weight)}})
+    assert torch.equal(v, flat.detach())

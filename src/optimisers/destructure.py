@@ -51,12 +51,11 @@ class Restructure:
         self.model = model
         self._index = index
         self._params = params
-        self._offsets = []
+        self._stops = []  # where each parameter's segment of the vector ends
         start = 0
         for x in params:
-            n = backends.of(x).size(x)
-            self._offsets.append((start, start + n))
-            start += n
+            start += backends.of(x).size(x)
+            self._stops.append(start)
         self.length = start
 
     def __len__(self) -> int:
@@ -78,7 +77,7 @@ class Restructure:
         if not self._params:
             return self.model
         xp = backends.of(flat)
-        new = [xp.unflat(flat, a, b, x) for (a, b), x in zip(self._offsets, self._params)]
+        new = xp.split(flat, self._stops, self._params)
         return place(self._index, self.model, lambda i, old: new[i])
 
 

@@ -169,15 +169,23 @@ def concat(arrays: list, like: list) -> Array:
     if not arrays:
         return jnp.zeros(0)
     dtype = jnp.result_type(*like)
-    return jnp.concatenate([jnp.ravel(a).astype(dtype) for a in arrays])
+    # a ravel or cast only where needed: each is an operation to dispatch
+    return jnp.concatenate([a if a.ndim == 1 and a.dtype == dtype else
+                            jnp.ravel(a).astype(dtype) for a in arrays], dtype=dtype)
 
 
-def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
-    """``v[start:stop]`` as an array of ``like``'s shape and dtype; differentiable."""
-    seg = jnp.reshape(v[start:stop], like.shape)
-    if jnp.iscomplexobj(seg) and not jnp.iscomplexobj(like):
-        seg = seg.real
-    return seg.astype(like.dtype)
+def split(v: Array, stops: list, like: list) -> list:
+    """Consecutive segments of ``v`` ending at ``stops``, each shaped and typed like the
+    matching array in ``like``; differentiable. One ``split`` for all of them, and a
+    reshape or cast only where one is needed (each is an operation to dispatch)."""
+    out = []
+    for seg, x in zip(jnp.split(v, stops[:-1]), like):
+        if seg.shape != x.shape:
+            seg = jnp.reshape(seg, x.shape)
+        if jnp.iscomplexobj(seg) and not jnp.iscomplexobj(x):
+            seg = seg.real
+        out.append(seg if seg.dtype == x.dtype else seg.astype(x.dtype))
+    return out
 
 
 # --- pytree registration of Leaf and the rules ---------------------------------------------

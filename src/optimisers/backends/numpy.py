@@ -142,12 +142,17 @@ def concat(arrays: list, like: list) -> Array:
                           [np.zeros(0, dtype)])
 
 
-def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
-    """``v[start:stop]`` as a new array of ``like``'s shape and dtype."""
-    seg = v[start:stop].reshape(like.shape)
-    if seg.dtype.kind == "c" and like.dtype.kind != "c":
-        seg = seg.real
-    return seg.astype(like.dtype, copy=True)
+def split(v: Array, stops: list, like: list) -> list:
+    """Consecutive segments of ``v`` ending at ``stops``, each a new array of the shape
+    and dtype of the matching array in ``like``."""
+    out, start = [], 0
+    for stop, x in zip(stops, like):
+        seg = v[start:stop].reshape(x.shape)
+        if seg.dtype.kind == "c" and x.dtype.kind != "c":
+            seg = seg.real
+        out.append(seg.astype(x.dtype, copy=True))
+        start = stop
+    return out
 
 
 # ---------------------------------------------------------------- fused groups (fused.py)

@@ -207,13 +207,20 @@ def concat(arrays: list, like: list) -> Array:
     return torch.cat([a.reshape(-1).to(dtype) for a in arrays])
 
 
-def unflat(v: Array, start: int, stop: int, like: Array) -> Array:
-    """``v[start:stop]`` as a new tensor of ``like``'s shape, dtype and device;
-    differentiable (a copy, never a view that a later in-place update would write through)."""
-    seg = v[start:stop].reshape(like.shape)
-    if seg.is_complex() and not like.is_complex():
-        seg = seg.real
-    return seg.to(dtype=like.dtype, device=like.device, copy=True)
+def split(v: Array, stops: list, like: list) -> list:
+    """Consecutive segments of ``v`` ending at ``stops``, each shaped, typed and placed like
+    the matching tensor in ``like``; differentiable. The segments are views of one new
+    copy of ``v`` (cast where needed), never of ``v`` itself, so that an in-place update
+    of one writes neither through to ``v`` nor to another segment."""
+    sizes = [b - a for a, b in zip([0, *stops[:-1]], stops)]
+    out = []
+    for seg, x in zip(torch.split(v.clone(), sizes), like):
+        seg = seg.view(x.shape)
+        if seg.is_complex() and not x.is_complex():
+            seg = seg.real
+        out.append(seg if seg.dtype == x.dtype and seg.device == x.device
+                   else seg.to(dtype=x.dtype, device=x.device, copy=True))
+    return out
 
 
 # --- fused groups (fused.py) ---------------------------------------------------------------
