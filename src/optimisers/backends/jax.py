@@ -222,11 +222,19 @@ def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
             tuple(f.name for f in fields if not _isdata(f)))
 
 
+_AS_IS: set[type] = set()
+
+
 def _dynamic(v: Any) -> Any:
     """A Python number (in tuples too) as a weakly typed 0-d JAX array, so that it is
     traced data everywhere: ``jax.jit`` treats a Python float so anyway, but
     ``equinox.filter_jit`` would make it static and re-trace whenever it changes (as a
     bias correction ``b1^t`` does at every step)."""
+    if type(v) in _AS_IS:  # arrays and tracers: the common case, kept fast
+        return v
+    if isinstance(v, jax.Array):
+        _AS_IS.add(type(v))
+        return v
     if isinstance(v, (bool, np.bool_)):
         return v
     if isinstance(v, (float, np.floating)):
