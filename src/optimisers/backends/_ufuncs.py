@@ -30,6 +30,8 @@ THREADS = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
 """Threads stepping pieces (see :func:`parallel`)."""
 
 _POOL: list = []
+if hasattr(os, "register_at_fork"):  # a forked child has none of the pool's threads
+    os.register_at_fork(after_in_child=_POOL.clear)
 _BINARY = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "true_divide"}
 _PROGRAMS: dict[tuple, Any] = {}
 
