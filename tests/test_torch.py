@@ -323,3 +323,15 @@ def test_restructured_tensors_are_private():
     tree = O.setup(O.Descent(0.1), new)
     O.update_(tree, new, {"0": {"weight": torch.ones_like(new[0].weight)}})
     assert torch.equal(v, flat.detach())
+
+
+def test_restructure_complex_vector_into_real_parameters():
+    """A complex vector (one parameter is complex) gives real parameters contiguous and
+    real-valued, as they were."""
+    model = {"a": torch.ones(3, dtype=torch.complex64), "b": torch.arange(4.0).reshape(2, 2)}
+    flat, re = O.destructure(model)
+    assert flat.dtype == torch.complex64
+    new = re(flat * 2)
+    assert new["b"].dtype == torch.float32 and new["b"].is_contiguous()
+    assert torch.equal(new["b"], model["b"] * 2)
+    assert torch.equal(new["a"], model["a"] * 2)

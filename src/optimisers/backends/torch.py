@@ -217,7 +217,7 @@ def split(v: Array, stops: list, like: list) -> list:
     for seg, x in zip(torch.split(v.clone(), sizes), like):
         seg = seg.view(x.shape)
         if seg.is_complex() and not x.is_complex():
-            seg = seg.real
+            seg = seg.real.contiguous()  # not a strided view of every other number
         out.append(seg if seg.dtype == x.dtype and seg.device == x.device
                    else seg.to(dtype=x.dtype, device=x.device, copy=True))
     return out
