@@ -295,3 +295,19 @@ def test_equinox_linear_jax_grad_and_jit():
     _, new = jax.jit(O.update)(tree, lin, grads)
     np.testing.assert_allclose(new.weight, lin.weight - 0.1 * grads.weight, rtol=1e-6)
     assert new.in_features == 3
+
+
+def test_tree_after_jit_prints_numbers():
+    """Under jit the hyper-parameters travel as 0-d arrays; the Leaf and summary still
+    show them as the numbers they are, and tracers as they are."""
+    model = {"w": jnp.ones(2)}
+    tree = O.setup(O.OptimiserChain(O.ClipGrad(0.5), O.AdamW(0.01)), model)
+    tree, model = jax.jit(O.update)(tree, model, {"w": jnp.ones(2)})
+    assert isinstance(tree["w"].rule.rules[1].eta, jax.Array)
+    text = "OptimiserChain(ClipGrad(delta=0.5), AdamW(eta=0.01, beta=(0.9, 0.999)"
+    assert repr(tree["w"]).startswith("Leaf(" + text)
+    assert text in O.summary(tree)
+
+    seen = []
+    jax.jit(lambda t: seen.append(repr(t["w"])) or 0)(tree)
+    assert "Tracer" in seen[0]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from optimisers import backends
 from optimisers.keypath import KeyPath
@@ -37,7 +41,7 @@ class Leaf:
 
     def __repr__(self) -> str:
         frozen = ", frozen=True" if self.frozen else ""
-        return f"Leaf({self.rule!r}, {brief(self.state)}{frozen})"
+        return f"Leaf({shown(self.rule)}, {brief(self.state)}{frozen})"
 
 
 _SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
@@ -60,6 +64,32 @@ def brief(x: Any) -> str:
     if isinstance(x, dict):
         return "{" + ", ".join(f"{k!r}: {brief(v)}" for k, v in x.items()) + "}"
     return repr(x)
+
+
+def shown(rule: Rule) -> str:
+    """``repr(rule)``, with hyper-parameters that are concrete 0-d arrays (JAX's after
+    ``jax.jit``, where they travel as data) shown as the numbers they hold."""
+    return repr(_numbers(rule))
+
+
+def _numbers(v: Any) -> Any:
+    if isinstance(v, Rule) and dataclasses.is_dataclass(v):
+        new = copy.copy(v)  # the rule's own repr, on numbers (fields set as __init__ would)
+        for f in dataclasses.fields(v):
+            object.__setattr__(new, f.name, _numbers(getattr(v, f.name)))
+        return new
+    if type(v) is tuple:
+        return tuple(map(_numbers, v))
+    if isinstance(v, np.generic):
+        a = v
+    elif backends.library(v) is None or backends.istraced(v) or getattr(v, "shape", 0) != ():
+        return v
+    else:
+        try:
+            a = np.asarray(v)[()]
+        except Exception:  # a tensor off the CPU, say: shown as it is
+            return v
+    return float(str(a)) if isinstance(a, np.floating) else a.item()  # float32 0.01: 0.01
 
 
 def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]:

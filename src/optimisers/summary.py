@@ -6,7 +6,7 @@ from typing import Any
 
 from optimisers import backends
 from optimisers.keypath import KeyPath, getkeypath
-from optimisers.leaf import Leaf, leaves
+from optimisers.leaf import Leaf, leaves, shown
 from optimisers.tree import children
 from optimisers.walk import fleaves
 
@@ -61,7 +61,7 @@ def summary(tree: Any, model: Any = None) -> str:
         total_n += n or 0
         total_b += nbytes
         frozen += leaf.frozen
-        rows.append((" = ".join(str(p) or "(root)" for p in paths), repr(leaf.rule),
+        rows.append((" = ".join(str(p) or "(root)" for p in paths), shown(leaf.rule),
                      "?" if n is None else str(n), _bytes(nbytes),
                      "frozen" if leaf.frozen else ""))
     head = ("path", "rule", "params", "state", "frozen")

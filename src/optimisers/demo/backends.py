@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
 
 from optimisers import (
-    OptimiserChain,
-    Rule,
     children,
-    select,
     trainables,
     update,
     update_,
@@ -151,26 +147,8 @@ class JaxBackend(Backend):
         return self.numpy(self._logits(model, x))
 
     def tidy(self, tree: Any, model: MLP) -> Any:
-        # Out of jax.jit, hyper-parameters are 0-d arrays and dict keys are sorted: put
-        # back numbers, and the model's order.
-        for leaf in select(tree):
-            leaf.rule = _numbers(leaf.rule)
+        # Out of jax.jit, dict keys are sorted: put back the model's order.
         return _ordered(tree, model)
-
-
-def _numbers(v: Any) -> Any:
-    """A rule (or a field of one) with its 0-d array hyper-parameters as Python numbers."""
-    if isinstance(v, OptimiserChain):
-        return OptimiserChain(*map(_numbers, v.rules))
-    if isinstance(v, Rule) and dataclasses.is_dataclass(v):
-        return dataclasses.replace(v, **{f.name: _numbers(getattr(v, f.name))
-                                         for f in dataclasses.fields(v) if f.init})
-    if isinstance(v, tuple):
-        return tuple(map(_numbers, v))
-    if getattr(v, "shape", None) == ():
-        v = np.asarray(v)[()]  # a NumPy scalar prints its shortest form: float32 0.003
-        return float(str(v)) if isinstance(v, np.floating) else v.item()
-    return v
 
 
 def _ordered(tree: Any, x: Any) -> Any:
