@@ -311,3 +311,20 @@ def test_tree_after_jit_prints_numbers():
     seen = []
     jax.jit(lambda t: seen.append(repr(t["w"])) or 0)(tree)
     assert "Tracer" in seen[0]
+
+
+def test_summary_follows_the_model_order_after_jit():
+    """jax.jit returns dicts with sorted keys; summary with the model lists the Leafs in
+    the order of the model's own fields."""
+    from collections import namedtuple
+
+    Layer = namedtuple("Layer", ["w", "b"])
+    Net = namedtuple("Net", ["enc", "dec"])
+    model = Net(Layer(jnp.ones(2), jnp.ones(1)), Layer(jnp.ones(3), jnp.ones(1)))
+    tree = O.setup(O.Adam(), model)
+    tree, model = jax.jit(O.update)(tree, model, jax.tree.map(jnp.ones_like, model))
+    assert list(tree) == ["dec", "enc"] and list(tree["enc"]) == ["b", "w"]
+    rows = [line.split()[0] for line in O.summary(tree, model).splitlines()[1:-1]]
+    assert rows == ["enc.w", "enc.b", "dec.w", "dec.b"]
+    rows = [line.split()[0] for line in O.summary(tree).splitlines()[1:-1]]
+    assert rows == ["dec.b", "dec.w", "enc.b", "enc.w"]  # without the model: the tree's

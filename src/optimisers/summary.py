@@ -26,13 +26,26 @@ def _bytes(n: int) -> str:
     return ""  # unreachable
 
 
+def _in_order(tree: Any, x: Any) -> Any:
+    """The state tree with its dicts in the order of the model's children (``jax.jit``
+    returns dicts with sorted keys)."""
+    if type(tree) is dict:
+        kids = children(x)
+        return {k: _in_order(tree[k], kids[k]) for k in kids if k in tree}
+    if type(tree) in (tuple, list):
+        kids = children(x)
+        return type(tree)(_in_order(t, kids[i]) for i, t in enumerate(tree))
+    return tree
+
+
 def summary(tree: Any, model: Any = None) -> str:
     """summary(tree, model=None) -> str: one line per Leaf, then totals.
 
     Each line gives the Leaf's key path (a tied Leaf lists all its paths, joined by
     ``=``), its rule, the parameter count, the bytes its state holds, and ``frozen``
     when frozen. Without ``model`` the count is read off the largest state array (``?``
-    for a stateless rule); pass the model for exact counts.
+    for a stateless rule); pass the model for exact counts, and lines in the model's
+    order.
 
     Example:
         >>> import numpy as np
@@ -47,7 +60,7 @@ def summary(tree: Any, model: Any = None) -> str:
         2 Leafs, 8 parameters, 64 B of state, 1 frozen
     """
     found: dict[int, tuple[Leaf, list[KeyPath]]] = {}
-    for kp, leaf in leaves(tree):
+    for kp, leaf in leaves(tree if model is None else _in_order(tree, model)):
         found.setdefault(id(leaf), (leaf, []))[1].append(kp)
     rows, total_n, total_b, frozen = [], 0, 0, 0
     for leaf, paths in found.values():

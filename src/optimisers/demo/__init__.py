@@ -151,7 +151,7 @@ def train(task: Task, tree: Any, model: MLP, start: int, stop: int, label: str,
             bn.mu = (1 - MOMENTUM) * bn.mu + MOMENTUM * mean
             bn.var = (1 - MOMENTUM) * bn.var + MOMENTUM * var
             bar.step(i + 1, loss)
-    return bk.tidy(tree, model), model
+    return tree, model
 
 
 def evaluate(task: Task, model: MLP) -> tuple[float, float, float]:

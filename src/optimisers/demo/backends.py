@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from optimisers import (
-    children,
     trainables,
     update,
     update_,
@@ -47,10 +46,6 @@ class Backend:
 
     def logits(self, model: MLP, x: Any) -> np.ndarray:
         return self.numpy(forward(model, x, self.xp, train=False)[0])
-
-    def tidy(self, tree: Any, model: MLP) -> Any:
-        """The tree, ready to print after a run (only JAX has something to do)."""
-        return tree
 
     def __enter__(self) -> Backend:
         return self
@@ -145,18 +140,6 @@ class JaxBackend(Backend):
 
     def logits(self, model: MLP, x: Any) -> np.ndarray:
         return self.numpy(self._logits(model, x))
-
-    def tidy(self, tree: Any, model: MLP) -> Any:
-        # Out of jax.jit, dict keys are sorted: put back the model's order.
-        return _ordered(tree, model)
-
-
-def _ordered(tree: Any, x: Any) -> Any:
-    """The state tree with its dicts in the order of the model's children."""
-    if isinstance(tree, dict):
-        kids = children(x)
-        return {k: _ordered(tree[k], kids[k]) for k in kids if k in tree}
-    return tree
 
 
 def _register_pytrees(jax: Any) -> None:
