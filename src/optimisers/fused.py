@@ -237,9 +237,6 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
     """
     new: dict[int, Any] = {}
     ran: list[Group] = []
-    if known and len(known) == 1 and known[0].holds(entries):  # the usual training loop
-        known[0].run([e.grads[0] for e in entries], new)
-        return [], new, known
     if known:
         byleaf = {id(e.leaf): e for e in entries}
         for group in known:
