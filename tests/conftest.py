@@ -29,6 +29,10 @@ from optimisers import (
     Rprop,
     SignDecay,
     WeightDecay,
+    freeze_,
+    setup,
+    update,
+    update_,
 )
 
 # Rules that descend on their own: defaults, chains and non-default variants.
@@ -86,3 +90,22 @@ def spy_runs(monkeypatch) -> list:
 
     monkeypatch.setattr(fused.Group, "run", spy)
     return runs
+
+
+def run_fused(rule, model, grads_at, steps, inplace, fuse, monkeypatch, before=None):
+    """Set up ``rule`` on ``model``, freeze its ``frozen`` child, and take ``steps``
+    steps with ``grads_at(model, step)``, by ``update_`` or ``update``; ``fuse=False``
+    keeps every Leaf on the plain path. ``before(tree, step)`` runs first in each step."""
+    from optimisers import fused
+
+    with monkeypatch.context() as m:
+        if not fuse:
+            m.setattr(fused, "MIN_GROUP", 10**9)
+        tree = setup(rule, model)
+        freeze_(tree, "frozen")
+        for step in range(steps):
+            if before is not None:
+                before(tree, step)
+            g = grads_at(model, step)
+            tree, model = (update_ if inplace else update)(tree, model, g)
+        return tree, model

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from conftest import ALL_RULES, rules_param, spy_runs
+from conftest import ALL_RULES, rules_param, run_fused, spy_runs
 from optimisers import backends, fused
 from optimisers.backends import _numba, _ufuncs
 
@@ -56,20 +56,9 @@ def path(request, monkeypatch):
 
 
 def run(rule, steps, inplace, fuse, monkeypatch, dtype=np.float32):
-    with monkeypatch.context() as m:
-        if not fuse:
-            m.setattr(fused, "MIN_GROUP", 10**9)
-        model = make_model(dtype)
-        tree = O.setup(rule, model)
-        O.freeze_(tree, "frozen")
-        rng = np.random.default_rng(1)
-        for step in range(steps):
-            g = grads_for(model, step, rng)
-            if inplace:
-                tree, model = O.update_(tree, model, g)
-            else:
-                tree, model = O.update(tree, model, g)
-        return tree, model
+    rng = np.random.default_rng(1)
+    return run_fused(rule, make_model(dtype), lambda m, step: grads_for(m, step, rng),
+                     steps, inplace, fuse, monkeypatch)
 
 
 def assert_same(a, b):

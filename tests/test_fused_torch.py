@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import optimisers as O  # noqa: E402
-from conftest import rules_param, spy_runs  # noqa: E402
+from conftest import rules_param, run_fused, spy_runs  # noqa: E402
 from optimisers import backends, fused  # noqa: E402
 
 tb = backends.ops("torch")
@@ -38,22 +38,14 @@ def grads_for(model, step, g):
 
 
 def run(rule, steps, inplace, fuse, monkeypatch, dtype=torch.float32, adjust_at=None):
-    with monkeypatch.context() as m:
-        if not fuse:
-            m.setattr(fused, "MIN_GROUP", 10**9)
-        model = make_model(dtype)
-        tree = O.setup(rule, model)
-        O.freeze_(tree, "frozen")
-        g = torch.Generator().manual_seed(1)
-        for step in range(steps):
-            if step == adjust_at:
-                O.adjust_(tree, beta=(0.8, 0.99))
-            grads = grads_for(model, step, g)
-            if inplace:
-                tree, model = O.update_(tree, model, grads)
-            else:
-                tree, model = O.update(tree, model, grads)
-        return tree, model
+    g = torch.Generator().manual_seed(1)
+
+    def before(tree, step):
+        if step == adjust_at:
+            O.adjust_(tree, beta=(0.8, 0.99))
+
+    return run_fused(rule, make_model(dtype), lambda m, step: grads_for(m, step, g),
+                     steps, inplace, fuse, monkeypatch, before)
 
 
 def kernel(rule, dtype=torch.float32):
