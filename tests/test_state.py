@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 import pytest
@@ -280,3 +281,42 @@ def test_list_gradients_checked_on_every_cached_step(bad):
     with pytest.raises((ValueError, TypeError)):
         O.update_(tree, model, g[bad])
     assert all((x == y).all() for x, y in zip(model, before))
+
+
+@dataclasses.dataclass
+class _Three:
+    a: Any
+    b: Any
+    c: Any
+
+
+@pytest.mark.parametrize("kind", ["dict", "dataclass"])
+@pytest.mark.parametrize("grads", ["all", "missing", "none", "extra"])
+def test_node_gradients_read_on_every_cached_step(kind, grads):
+    """Once the plan is known, a node's gradients are read by one getter call; a dict
+    with a key left out, a None, or a key the model lacks must act as on a fresh tree."""
+    def make():
+        arrays = [np.full(2, 1.0), np.full(2, 2.0), np.full(2, 3.0)]
+        return dict(zip("abc", arrays)) if kind == "dict" else _Three(*arrays)
+
+    g = {"all": {"a": np.ones(2), "b": np.ones(2), "c": np.ones(2)},
+         "missing": {"a": np.ones(2), "c": np.ones(2)},
+         "none": {"a": np.ones(2), "b": None, "c": np.ones(2)},
+         "extra": {"a": np.ones(2), "d": np.ones(2)}}[grads]
+    if kind == "dataclass" and grads in ("all", "none"):
+        g = _Three(**g)
+    model, fresh = make(), make()
+    tree, fresh_tree = O.setup(O.Descent(0.5), model), O.setup(O.Descent(0.5), fresh)
+    full = {"a": np.ones(2), "b": np.ones(2), "c": np.ones(2)}
+    for _ in range(2):  # learn the plan
+        O.update_(tree, model, full if kind == "dict" else _Three(**full))
+        O.update_(fresh_tree, fresh, full if kind == "dict" else _Three(**full))
+    if grads == "extra":
+        with pytest.raises(ValueError, match="'d', which the model lacks"):
+            O.update_(tree, model, g)
+        return
+    O.update_(tree, model, g)
+    _, expected = O.update(O.setup(O.Descent(0.5), fresh), fresh, g)
+    values = (lambda m: [m[k] for k in "abc"]) if kind == "dict" else (
+        lambda m: [m.a, m.b, m.c])
+    assert [x.tolist() for x in values(model)] == [x.tolist() for x in values(expected)]

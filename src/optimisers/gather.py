@@ -213,11 +213,19 @@ class _Plan:
                 nodes.append((k, sub))
         positional = isinstance(x, (tuple, list))
         # a list or tuple of arrays, each a Leaf: its gradients land in out[lo:lo + n]
-        whole = positional and leaf_keys == list(range(len(kids))) and leaf_slots == list(
-            range(leaf_slots[0], leaf_slots[0] + len(kids))) if leaf_slots else False
+        span = leaf_slots[0] if leaf_slots and leaf_slots == list(
+            range(leaf_slots[0], leaf_slots[0] + len(leaf_slots))) else None
+        whole = span is not None and positional and leaf_keys == list(range(len(kids)))
+        # the leaf gradients of a node read by one C call: from a gradient of the model's
+        # own type, and from a dict
+        many = len(leaf_keys) > 1
+        pick = (operator.itemgetter(*leaf_keys) if many and get is operator.getitem else
+                operator.attrgetter(*leaf_keys) if many and get is getattr and all(
+                    isinstance(k, str) and "." not in k for k in leaf_keys) else None)
+        items = operator.itemgetter(*leaf_keys) if many else None
         return (type(x), get, tuple(leaf_keys), tuple(leaf_slots), tuple(nodes),
-                frozenset(kids), positional, len(kids),
-                leaf_slots[0] if whole else None)
+                frozenset(kids), positional, len(kids), span if whole else None,
+                pick, items, span)
 
     def _edges(self, node: Any, get: Any, keys: tuple, kids: list) -> None:
         """Note ``node``'s children at ``keys``; a whole list or tuple is compared as it
@@ -247,8 +255,7 @@ class _Plan:
         gs, leaves = per_tree[0], group.leaves
         txs, shapes, dtypes = self.columns
         # the checks of entries() and fused.Group.holds, a column at a time
-        if (any(map(operator.is_, gs, itertools.repeat(None)))
-                or not all(map(operator.is_, map(type, gs), txs))
+        if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
                 or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
                 or any(map(_FROZEN, leaves))
                 or not all(map(operator.is_, map(_RULE, leaves), itertools.repeat(group.rule)))
@@ -320,7 +327,7 @@ def _read(prog: tuple, g: Any, out: list) -> bool:
     unlike what was learned (the slow gather then says exactly what is wrong)."""
     if g is None:
         return True
-    cls, get, leaf_keys, leaf_slots, nodes, known, positional, n, lo = prog
+    cls, get, leaf_keys, leaf_slots, nodes, known, positional, n, lo, pick, items, span = prog
     if lo is not None and type(g) is cls:  # a list or tuple of arrays, as learned
         if len(g) != n:
             return False
@@ -330,14 +337,20 @@ def _read(prog: tuple, g: Any, out: list) -> bool:
         if not g.keys() <= known:
             return False
         fetch = g.get
+        try:
+            values = items(g) if items is not None else map(fetch, leaf_keys)
+        except KeyError:  # a key left out: no gradient there
+            values = map(fetch, leaf_keys)
     elif type(g) is not cls or positional and len(g) != n:
         return False
-    elif get is operator.getitem:
-        fetch = g.__getitem__
     else:
-        fetch = functools.partial(get, g)
-    for slot, v in zip(leaf_slots, map(fetch, leaf_keys)):
-        out[slot] = v
+        fetch = g.__getitem__ if get is operator.getitem else functools.partial(get, g)
+        values = pick(g) if pick is not None else map(fetch, leaf_keys)
+    if span is not None:
+        out[span:span + len(leaf_keys)] = values
+    else:
+        for slot, v in zip(leaf_slots, values):
+            out[slot] = v
     for k, sub in nodes:
         if not _read(sub, fetch(k), out):
             return False
