@@ -314,3 +314,24 @@ def test_packing_keeps_every_bit():
         assert t[0].state.base is t[1].state.base is not None
         assert np.signbit(t[0].state).tolist() == [False, True, False]
         assert np.signbit(t[1].state[0]) and np.isnan(t[1].state[1])
+
+
+@pytest.mark.parametrize("count", [3, 70])  # 70 small arrays: gradients concatenated
+def test_gradient_buffers_refilled_in_place(path, count, monkeypatch):
+    """A training loop may write each step's gradients into the same arrays; a kernel
+    that reads them by address must read this step's values, also when the buffers are
+    swapped for new arrays, or some are, between steps."""
+    def grads_at(model, step):
+        if step in (3, 5):  # new arrays: all of them, then just one
+            bufs[:] = [b.copy() for b in bufs] if step == 3 else [*bufs[:-1], bufs[-1].copy()]
+        for i, b in enumerate(bufs):
+            b[...] = np.sin(np.arange(b.size) + 3.0 * step + i).reshape(b.shape)
+        return {"xs": bufs}
+
+    runs = []
+    for fuse in (True, False):
+        model = {"xs": [np.full((2, 3), 0.1 * i, np.float32) for i in range(count)],
+                 "frozen": np.ones(2, np.float32)}
+        bufs = [np.zeros_like(x) for x in model["xs"]]
+        runs.append(run_fused(O.Adam(0.1), model, grads_at, 7, True, fuse, monkeypatch)[1])
+    assert_same(*runs)

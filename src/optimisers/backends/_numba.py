@@ -8,6 +8,7 @@ so a step over 2,000 small arrays is one call instead of 2,000.
 from __future__ import annotations
 
 import importlib.util
+import operator
 import threading
 from typing import Any
 
@@ -192,27 +193,24 @@ _ONEPASS: dict[tuple, Any] = {}
 _PARALLEL = threading.Lock()
 
 
-def _compile(source_lines: list, nstate: int, flat_g: bool, parallel: bool) -> str:
+def _compile(source_lines: list, nstate: int, parallel: bool) -> str:
     """The source of a one-pass kernel over pieces of arrays: piece ``j`` has ``sizes[j]``
-    elements at addresses ``xa[j]`` (parameter), ``sa*[j]`` (states) and ``gf[j]``
-    (gradient), or at ``starts[j]`` in a flat ``gf``. Pieces run in parallel (``prange``)
-    when ``parallel``."""
+    elements at addresses ``xa[j]`` (parameter), ``ga[j]`` (gradient) and ``sa*[j]``
+    (states). Pieces run in parallel (``prange``) when ``parallel``."""
     states = "".join(f", sa{k}" for k in range(nstate))
     views = "".join(f"\n        s{k} = numba.carray(as_pointer(sa{k}[j]), (n,))"
                     for k in range(nstate))
     body = "\n".join("            " + line for line in source_lines)
-    gread = "gf[start + i]" if flat_g else "gv[i]"
-    gview = "" if flat_g else "\n        gv = numba.carray(as_pointer(gf[j]), (n,))"
     loop = "numba.prange" if parallel else "range"
     src = f'''
-def kernel(xa, gf, sizes, starts, c{states}):
+def kernel(xa, ga, sizes, c{states}):
     for j in {loop}(sizes.size):
         n = sizes[j]
-        start = starts[j]
-        x = numba.carray(as_pointer(xa[j]), (n,)){gview}{views}
+        x = numba.carray(as_pointer(xa[j]), (n,))
+        gv = numba.carray(as_pointer(ga[j]), (n,)){views}
         for i in range(n):
             xi = x[i]
-            g = {gread}
+            g = gv[i]
 {body}
             x[i] = xi - g
 '''
@@ -249,7 +247,12 @@ class _Pieces:
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     """A function ``step(grads, sig)`` running the whole group's update in one compiled
     pass, or ``None`` where that is not possible (no numba, an unsupported rule,
-    dtype or layout); then the caller takes the vectorised NumPy path."""
+    dtype or layout); then the caller takes the vectorised NumPy path.
+
+    The kernel reads each gradient at its address. Many small gradients are first
+    concatenated (one call, where reading 2,000 addresses costs more), unless they are
+    the very arrays of the last step, as in a loop that writes each step's gradients
+    into the same buffers: their addresses are then known already."""
     if "onepass" in cache:
         return cache["onepass"]
     cache["onepass"] = None
@@ -266,12 +269,12 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     flat_g = len(xs) > 64 and sum(x.size for x in xs) < 16384 * len(xs)
     parallel = sum(x.size for x in xs) >= PARALLEL_FROM
     lines = _lines(rule, sig, dtype, [])
-    key = (tuple(lines), nstate, flat_g, parallel, dtype)
+    key = (tuple(lines), nstate, parallel, dtype)
     if key not in _ONEPASS:
         import numba
 
         namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
-        source = _compile(lines, nstate, flat_g, parallel)
+        source = _compile(lines, nstate, parallel)
         exec(compile(source, "<optimisers one-pass kernel>", "exec"), namespace)
         _ONEPASS[key] = numba.njit(nogil=True, error_model="numpy", parallel=parallel)(
             namespace["kernel"])
@@ -279,25 +282,34 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     pieces = _Pieces([x.size for x in xs], parallel)
     xa = pieces.addresses(xs)
     sa = [pieces.addresses([member[k] for member in arrays]) for k in range(nstate)]
+    flat_offsets = pieces.starts * xs[0].itemsize
+    last: list = [None, None]  # the last step's gradient arrays; their own addresses
 
     def step(grads: list, sig: Any) -> None:
         consts: list = []
         _lines(rule, sig, dtype, consts)
         c = np.array(consts, dtype=dtype)
-        if flat_g:
-            gf = np.concatenate(grads, axis=None)
-        else:
-            # only an ndarray's own memory has a lasting address (a NumPy scalar's is
-            # a temporary copy)
-            if not all(type(g) is np.ndarray and g.flags.c_contiguous for g in grads):
-                grads = [np.ascontiguousarray(g) for g in grads]
-            gf = pieces.addresses(grads)
+        seen, own = last  # the last step's gradient arrays, and their own addresses
+        same = seen is not None and len(seen) == len(grads) and all(
+            map(operator.is_, grads, seen))
+        if same and own is not None:  # the same gradient buffers as last step
+            ga, keep = own, grads
+        elif flat_g and not same:
+            keep = np.concatenate(grads, axis=None)
+            ga, own = keep.__array_interface__["data"][0] + flat_offsets, None
+        elif all(type(g) is np.ndarray and g.flags.c_contiguous for g in grads):
+            ga = own = pieces.addresses(grads)
+            keep = grads
+        else:  # only an ndarray's own memory has a lasting address (not a NumPy scalar's)
+            keep = [np.ascontiguousarray(g) for g in grads]
+            ga, own = pieces.addresses(keep), None
         if parallel:  # numba's default thread pool must not be entered from two threads
             with _PARALLEL:
-                kernel(xa, gf, pieces.sizes, pieces.starts, c, *sa)
+                kernel(xa, ga, pieces.sizes, c, *sa)
         else:
-            kernel(xa, gf, pieces.sizes, pieces.starts, c, *sa)
-        step.keep = (xs, arrays, grads)  # the addresses stay valid while these live
+            kernel(xa, ga, pieces.sizes, c, *sa)
+        last[:] = grads, own
+        step.keep = (xs, arrays, keep)  # the addresses stay valid while these live
 
     cache["onepass"] = step
     return step
