@@ -335,3 +335,33 @@ def test_gradient_buffers_refilled_in_place(path, count, monkeypatch):
         bufs = [np.zeros_like(x) for x in model["xs"]]
         runs.append(run_fused(O.Adam(0.1), model, grads_at, 7, True, fuse, monkeypatch)[1])
     assert_same(*runs)
+
+
+@pytest.mark.parametrize("edit", ["frozen", "rule", "state", "subtree"])
+def test_leafs_written_between_cached_steps(path, edit, monkeypatch):
+    """A training loop's fused step skips checking its Leafs one by one while no Leaf
+    was written since; a Leaf's frozen flag, rule or state set directly, or a step of a
+    sub-tree (its own plan and group), must be seen, as on the plain path."""
+    def run(fuse):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            model = {"a": [np.full(4, 0.1 * i, np.float32) for i in range(3)],
+                     "b": [np.full(4, -0.1 * i, np.float32) for i in range(3)]}
+            grads = O.fmap(lambda x: np.linspace(-1, 1, x.size, dtype=x.dtype), model)
+            tree = O.setup(O.Adam(0.1), model)
+            for step in range(6):
+                if step == 3:
+                    leaf = tree["b"][1]
+                    if edit == "frozen":
+                        leaf.frozen = True
+                    elif edit == "rule":
+                        leaf.rule = O.Adam(0.5)
+                    elif edit == "state":
+                        leaf.state = leaf.rule.init(model["b"][1])
+                    else:
+                        O.update_(tree["b"], model["b"], grads["b"])
+                O.update_(tree, model, grads)
+            return [leaf.state for _, leaf in O.state.leaves(tree)], model
+
+    assert_same(run(True), run(False))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from optimisers import backends
+from optimisers.leaf import restate
 from optimisers.rules import NewValue, OptimiserChain, Rule, call
 
 __all__ = ["fusible", "step_groups", "pack", "Group", "MIN_GROUP"]
@@ -214,8 +215,7 @@ class Group:
     def _restate(self, newsig: Any) -> None:
         build, scalars = _builder(newsig)
         self.states = build(self.arrays, scalars)
-        for leaf, state in zip(self.leaves, self.states):
-            leaf.state = state
+        restate(self.leaves, self.states)
         self.sig = newsig
 
     def _advance(self) -> Any:

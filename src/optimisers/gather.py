@@ -19,7 +19,7 @@ from typing import Any
 
 from optimisers import backends
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, _not_a_tree
+from optimisers.leaf import Leaf, _not_a_tree, writes
 from optimisers.tree import _ismodule, children, isnumeric, ispositional
 
 
@@ -169,12 +169,13 @@ class _Plan:
     """
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
-                 "groups", "group", "firsts", "columns")
+                 "groups", "group", "firsts", "columns", "seen")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
         self.groups: list = []  # the fused groups of the last step (see fused.Group)
         self.group = None  # the one group of every Leaf, if that is what the last step ran
+        self.seen = -1  # leaf.writes() after this plan's last step
         self.edges: list = []  # (fetch, keys, children) per node of tree and model
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
@@ -239,6 +240,7 @@ class _Plan:
     def learn(self, groups: list) -> None:
         """Keep the fused groups of the last step; note a single group of every Leaf."""
         self.groups = groups
+        self.seen = writes()  # every Leaf is as this step left it (see whole)
         one = groups[0] if len(groups) == 1 else None
         self.group = one if (
             one is not None and one.write and not self.tied and not one.rule.raises()
@@ -254,18 +256,22 @@ class _Plan:
             return False
         gs, leaves = per_tree[0], group.leaves
         txs, shapes, dtypes = self.columns
-        # the checks of entries() and fused.Group.holds, a column at a time
+        # the checks of entries() and fused.Group.holds, a column at a time; the Leafs'
+        # only when some Leaf was written since this plan's last step
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
                 or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
-                or any(map(_FROZEN, leaves))
-                or not all(map(operator.is_, map(_RULE, leaves), itertools.repeat(group.rule)))
-                or not all(map(operator.is_, map(_STATE, leaves), group.states))):
+                or self.seen != writes() and (
+                    any(map(_FROZEN, leaves))
+                    or not all(map(operator.is_, map(_RULE, leaves),
+                                   itertools.repeat(group.rule)))
+                    or not all(map(operator.is_, map(_STATE, leaves), group.states)))):
             return False
         with backends.nograd():
             try:
                 group.run(gs, {})
             except (ValueError, TypeError, ArithmeticError) as err:
                 raise type(err)(f"{err} (in a fused group of Leafs)") from err
+        self.seen = writes()
         return True
 
     def read(self, tree: Any, model: Any, grads: tuple) -> list | None:

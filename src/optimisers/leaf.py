@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,17 +33,55 @@ class Leaf:
         Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], (0.9, 0.999)))
     """
 
-    __slots__ = ("rule", "state", "frozen", "_plan")
+    __slots__ = ("_rule", "_state", "_frozen", "_plan")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
-        self.rule = rule
-        self.state = state
-        self.frozen = frozen
+        self._rule, self._state, self._frozen = rule, state, frozen
         self._plan = None  # set on a tree's first Leaf by update_: see _Plan
+        _written()
+
+    def _set(name: str) -> Any:  # noqa: N805 (a helper of the class body)
+        def set_(self: Leaf, value: Any) -> None:
+            setattr(self, name, value)
+            _written()  # after the write: whoever sees the new count sees the new value
+        return set_
+
+    rule = property(operator.attrgetter("_rule"), _set("_rule"), doc="The Leaf's rule.")
+    state = property(operator.attrgetter("_state"), _set("_state"),
+                     doc="The rule's state for this Leaf's array.")
+    frozen = property(operator.attrgetter("_frozen"), _set("_frozen"),
+                      doc="Whether updates skip this Leaf (see freeze_).")
+    del _set
 
     def __repr__(self) -> str:
         frozen = ", frozen=True" if self.frozen else ""
         return f"Leaf({shown(self.rule)}, {brief(self.state)}{frozen})"
+
+
+_WRITES = itertools.count()
+_LAST = [next(_WRITES)]
+
+
+def _written() -> None:
+    """Note that some Leaf's rule, state or frozen flag was set (see :func:`writes`)."""
+    _LAST[0] = next(_WRITES)  # each value drawn once: a late write never restores an old one
+
+
+def writes() -> int:
+    """A number that changes whenever any Leaf's ``rule``, ``state`` or ``frozen`` is set.
+
+    ``update_``'s cached plan compares it with the number it saw after its own last step:
+    when equal, no Leaf anywhere was touched since, so every Leaf is as that step left it
+    and need not be checked one by one.
+    """
+    return _LAST[0]
+
+
+def restate(leaves: list, states: list) -> None:
+    """Give each of ``leaves`` its new state from ``states``: one write noted for all."""
+    for leaf, state in zip(leaves, states):
+        leaf._state = state
+    _written()
 
 
 _SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
