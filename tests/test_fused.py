@@ -8,7 +8,7 @@ import pytest
 import optimisers as O
 from conftest import ALL_RULES, rules_param, run_fused, spy_runs
 from optimisers import backends, fused
-from optimisers.backends import _numba, _ufuncs
+from optimisers.backends import _numba, _packs, _ufuncs
 
 
 def make_model(dtype=np.float32, seed=0):
@@ -163,10 +163,14 @@ def test_whole_group_step_falls_back_whenever_anything_changed(rule, path, monke
 def test_setup_packs_state_contiguously():
     model = [np.ones(3, np.float32), np.ones((2, 2), np.float32), np.ones(1, np.float64)]
     tree = O.setup(O.Adam(), model)
-    m0, m1 = tree[0].state[0], tree[1].state[0]
-    assert m0.base is not None and m0.base is m1.base and m0.base.size == 7
+    (m0, v0, _), (m1, _, _) = tree[0].state, tree[1].state
+    assert m0.base is not None and m0.base is m1.base
     flat, isview = backends.ops("numpy").joined((m0, m1))
-    assert isview and flat is m0.base
+    assert isview and flat.base is m0.base and flat.size == 7
+    assert flat.ctypes.data == m0.ctypes.data and m1.ctypes.data == m0.ctypes.data + 12
+    # the first moments and the second begin at different places in a 4 KiB page
+    places = {m0.ctypes.data % 4096, v0.ctypes.data % 4096}
+    assert len(places) == 2 and places <= set(_packs.SLOTS)
     assert tree[2].state[0].base is None  # alone in its dtype: not packed
     # a pure update keeps the layout
     new_tree, _ = O.update(tree, model, [np.ones_like(x) for x in model])

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 import optimisers as O  # noqa: E402
 from conftest import rules_param, run_fused, spy_runs  # noqa: E402
 from optimisers import backends, fused  # noqa: E402
+from optimisers.backends import _packs  # noqa: E402
 
 tb = backends.ops("torch")
 
@@ -213,10 +214,13 @@ def test_module_with_grad_is_fused(monkeypatch):
 def test_setup_packs_state_contiguously():
     model = [torch.ones(3), torch.ones(2, 2), torch.ones(1, dtype=torch.float64)]
     tree = O.setup(O.Adam(), model)
-    m0, m1 = tree[0].state[0], tree[1].state[0]
-    assert m0._base is not None and m0._base is m1._base and m0._base.numel() == 7
+    (m0, v0, _), (m1, _, _) = tree[0].state, tree[1].state
+    assert m0._base is not None and m0._base is m1._base
     flat, isview = tb.joined((m0, m1))
-    assert isview and flat is m0._base
+    assert isview and flat._base is m0._base and flat.numel() == 7
+    assert flat.data_ptr() == m0.data_ptr() and m1.data_ptr() == m0.data_ptr() + 12
+    places = {m0.data_ptr() % 4096, v0.data_ptr() % 4096}  # apart in a 4 KiB page
+    assert len(places) == 2 and places <= set(_packs.SLOTS)
     assert not tb.joined((m1, m0))[1]  # not in the buffer's order: a concatenation
     assert tree[2].state[0]._base is None  # alone in its dtype: not packed
     new_tree, _ = O.update(tree, model, [torch.ones_like(x) for x in model])

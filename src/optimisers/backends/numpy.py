@@ -9,7 +9,7 @@ from numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: 
 
 from optimisers.backends import _numba as _kernels
 from optimisers.backends import _ufuncs
-from optimisers.backends._packs import Packs
+from optimisers.backends._packs import PAD, Packs
 from optimisers.backends._ufuncs import parallel  # noqa: F401 (fused.py uses it)
 
 Array = np.ndarray
@@ -157,7 +157,8 @@ def split(v: Array, stops: list, like: list) -> list:
 
 # ---------------------------------------------------------------- fused groups (fused.py)
 
-_PACKS = Packs(lambda a: a.base)
+_PACKS = Packs(lambda a: a.base, lambda b, lo, n: b[lo:lo + n],
+               lambda b: b.__array_interface__["data"][0])
 
 
 def device(x: Array) -> str:
@@ -171,15 +172,18 @@ def flatcat(arrays: list) -> Array:
 
 def packed(parts: tuple) -> list:
     """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
-    buf = np.zeros(sum(p.size for p in parts), parts[0].dtype)
-    views, start = [], 0
+    dtype = parts[0].dtype
+    n = sum(p.size for p in parts)
+    buf = np.zeros(n + PAD // dtype.itemsize, dtype)
+    lo = start = _PACKS.start(buf, dtype.itemsize)
+    views = []
     for p in parts:
         v = buf[start:start + p.size].reshape(p.shape)
         if not _zero_bytes(p):  # fresh state is zeros, which the buffer has already
             np.copyto(v, p)
         views.append(v)
         start += p.size
-    return _PACKS.add(buf, views)
+    return _PACKS.add(buf, lo, n, views)
 
 
 def _zero_bytes(a: Array) -> bool:

@@ -18,7 +18,7 @@ import torch
 from torch import conj, nn, real, sqrt  # noqa: F401
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from optimisers.backends._packs import Packs
+from optimisers.backends._packs import PAD, Packs
 
 Array = torch.Tensor
 
@@ -229,7 +229,8 @@ def split(v: Array, stops: list, like: list) -> list:
 # flatten helpers and foreach ops): no Python loop runs per tensor in an in-place step.
 # Adam and AdamW, stepped in place in float32 or float64, run torch's own fused kernel.
 
-_PACKS = Packs(lambda a: a._base)
+_PACKS = Packs(lambda a: a._base, lambda b, lo, n: b.narrow(0, lo, n),
+               lambda b: b.data_ptr())
 
 
 def device(x: Array) -> torch.device:
@@ -244,8 +245,13 @@ def flatcat(arrays: list) -> Array:
 
 def packed(parts: tuple) -> list:
     """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
-    buf = torch.cat([p.detach().reshape(-1) for p in parts])
-    return _PACKS.add(buf, list(_unflatten_dense_tensors(buf, parts)))
+    x0 = parts[0]
+    n = sum(p.numel() for p in parts)
+    buf = torch.empty(n + PAD // x0.element_size(), dtype=x0.dtype, device=x0.device)
+    lo = _PACKS.start(buf, x0.element_size())
+    views = list(_unflatten_dense_tensors(buf.narrow(0, lo, n), parts))
+    torch._foreach_copy_(views, [p.detach() for p in parts])
+    return _PACKS.add(buf, lo, n, views)
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
