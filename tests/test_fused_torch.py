@@ -72,14 +72,36 @@ def assert_same(a, b, exact=True):
             assert x == y
 
 
+@pytest.fixture(params=["concatenated", "chunked"])
+def path(request, monkeypatch):
+    """Which fused path a group of CPU tensors takes (short of torch's Adam kernel): the
+    rule once over the group's concatenation, or piece by piece over each tensor in
+    place (for large tensors; here pieces of 2 elements make every tensor large).
+    Yields the list of groups that were stepped piece by piece."""
+    chunked = []
+    if request.param == "chunked":
+        monkeypatch.setattr(fused, "CHUNK", 2)
+        real = tb.pieces
+
+        def pieces(x, g, arrays, size):
+            out = real(x, g, arrays, size)
+            chunked.append(out is not None)
+            return out
+
+        monkeypatch.setattr(tb, "pieces", pieces)
+    return request.param, chunked
+
+
 @rules_param()
 @pytest.mark.parametrize("inplace", [True, False], ids=["update_", "update"])
-def test_fused_equals_plain(rule, inplace, monkeypatch):
+def test_fused_equals_plain(rule, inplace, monkeypatch, path):
     tree_f, model_f = run(rule, 7, inplace, True, monkeypatch)
     tree_p, model_p = run(rule, 7, inplace, False, monkeypatch)
     exact = not (inplace and kernel(rule))
     if not exact:  # the kernel really ran
         assert any(g.cache.get("fused_adam") for g in O.gather._first_leaf(tree_f)._plan.groups)
+    elif path[0] == "chunked" and inplace and O.fused.fusible(rule)[0]:
+        assert any(path[1])  # the piece-by-piece path really ran
     assert_same(model_f, model_p, exact)
     assert model_f["tied_a"] is model_f["tied_b"]
     assert torch.equal(model_f["frozen"], make_model()["frozen"])
@@ -91,7 +113,7 @@ def test_fused_equals_plain(rule, inplace, monkeypatch):
                                    torch.complex64], ids=str)
 @rules_param([O.Adam(0.1), O.OptimiserChain(O.WeightDecay(0.1), O.Momentum(0.1)),
               O.AdamW(0.1, lambd=0.1), O.Lion(0.1)])
-def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch):
+def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch, path):
     _, model_f = run(rule, 4, True, True, monkeypatch, dtype)
     _, model_p = run(rule, 4, True, False, monkeypatch, dtype)
     # complex: torch's own sgn and division round differently in their vectorised body
