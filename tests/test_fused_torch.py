@@ -81,14 +81,14 @@ def path(request, monkeypatch):
     chunked = []
     if request.param == "chunked":
         monkeypatch.setattr(fused, "CHUNK", 2)
-        real = tb.pieces
+        real = tb.flat
 
-        def pieces(x, g, arrays, size):
-            out = real(x, g, arrays, size)
+        def flat(x, g, arrays):
+            out = real(x, g, arrays)
             chunked.append(out is not None)
             return out
 
-        monkeypatch.setattr(tb, "pieces", pieces)
+        monkeypatch.setattr(tb, "flat", flat)
     return request.param, chunked
 
 

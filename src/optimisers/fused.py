@@ -178,21 +178,21 @@ class Group:
     def _chunked(self, grads: list) -> bool:
         """In place, for groups of large arrays: the rule on cache-sized pieces of each
         array in turn, so that its temporaries stay in cache. ``False`` where the group
-        is mostly small arrays (concatenating them is better) or the backend has no
-        pieces."""
+        is mostly small arrays (concatenating them is better) or the backend cannot view
+        its arrays flat (``xp.flat``)."""
         xp = self.xp
-        if not self.write or not hasattr(xp, "pieces"):
+        if not self.write or not hasattr(xp, "flat"):
             return False
         if "large" not in self.cache:
             sizes = [xp.size(x) for x in self.xs]
             self.cache["large"] = sum(sizes) >= CHUNK * len(sizes)
         if not self.cache["large"]:
             return False
-        members = [xp.pieces(x, g, arrays, CHUNK)
-                   for x, g, arrays in zip(self.xs, grads, self.arrays)]
-        if any(p is None for p in members):
+        members = [xp.flat(x, g, arrays) for x, g, arrays in zip(self.xs, grads, self.arrays)]
+        if any(m is None for m in members):
             return False
-        pieces = [piece for member in members for piece in member]
+        pieces = [(x[a:a + CHUNK], g[a:a + CHUNK], [s[a:a + CHUNK] for s in states])
+                  for x, g, states in members for a in range(0, len(x), CHUNK)]
         self._restate(xp.parallel(self._pieces, pieces)[-1])
         return True
 

@@ -220,10 +220,10 @@ class _Plan:
         # the leaf gradients of a node read by one C call: from a gradient of the model's
         # own type, and from a dict
         many = len(leaf_keys) > 1
-        pick = (operator.itemgetter(*leaf_keys) if many and get is operator.getitem else
+        items = operator.itemgetter(*leaf_keys) if many else None
+        pick = (items if get is operator.getitem else
                 operator.attrgetter(*leaf_keys) if many and get is getattr and all(
                     isinstance(k, str) and "." not in k for k in leaf_keys) else None)
-        items = operator.itemgetter(*leaf_keys) if many else None
         return (type(x), get, tuple(leaf_keys), tuple(leaf_slots), tuple(nodes),
                 frozenset(kids), positional, len(kids), span if whole else None,
                 pick, items, span)

@@ -261,15 +261,12 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
             or _ufuncs.onepass(rule, sig, xs, arrays, cache))
 
 
-def pieces(x: Array, g: Array, arrays: list, size: int) -> list | None:
-    """``[(x piece, g piece, [state pieces])]``: views of consecutive ``size``-element
-    pieces of ``x``, its gradient and its state arrays, for stepping in place piece by
-    piece; ``None`` unless all are C-contiguous, writable (but ``g``) and equally long."""
+def flat(x: Array, g: Array, arrays: list) -> tuple | None:
+    """``(x, g, [states])`` as flat views, for stepping in place piece by piece
+    (``fused.Group._chunked``); ``None`` unless all are C-contiguous, writable (but
+    ``g``) and equally long."""
     every = [x, *arrays]
     if not all(a.flags.c_contiguous and a.flags.writeable and a.size == x.size
                for a in every) or not g.flags.c_contiguous or g.size != x.size:
         return None
-    xv, gv = x.reshape(-1), g.reshape(-1)
-    sv = [a.reshape(-1) for a in arrays]
-    return [(xv[a:a + size], gv[a:a + size], [s[a:a + size] for s in sv])
-            for a in range(0, x.size, size)]
+    return x.reshape(-1), g.reshape(-1), [a.reshape(-1) for a in arrays]

@@ -228,7 +228,7 @@ def split(v: Array, stops: list, like: list) -> list:
 # A group's tensors are flattened into one vector and written back by C++ loops (torch's
 # flatten helpers and foreach ops): no Python loop runs per tensor in an in-place step.
 # Adam and AdamW, stepped in place in float32 or float64, run torch's own fused kernel.
-# Groups of large CPU tensors step in place piece by piece instead (see ``pieces``).
+# Groups of large CPU tensors step in place piece by piece instead (see ``flat``).
 
 _PACKS = Packs(lambda a: a._base, lambda b, lo, n: b.narrow(0, lo, n),
                lambda b: b.data_ptr())
@@ -286,25 +286,20 @@ def split_like(d: Array, xs: list) -> list:
     return out
 
 
-def pieces(x: Array, g: Array, arrays: list, size: int) -> list | None:
-    """``[(x piece, g piece, [state pieces])]``: views of consecutive ``size``-element
-    pieces of ``x``, its gradient and its state arrays, for stepping in place piece by
-    piece (``fused.Group._chunked``); ``None`` off the CPU (a GPU's allocator recycles
+def flat(x: Array, g: Array, arrays: list) -> tuple | None:
+    """``(x, g, [states])`` as flat views, for stepping in place piece by piece
+    (``fused.Group._chunked``); ``None`` off the CPU (a GPU's allocator recycles
     whole-array temporaries, and a launch per piece would cost more) and unless all are
     dense, contiguous and equally long. On the CPU the rule's temporaries then stay
     cache-sized: over a whole group's concatenation, each operation allocated and
     faulted in a fresh buffer of the model's size, and Momentum on 16.8M parameters
     took 200 ms against 52 ms array by array."""
-    every = [x, g, *arrays]
     n = x.numel()
     if x.device.type != "cpu" or not all(
             a.layout == torch.strided and a.is_contiguous() and a.numel() == n
-            for a in every):
+            for a in (x, g, *arrays)):
         return None
-    xv, gv = x.view(-1), g.view(-1)
-    sv = [a.view(-1) for a in arrays]
-    return [(xv[a:a + size], gv[a:a + size], [s[a:a + size] for s in sv])
-            for a in range(0, n, size)]
+    return x.view(-1), g.view(-1), [a.view(-1) for a in arrays]
 
 
 def parallel(fn: Any, items: list) -> list:
