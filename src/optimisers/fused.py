@@ -51,8 +51,8 @@ def fusible(rule: Rule) -> tuple[bool, bool]:
         out = (type(rule).elementwise, type(rule).reads_x)
     try:
         _FUSIBLE[rule] = out
-    except TypeError:  # an unhashable field: never fused
-        return (False, False)
+    except TypeError:  # an unhashable field (a JAX tracer under jit): asked each time
+        pass
     return out
 
 
@@ -249,11 +249,18 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
         entries = list(byleaf.values())
     fresh: dict[tuple, list] = {}
     rest = []
+    calls: dict[Any, list] = {}  # backends that step whole groups as one call (JAX)
     for e in entries:
         rule, x = e.leaf.rule, e.x
         lib = backends.library(x)
         xp = backends.ops(lib) if lib is not None else None
-        if len(e.grads) != 1 or not hasattr(xp, "flatcat") or not fusible(rule)[0]:
+        if len(e.grads) != 1 or not fusible(rule)[0]:
+            rest.append(e)
+            continue
+        if hasattr(xp, "fuse"):
+            calls.setdefault(xp, []).append(e)
+            continue
+        if not hasattr(xp, "flatcat"):
             rest.append(e)
             continue
         arrays: list = []
@@ -270,6 +277,12 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
         group = Group(rule, sig, members, write)
         group.run([e.grads[0] for e, _ in members], new)
         ran.append(group)
+    for xp, batch in calls.items():
+        left, done = xp.fuse(batch)
+        rest.extend(left)
+        for leaf, state, y in done:
+            leaf.state = state
+            new[id(leaf)] = y
     return rest, new, ran
 
 

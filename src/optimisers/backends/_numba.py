@@ -28,19 +28,8 @@ def _kernel(dtype: np.dtype) -> Any:
     if dtype in _KERNELS:
         return _KERNELS[dtype]
     import numba
-    from numba import types
-    from numba.extending import intrinsic
 
-    nbtype = numba.from_dtype(dtype)
-    pointer = types.CPointer(nbtype)
-
-    @intrinsic
-    def as_pointer(typingctx, address):  # an address (intp) read as a typed pointer
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], context.get_value_type(pointer))
-        return pointer(types.intp), codegen
-
-    _POINTERS[dtype] = as_pointer
+    as_pointer = _pointer(dtype)
 
     @numba.njit(nogil=True, error_model="numpy")
     def scatter_sub(addresses, sizes, d):
@@ -117,7 +106,7 @@ def _moments(r, f, s, c):
 
 def _eps(r, f):
     e = r.epsilon
-    return f(max(e, 1e-7) if e and f(0).dtype == np.float16 else e)
+    return f(max(e, 1e-7) if f(0).dtype == np.float16 and e else e)
 
 
 def _adam(r, sig, f, s, c):
@@ -193,28 +182,73 @@ _ONEPASS: dict[tuple, Any] = {}
 _PARALLEL = threading.Lock()
 
 
-def _compile(source_lines: list, nstate: int, parallel: bool) -> str:
+def _mutex() -> Any:
+    """``(lock, unlock, address)`` of one process-wide pthread mutex, which parallel
+    kernels hold while they run: numba's default thread pool must not be entered by two
+    threads at once, and a kernel may be called from an XLA thread (``_xla.py``), where
+    no Python lock can be taken. ``None`` where there is no pthread library."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        lock, unlock = libc.pthread_mutex_lock, libc.pthread_mutex_unlock
+    except (OSError, AttributeError, TypeError):
+        return None
+    for f in (lock, unlock):
+        f.argtypes, f.restype = [ctypes.c_void_p], ctypes.c_int
+    memory = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER
+    _mutex.memory = memory  # kept alive with the module
+    return lock, unlock, ctypes.addressof(memory)
+
+
+MUTEX = _mutex() if _AVAILABLE else None
+
+
+def _compile(source_lines: list, nstate: int, parallel: bool, prelude: tuple = ()) -> str:
     """The source of a one-pass kernel over pieces of arrays: piece ``j`` has ``sizes[j]``
     elements at addresses ``xa[j]`` (parameter), ``ga[j]`` (gradient) and ``sa*[j]``
-    (states). Pieces run in parallel (``prange``) when ``parallel``."""
+    (states), and reads its constants from row ``rows[j]`` of ``C`` (one row for a
+    NumPy group; a row of raw hyper-parameters per Leaf for a JAX group, turned into
+    constants by the ``prelude`` lines). Pieces run in parallel (``prange``) when
+    ``parallel``, holding :data:`MUTEX` where there is one."""
     states = "".join(f", sa{k}" for k in range(nstate))
     views = "".join(f"\n        s{k} = numba.carray(as_pointer(sa{k}[j]), (n,))"
                     for k in range(nstate))
+    pre = "".join(f"\n        {line}" for line in prelude)
     body = "\n".join("            " + line for line in source_lines)
     loop = "numba.prange" if parallel else "range"
+    held = parallel and MUTEX is not None
+    lock, unlock = ("\n    lock(MUTEX)", "\n    unlock(MUTEX)") if held else ("", "")
     src = f'''
-def kernel(xa, ga, sizes, c{states}):
+def kernel(xa, ga, sizes, rows, C{states}):{lock}
     for j in {loop}(sizes.size):
         n = sizes[j]
+        c = C[rows[j]]{pre}
         x = numba.carray(as_pointer(xa[j]), (n,))
         gv = numba.carray(as_pointer(ga[j]), (n,)){views}
         for i in range(n):
             xi = x[i]
             g = gv[i]
 {body}
-            x[i] = xi - g
+            x[i] = xi - g{unlock}
 '''
     return src
+
+
+def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple = ()) -> Any:
+    """The compiled kernel of :func:`_compile` (made once per source)."""
+    key = (tuple(lines), tuple(prelude), nstate, parallel, np.dtype(dtype))
+    if key not in _ONEPASS:
+        import numba
+
+        namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
+        if MUTEX is not None:
+            namespace.update(lock=MUTEX[0], unlock=MUTEX[1], MUTEX=MUTEX[2])
+        source = _compile(lines, nstate, parallel, prelude)
+        exec(compile(source, "<optimisers one-pass kernel>", "exec"), namespace)
+        _ONEPASS[key] = numba.njit(nogil=True, error_model="numpy", parallel=parallel)(
+            namespace["kernel"])
+    return _ONEPASS[key]
 
 
 PARALLEL_FROM = 1 << 18
@@ -268,18 +302,9 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     # many small arrays: concatenating the gradients (one call) beats reading addresses
     flat_g = len(xs) > 64 and sum(x.size for x in xs) < 16384 * len(xs)
     parallel = sum(x.size for x in xs) >= PARALLEL_FROM
-    lines = _lines(rule, sig, dtype, [])
-    key = (tuple(lines), nstate, parallel, dtype)
-    if key not in _ONEPASS:
-        import numba
-
-        namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
-        source = _compile(lines, nstate, parallel)
-        exec(compile(source, "<optimisers one-pass kernel>", "exec"), namespace)
-        _ONEPASS[key] = numba.njit(nogil=True, error_model="numpy", parallel=parallel)(
-            namespace["kernel"])
-    kernel = _ONEPASS[key]
+    kernel = build(_lines(rule, sig, dtype, []), nstate, parallel, dtype)
     pieces = _Pieces([x.size for x in xs], parallel)
+    rows = np.zeros(pieces.sizes.size, dtype=np.intp)  # every piece reads the one row
     xa = pieces.addresses(xs)
     sa = [pieces.addresses([member[k] for member in arrays]) for k in range(nstate)]
     flat_offsets = pieces.starts * xs[0].itemsize
@@ -288,7 +313,7 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     def step(grads: list, sig: Any) -> None:
         consts: list = []
         _lines(rule, sig, dtype, consts)
-        c = np.array(consts, dtype=dtype)
+        c = np.array([consts], dtype=dtype)
         seen, own = last  # the last step's gradient arrays, and their own addresses
         same = seen is not None and len(seen) == len(grads) and all(
             map(operator.is_, grads, seen))
@@ -303,11 +328,11 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
         else:  # only an ndarray's own memory has a lasting address (not a NumPy scalar's)
             keep = [np.ascontiguousarray(g) for g in grads]
             ga, own = pieces.addresses(keep), None
-        if parallel:  # numba's default thread pool must not be entered from two threads
+        if parallel and MUTEX is None:  # else the kernel holds MUTEX itself
             with _PARALLEL:
-                kernel(xa, ga, pieces.sizes, c, *sa)
+                kernel(xa, ga, pieces.sizes, rows, c, *sa)
         else:
-            kernel(xa, ga, pieces.sizes, c, *sa)
+            kernel(xa, ga, pieces.sizes, rows, c, *sa)
         last[:] = grads, own
         step.keep = (xs, arrays, keep)  # the addresses stay valid while these live
 
@@ -327,6 +352,111 @@ def _lines(rule: Any, sig: Any, dtype: Any, consts: list) -> list:
     return SNIPPETS[type(rule).__name__](rule, sig, cast, lambda: next(counter), const)
 
 
+
+# ------------------------------------------- run-time hyper-parameters (JAX groups, _xla.py)
+#
+# Under ``jax.jit`` a Leaf's hyper-parameters and counters are values known only when the
+# compiled program runs, one set per Leaf. The same snippets then take rules whose fields
+# are :class:`Sym` objects: their arithmetic writes source instead of computing, so each
+# constant becomes a line that the kernel runs once per piece, in the array's dtype,
+# from that Leaf's raw values (``P0``, ``P1``, ...).
+
+class Sym:
+    """A scalar known only at run time: ``P3``, or arithmetic on such scalars and numbers.
+    ``str`` gives its source with numbers written ``NUM(...)``, for :func:`render`."""
+
+    __slots__ = ("src", "dtype")
+
+    def __init__(self, src: str, dtype: Any) -> None:
+        self.src, self.dtype = src, dtype
+
+    def of(self, v: Any) -> Sym:
+        return v if isinstance(v, Sym) else Sym(f"NUM({float(v)!r})", self.dtype)
+
+    def _op(self, op: str, a: Any, b: Any) -> Sym:
+        return Sym(f"({self.of(a).src} {op} {self.of(b).src})", self.dtype)
+
+    def __add__(self, o: Any) -> Sym: return self._op("+", self, o)
+    def __radd__(self, o: Any) -> Sym: return self._op("+", o, self)
+    def __sub__(self, o: Any) -> Sym: return self._op("-", self, o)
+    def __rsub__(self, o: Any) -> Sym: return self._op("-", o, self)
+    def __mul__(self, o: Any) -> Sym: return self._op("*", self, o)
+    def __rmul__(self, o: Any) -> Sym: return self._op("*", o, self)
+    def __truediv__(self, o: Any) -> Sym: return self._op("/", self, o)
+    def __rtruediv__(self, o: Any) -> Sym: return self._op("/", o, self)
+    def __neg__(self) -> Sym: return Sym(f"(-{self.src})", self.dtype)
+
+    def __bool__(self) -> bool:
+        raise TypeError("a hyper-parameter known only at run time has no truth value")
+
+
+def render(sym: Any, dtype: Any) -> str:
+    """The source of ``sym`` computing in ``dtype`` (its raw values ``P*`` must be locals
+    of that dtype)."""
+    return sym.src.replace("NUM(", f"np.{np.dtype(dtype).name}(")
+
+
+def symbolic(rule: Any, sig: Any, dtype: Any) -> tuple[list, list]:
+    """``(prelude, lines)`` of a kernel for a rule whose fields (and ``sig``'s scalars) are
+    :class:`Sym`: the prelude computes each constant from the raw values in ``dtype``."""
+    prelude: list = []
+
+    def const(value: Any) -> str:
+        prelude.append(f"K{len(prelude)} = {render(value, dtype)}")
+        return f"K{len(prelude) - 1}"
+
+    def cast(v: Any) -> Sym:
+        return Sym.of(Sym("", dtype), v)
+
+    counter = iter(range(1 << 30))
+    lines = SNIPPETS[type(rule).__name__](rule, sig, cast, lambda: next(counter), const)
+    return prelude, lines
+
+
+def _bias_advance(rule: Any, sig: Any) -> Any:
+    from optimisers.rules.adaptive import _bias
+
+    return (sig[0], sig[1], _bias(sig[2], rule.beta))
+
+
+ADVANCES = {"Adam": _bias_advance, "AdamW": _bias_advance}
+"""How each snippet rule with non-array state moves it in a step: as its ``apply`` does
+(Adam's bias corrections, by the rule module's own ``_bias``)."""
+
+
+def advance(rule: Any, sig: Any) -> Any:
+    """The state signature after one step (arrays marked as in ``sig``): only the
+    non-array parts change, as the rule's own ``apply`` changes them. ``KeyError`` when
+    a rule has non-array state and no entry in :data:`ADVANCES`."""
+    name = type(rule).__name__
+    if name == "OptimiserChain":
+        return tuple(advance(r, s) for r, s in zip(rule.rules, sig))
+    if name in ADVANCES:
+        return ADVANCES[name](rule, sig)
+    if any(isinstance(s, Sym) for s in _flat(sig)):
+        raise KeyError(f"no one-pass step for the non-array state of {name}")
+    return sig
+
+
+def _flat(sig: Any) -> list:
+    return [e for s in sig for e in _flat(s)] if isinstance(sig, tuple) else [sig]
+
+
 def _pointer(dtype: Any) -> Any:
-    _kernel(np.dtype(dtype))  # defines the pointer intrinsic for this dtype
-    return _POINTERS[np.dtype(dtype)]
+    """A numba intrinsic reading an address (an ``intp``) as a pointer to ``dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype not in _POINTERS:
+        import numba
+        from numba import types
+        from numba.extending import intrinsic
+
+        pointer = types.CPointer(numba.from_dtype(dtype))
+
+        @intrinsic
+        def as_pointer(typingctx, address):
+            def codegen(context, builder, signature, args):
+                return builder.inttoptr(args[0], context.get_value_type(pointer))
+            return pointer(types.intp), codegen
+
+        _POINTERS[dtype] = as_pointer
+    return _POINTERS[dtype]

@@ -188,6 +188,15 @@ def split(v: Array, stops: list, like: list) -> list:
     return out
 
 
+def fuse(entries: list) -> tuple[list, list]:
+    """Under ``jax.jit`` on the CPU with numba installed: step groups of like Leafs each
+    as one XLA custom call (``_xla.py``). Returns the entries left for the plain path
+    and ``(leaf, new_state, new_x)`` for the others."""
+    from optimisers.backends import _xla
+
+    return _xla.fuse(entries)
+
+
 # --- pytree registration of Leaf and the rules ---------------------------------------------
 
 _REGISTERED: set[type] = set()

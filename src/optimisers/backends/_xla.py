@@ -1,0 +1,296 @@
+"""JAX groups under ``jax.jit`` on the CPU: one XLA custom call per group of like Leafs.
+
+XLA on the CPU runs a compiled kernel per array it writes, a few microseconds each,
+and compiles each one: per-array work, not arithmetic, is what a step over 2,000 small
+arrays costs. Here a group's whole step is one custom call (XLA's FFI) into a numba
+kernel, the one-pass kernel of ``_numba.py`` that the NumPy backend runs: it reads every
+parameter, gradient and state array by address, writes their new values, and computes
+each Leaf's constants from that Leaf's own hyper-parameters and counters, which the call
+takes as run-time values. So ``adjust`` still never re-compiles, the state tree is what
+the plain path makes (per-Leaf arrays and counters), and the results are the plain
+path's (same operations in the same dtype; tests compare).
+
+It applies where the rule has a one-pass kernel (``_numba.SNIPPETS``), the arrays are
+float32 or float64, JAX runs on the CPU, and the step is being traced by ``jax.jit``
+alone (not differentiated or batched: the custom call has no derivative). Anywhere
+else the plain path runs, as it does without numba.
+
+The call's operands are the ``n`` parameters, the ``n`` gradients, each state array
+slot's ``n`` arrays, then each Leaf's raw scalars (hyper-parameters, then the state's
+counters); its results the ``n`` new parameters, the new state arrays, and each Leaf's
+new counters. Only large arrays take this path (see :data:`LARGE`), updated in place
+where the caller donates them (``input_output_aliases``; else XLA copies them first).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from optimisers.backends import _numba
+from optimisers.fused import _ARRAY
+
+LARGE = 1 << 16
+"""Arrays of at least this many elements take the custom call; smaller ones the plain
+path. The call costs XLA about as much per operand as a small array's compiled kernel,
+so it pays only for large arrays; and those are updated in place (each result aliased
+to its operand), since a fresh result buffer of this size would be paged in again at
+every step."""
+
+_TARGETS: dict[tuple, str] = {}
+_HANDLERS: list = []  # the compiled handlers stay alive while XLA may call them
+_NAMES = itertools.count()
+
+# XLA_FFI_DataType codes of the scalars a call may take (xla/ffi/api/c_api.h)
+_F32, _F64 = 11, 12
+
+# Offsets, in 8-byte words, in XLA's FFI structures (xla/ffi/api/c_api.h, API 0.1):
+# XLA_FFI_CallFrame: extension_start 1, stage 4, args.size 7, args.args 9, rets.size 12,
+# rets.rets 14; XLA_FFI_Buffer: dtype 2, data 3, rank 4, dims 5.
+_HANDLER = '''
+def run(args, rets):
+    n = rets.size // NOUT
+    sizes = np.empty(n, np.intp)
+    for j in range(n):
+        b = numba.carray(i64(args[j]), (6,))
+        dims = numba.carray(i64(b[5]), (b[4],))
+        s = 1
+        for d in dims:
+            s *= d
+        sizes[j] = s
+    npieces = 0
+    for j in range(n):
+        npieces += max(1, (sizes[j] + PIECE - 1) // PIECE) if PARALLEL else 1
+    rows = np.empty(npieces, np.intp)
+    offset = np.empty(npieces, np.intp)
+    psize = np.empty(npieces, np.intp)
+    p = 0
+    for j in range(n):
+        step = PIECE if PARALLEL else max(sizes[j], 1)
+        lo = 0
+        while True:
+            rows[p], offset[p], psize[p] = j, lo, min(step, sizes[j] - lo)
+            p += 1
+            lo += step
+            if lo >= sizes[j]:
+                break
+    streams = np.empty((1 + NSTATE, npieces), np.intp)  # results: aliased to operands
+    for k in range(1 + NSTATE):
+        for q in range(npieces):
+            j = rows[q]
+            base = numba.carray(i64(rets[k * n + j]), (6,))[3]
+            streams[k, q] = base + offset[q] * ITEMSIZE
+    ga = np.empty(npieces, np.intp)
+    for q in range(npieces):
+        ga[q] = numba.carray(i64(args[n + rows[q]]), (6,))[3] + offset[q] * ITEMSIZE
+    P = np.empty((n, max(NRAW, 1)), np.float64)
+    first = (2 + NSTATE) * n
+    for j in range(n):
+        for q in range(NRAW):
+            P[j, q] = get(args[first + j * NRAW + q])
+    kernel(streams[0], ga, psize, rows, P{states})
+    out = (1 + NSTATE) * n
+    for j in range(n):
+{advance}
+        pass
+
+
+def handler(frame):
+    f = numba.carray(i64(frame), (22,))
+    if f[1] != 0:  # XLA asks for the handler's metadata: the FFI API version
+        ext = numba.carray(i64(f[1]), (4,))
+        if (ext[1] & 0xffffffff) == 1:
+            meta = numba.carray(i32(ext[3]), (10,))
+            meta[6], meta[7], meta[8] = 0, 1, 0  # major, minor, traits
+        return 0
+    if (f[4] & 0xffffffff) != 3:  # not the execute stage
+        return 0
+    run(numba.carray(i64(f[9]), (f[7],)), numba.carray(i64(f[14]), (f[12],)))
+    return 0
+'''
+
+
+def _helpers() -> dict:
+    """The names the handler's source uses, made once."""
+    if _HELPERS:
+        return _HELPERS
+    import numba
+
+    i64, i32 = _numba._pointer(np.int64), _numba._pointer(np.int32)
+    f32, f64 = _numba._pointer(np.float32), _numba._pointer(np.float64)
+
+    @numba.njit(nogil=True)
+    def get(buffer):  # a 0-d float32 or float64 operand, as float64
+        b = numba.carray(i64(buffer), (6,))
+        if (b[2] & 0xffffffff) == _F32:
+            return np.float64(numba.carray(f32(b[3]), (1,))[0])
+        return numba.carray(f64(b[3]), (1,))[0]
+
+    @numba.njit(nogil=True)
+    def put(buffer, value):  # a 0-d float32 or float64 result
+        b = numba.carray(i64(buffer), (6,))
+        if (b[2] & 0xffffffff) == _F32:
+            numba.carray(f32(b[3]), (1,))[0] = np.float32(value)
+        else:
+            numba.carray(f64(b[3]), (1,))[0] = value
+
+    _HELPERS.update(numba=numba, np=np, i64=i64, i32=i32, get=get, put=put)
+    return _HELPERS
+
+
+_HELPERS: dict = {}
+
+
+def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
+            news: list, dtype: Any) -> str:
+    """The name of the FFI target for one kind of group (registered once)."""
+    if key in _TARGETS:
+        return _TARGETS[key]
+    import jax
+    import numba
+    from numba import types
+
+    parallel = _numba.MUTEX is not None  # the kernel holds the mutex while in parallel
+    raw = tuple(f"P{q} = np.{np.dtype(dtype).name}(c[{q}])" for q in range(nraw))
+    kernel = _numba.build(lines, nstate, parallel, dtype, raw + tuple(prelude))
+    body = "".join(f"        P{q} = P[j, {q}]\n" for q in range(nraw))
+    body += "".join(f"        put(rets[out + j * {len(news)} + {t}], "
+                    f"{_numba.render(e, np.float64)})\n" for t, e in enumerate(news))
+    source = _HANDLER.replace("{advance}", body.rstrip("\n") or "        pass").replace(
+        "{states}", "".join(f", streams[{k + 1}]" for k in range(nstate)))
+    namespace = dict(_helpers(), kernel=kernel, NOUT=1 + nstate + len(news), NSTATE=nstate, NRAW=nraw,
+                     PIECE=_numba.PIECE, PARALLEL=parallel,
+                     ITEMSIZE=np.dtype(dtype).itemsize)
+    exec(compile(source, "<optimisers XLA handler>", "exec"), namespace)  # noqa: S102
+    run = numba.njit(nogil=True, error_model="numpy")(namespace["run"])
+    namespace["run"] = run
+    handler = numba.cfunc(types.intp(types.intp), nogil=True)(namespace["handler"])
+    name = f"optimisers_onepass_{next(_NAMES)}"
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler.address), platform="cpu")
+    _HANDLERS.append(handler)
+    _TARGETS[key] = name
+    return name
+
+
+def _jit_traced(v: Any) -> bool:
+    return type(v).__name__ == "DynamicJaxprTracer"
+
+
+class _Member:
+    """One Leaf's operands: its state's arrays and scalars, and its raw scalars."""
+
+    __slots__ = ("entry", "g", "arrays", "raws", "sdef")
+
+    def __init__(self, entry: Any, g: Any, arrays: list, raws: list, sdef: Any) -> None:
+        self.entry, self.g, self.arrays, self.raws, self.sdef = entry, g, arrays, raws, sdef
+
+
+def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
+    """The group key and operands of one entry, or ``None`` (the plain path takes it)."""
+    import jax
+    import jax.numpy as jnp
+
+    x, g, rule = e.x, e.grads[0], e.leaf.rule
+    if not _numba._supported(rule) or g is None or tuple(g.shape) != tuple(x.shape):
+        return None
+    rules, rdef = jax.tree.flatten(rule)
+    states, sdef = jax.tree.flatten(e.leaf.state)
+    arrays, scalars, marks = [], [], []
+    for s in states:
+        if hasattr(s, "shape") and tuple(s.shape) == tuple(x.shape) and s.dtype == dtype:
+            arrays.append(s)
+            marks.append(True)
+        elif np.ndim(s) == 0 and jnp.issubdtype(jnp.result_type(s), jnp.floating):
+            scalars.append(s)
+            marks.append(False)
+        else:
+            return None
+    raws = [*rules, *scalars]
+    if not all(np.ndim(r) == 0 and jnp.result_type(r) in (jnp.float32, jnp.float64)
+               for r in raws):
+        return None
+    if any(isinstance(v, jax.core.Tracer) and not _jit_traced(v) for v in (g, *states, *raws)):
+        return None
+    if g.dtype != dtype:
+        g = g.astype(dtype)
+    key = (type(rule), rdef, sdef, tuple(marks), len(rules), np.dtype(dtype))
+    return key, _Member(e, g, arrays, raws, sdef)
+
+
+def fuse(entries: list) -> tuple[list, list]:
+    """Step the entries that can run as custom calls, a call per group of like Leafs.
+
+    Returns the entries left for the plain path, and ``(leaf, state, x)`` for each
+    entry stepped: its new state and parameter."""
+    import jax
+
+    if not _numba.available() or jax.default_backend() != "cpu":
+        return entries, []
+    groups: dict[tuple, list] = {}
+    rest = []
+    for e in entries:
+        x = e.x
+        dtype = np.dtype(x.dtype)
+        found = _member(e, dtype) if (_jit_traced(x) and x.size >= LARGE
+                                       and dtype in (np.float32, np.float64)) else None
+        if found is None:
+            rest.append(e)
+        else:
+            groups.setdefault(found[0], []).append(found[1])
+    done: list = []
+    for key, members in groups.items():
+        stepped = _call(key, members)
+        if stepped is None:
+            rest.extend(m.entry for m in members)
+        else:
+            done.extend(stepped)
+    return rest, done
+
+
+def _call(key: tuple, members: list) -> list | None:
+    """One custom call stepping ``members`` (one kind of group); ``None`` where the
+    rule's non-array state has no known step (``_numba.ADVANCES``)."""
+    import jax
+    import jax.numpy as jnp
+
+    cls, rdef, sdef, marks, nrule, dtype = key
+    nraw = len(members[0].raws)
+    syms = [_numba.Sym(f"P{q}", dtype) for q in range(nraw)]
+    rule = jax.tree.unflatten(rdef, syms[:nrule])
+    it = iter(syms[nrule:])
+    sig = jax.tree.unflatten(sdef, [_ARRAY if m else next(it) for m in marks])
+    prelude, lines = _numba.symbolic(rule, sig, dtype)
+    try:
+        after = _numba.advance(rule, sig)
+    except KeyError:
+        return None
+    news = [s for s in _numba._flat(after) if isinstance(s, _numba.Sym)]
+    nstate = sum(marks)
+    if len(news) != nraw - nrule:  # a counter made or dropped: not a step we mirror
+        return None
+    name = _target(key, prelude, lines, nstate, nraw, news, dtype)
+
+    n, per = len(members), len(news)
+    xs = [m.entry.x for m in members]
+    slots = [[m.arrays[k] for m in members] for k in range(nstate)]
+    raws = [[jnp.asarray(r) for r in m.raws] for m in members]
+    operands = [*xs, *(m.g for m in members), *(a for slot in slots for a in slot),
+                *(r for row in raws for r in row)]
+    results = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in xs]
+    results += [jax.ShapeDtypeStruct(a.shape, a.dtype) for slot in slots for a in slot]
+    results += [jax.ShapeDtypeStruct((), c.dtype, weak_type=c.weak_type)  # as the old
+                for row in raws for c in row[nrule:]]                      # counter
+    alias = {i: i for i in range(n)}  # parameters and state arrays: in place
+    alias.update({(2 + k) * n + i: (1 + k) * n + i for k in range(nstate) for i in range(n)})
+    out = jax.ffi.ffi_call(name, results, input_output_aliases=alias)(*operands)
+    done = []
+    for j, m in enumerate(members):
+        arrays = iter([out[(1 + k) * n + j] for k in range(nstate)])
+        first = (1 + nstate) * n + j * per
+        counters = iter(out[first:first + per])
+        state = jax.tree.unflatten(m.sdef, [next(arrays) if mk else next(counters)
+                                            for mk in marks])
+        done.append((m.entry.leaf, state, out[j]))
+    return done

@@ -1,0 +1,221 @@
+"""JAX under jax.jit on the CPU: groups of like large Leafs step as one XLA custom call
+into the numba one-pass kernel (``backends/_xla.py``). Every test compares with the
+plain path (``_xla.LARGE`` set beyond every array), which runs XLA's own kernels."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+import optimisers as O  # noqa: E402
+from conftest import rules_param  # noqa: E402
+from optimisers.backends import _numba, _xla  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _numba.available() or jax.default_backend() != "cpu",
+                                reason="needs numba, and JAX on the CPU")
+
+# every rule with a one-pass kernel, alone and in chains
+FUSED = [
+    O.Descent(0.1), O.Momentum(0.01, 0.9), O.Nesterov(0.01, 0.9), O.Adam(0.01),
+    O.AdamW(0.01, lambd=0.1), O.AdamW(0.01, lambd=0.01, couple=False), O.RMSProp(0.01),
+    O.RMSProp(0.01, centred=True), O.Lion(0.01),
+    O.OptimiserChain(O.WeightDecay(0.01), O.Adam(0.01)),
+    O.OptimiserChain(O.ClipGrad(0.5), O.SignDecay(0.01), O.Nesterov(0.01)),
+    O.OptimiserChain(O.ClipGrad(0.5), O.WeightDecay(0.1), O.Lion(0.01)),
+    O.OptimiserChain(),
+]
+SIZE = 64  # elements that count as large here (monkeypatched into _xla.LARGE)
+
+
+def make_model(dtype=jnp.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"w": jnp.asarray(rng.normal(size=(8, 16)), dtype),
+            "layers": [jnp.asarray(rng.normal(size=100), dtype) for _ in range(3)],
+            "small": jnp.asarray(rng.normal(size=5), dtype),    # below SIZE: plain path
+            "frozen": jnp.asarray(rng.normal(size=70), dtype),  # frozen: never stepped
+            "skipped": jnp.asarray(rng.normal(size=90), dtype)}  # no gradient
+
+
+def grads_for(model, step):
+    rng = np.random.default_rng(100 + step)
+    g = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), a.dtype), model)
+    g["skipped"] = None
+    return g
+
+
+def calls(f, *args) -> int:
+    """How many of our custom calls the jitted ``f`` makes."""
+    return f.lower(*args).as_text().count("optimisers_onepass")
+
+
+def run(rule, monkeypatch, fuse, *, inplace=False, donate=False, dtype=jnp.float32,
+        steps=3, before=None):
+    with monkeypatch.context() as m:
+        m.setattr(_xla, "LARGE", SIZE if fuse else 10**12)
+        step = O.update_ if inplace else O.update
+        f = jax.jit(lambda t, mo, g: step(t, mo, g), donate_argnums=(0, 1) if donate else ())
+        model = make_model(dtype)
+        tree = O.setup(rule, model)
+        O.freeze_(tree["frozen"])
+        n = None
+        for k in range(steps):
+            if before is not None:
+                tree = before(tree, k)
+            g = grads_for(model, k)
+            if n is None:
+                n = calls(f, tree, model, g)
+            tree, model = f(tree, model, g)
+        return tree, model, n
+
+
+def assert_close(a, b, rtol, atol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        x, y = jnp.asarray(x), jnp.asarray(y)
+        assert (x.dtype, x.shape, x.weak_type) == (y.dtype, y.shape, y.weak_type)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+@rules_param(FUSED)
+@pytest.mark.parametrize("inplace", [False, True], ids=["update", "update_"])
+@pytest.mark.parametrize("donate", [False, True], ids=["kept", "donated"])
+def test_custom_call_equals_plain(rule, inplace, donate, monkeypatch):
+    """The same arrays as XLA's own kernels, to rounding (XLA contracts ``a*b + c`` into
+    one fused multiply-add where the kernel rounds twice); the same dtypes and weak types
+    of every counter; the frozen and the skipped Leafs untouched."""
+    tree, model, n = run(rule, monkeypatch, True, inplace=inplace, donate=donate)
+    plain_tree, plain_model, n0 = run(rule, monkeypatch, False, inplace=inplace)
+    assert n == 1 and n0 == 0
+    assert_close((tree, model), (plain_tree, plain_model), rtol=1e-5, atol=1e-6)
+    first = make_model()
+    for k in ("frozen", "skipped"):
+        assert np.array_equal(model[k], first[k])
+    assert not np.array_equal(model["small"], first["small"])
+
+
+@rules_param([O.Adam(0.01), O.OptimiserChain(O.WeightDecay(0.01), O.Nesterov(0.01))])
+def test_custom_call_in_float64(rule, monkeypatch):
+    with jax.enable_x64(True):
+        tree, model, n = run(rule, monkeypatch, True, dtype=jnp.float64)
+        plain = run(rule, monkeypatch, False, dtype=jnp.float64)[:2]
+    assert n == 1
+    assert model["w"].dtype == jnp.float64
+    assert_close((tree, model), plain, rtol=1e-12, atol=1e-14)
+
+
+def test_each_dtype_and_rule_is_its_own_call(monkeypatch):
+    """Leafs group by rule (structure and static fields) and dtype; hyper-parameters may
+    differ between the Leafs of one call, each Leaf reading its own."""
+    model = {"a": jnp.ones(100), "b": jnp.ones(100), "c": jnp.ones(100, jnp.bfloat16),
+             "d": jnp.ones(100)}
+    tree = O.setup(O.Adam(0.1), model)
+    tree["b"] = O.Leaf(O.Adam(0.01, (0.5, 0.6)), tree["b"].state)
+    tree["d"] = O.setup(O.Momentum(0.1), model["d"])
+    g = jax.tree.map(jnp.ones_like, model)
+    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    f = jax.jit(O.update)
+    assert calls(f, tree, model, g) == 2  # Adam over a and b, Momentum over d; c plain
+    new_tree, new = f(tree, model, g)
+    monkeypatch.setattr(_xla, "LARGE", 10**12)
+    plain_tree, plain = jax.jit(O.update)(tree, model, g)
+    assert_close((new_tree, new), (plain_tree, plain), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(new["a"], new["b"])  # each Leaf its own eta and betas
+
+
+def test_adjust_between_steps_does_not_retrace(monkeypatch):
+    traces = []
+
+    def step(t, m, g):
+        traces.append(1)
+        return O.update(t, m, g)
+
+    def before(tree, k):
+        return O.adjust(tree, 0.01 * (k + 1), beta=(0.8, 0.9 + k / 100))
+
+    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    f = jax.jit(step)
+    model = make_model()
+    tree = O.setup(O.Adam(), model)
+    for k in range(3):
+        tree, model = f(before(tree, k), model, grads_for(model, k))
+    assert len(traces) == 1
+    plain_tree, plain_model, _ = run(O.Adam(), monkeypatch, False, before=before)
+    fused_tree, fused_model, _ = run(O.Adam(), monkeypatch, True, before=before)
+    assert_close((fused_tree, fused_model), (plain_tree, plain_model), rtol=1e-5,
+                 atol=1e-6)
+
+
+def test_not_used_where_it_cannot_apply(monkeypatch):
+    """Eager steps, derivatives through a step (the call has none), ``vmap``, rules
+    without a kernel, and counters whose step the kernel does not know: plain path."""
+    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    model = {"w": jnp.ones(100)}
+    g = {"w": jnp.full(100, 0.5)}
+    spy = []
+    call = _xla._call
+    monkeypatch.setattr(_xla, "_call", lambda *a: spy.append(1) or call(*a))
+    tree = O.setup(O.Adam(0.1), model)
+    eager = O.update(tree, model, g)[1]["w"]
+    assert not spy
+
+    def loss(eta):
+        return jnp.sum(O.update(O.adjust(tree, eta), model, g)[1]["w"])
+
+    d = jax.jit(jax.grad(loss))(0.1)
+    assert not spy and np.isfinite(d)
+    many = jax.jit(jax.vmap(lambda w: O.update(tree, {"w": w}, g)[1]["w"]))(
+        jnp.ones((2, 100)))
+    assert not spy and np.allclose(many[0], eager)
+    assert calls(jax.jit(O.update), O.setup(O.AdaBelief(), model), model, g) == 0
+    monkeypatch.setattr(_numba, "ADVANCES", {})  # Adam's bias corrections unknown
+    f = jax.jit(O.update)
+    assert calls(f, tree, model, g) == 0
+    np.testing.assert_allclose(f(tree, model, g)[1]["w"], eager, rtol=1e-6)
+
+
+def test_steps_in_threads_with_numpy_kernels(monkeypatch):
+    """JAX custom calls (in XLA's threads) and NumPy kernels (in Python threads) running
+    at once give what they give alone: parallel kernels hold one process-wide mutex."""
+    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
+    f = jax.jit(O.update)
+
+    def jax_run(out, key):
+        model = make_model(seed=key)
+        tree = O.setup(O.Adam(0.01), model)
+        for k in range(10):
+            tree, model = f(tree, model, grads_for(model, k))
+        out[key] = jax.block_until_ready(model)
+
+    def numpy_run(out, key):
+        rng = np.random.default_rng(key)
+        model = [rng.normal(size=300).astype(np.float32) for _ in range(20)]
+        tree = O.setup(O.Adam(0.01), model)
+        for _ in range(10):
+            O.update_(tree, model, [rng.normal(size=300).astype(np.float32) for _ in model])
+        out[key] = model
+
+    jobs = [(jax_run, k) for k in range(2)] + [(numpy_run, k) for k in range(2, 4)]
+    alone: dict = {}
+    for fn, k in jobs:
+        fn(alone, k)
+    together: dict = {}
+    threads = [threading.Thread(target=fn, args=(together, k)) for fn, k in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for _, k in jobs:
+        for a, b in zip(jax.tree.leaves(together[k]), jax.tree.leaves(alone[k]), strict=True):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_sym_has_no_truth_value():
+    s = _numba.Sym("P0", np.dtype(np.float32))
+    with pytest.raises(TypeError, match="run time"):
+        bool(s)
+    assert _numba.render(1 - s * 2, np.float32) == "(np.float32(1.0) - (P0 * np.float32(2.0)))"
