@@ -15,6 +15,10 @@ buffer with per-Leaf views when ``setup`` runs, so that the group's state is a s
 that buffer, not a copy. A :class:`Group` found in one step is kept (by ``update_``'s
 plan) and checked cheaply by identity in the next, so that a training loop does not
 pay for grouping again.
+
+A backend with a ``fuse`` function (JAX) groups its entries itself: under ``jax.jit``
+the hyper-parameters are traced values, so its groups are Leafs whose rules have the
+same structure, and each Leaf's values travel with it (``backends/_xla.py``).
 """
 
 from __future__ import annotations

@@ -16,13 +16,12 @@ numbers among the children (hyper-parameters, and counters such as Adam's ``b1^t
 state) are flattened as weakly typed 0-d arrays, so they are data under
 ``equinox.filter_jit`` too.
 
-There are no fused group functions here (``flatcat`` and the rest, see ``fused.py``), on
-purpose. Under ``jax.jit`` each Leaf's rule and counters are separate traced values, so
-a group would have to spread them over its elements; and splitting a concatenation back
-into per-array outputs costs XLA (on CPU) one compiled kernel per distinct slice, where
-the per-array steps are identical kernels that it compiles once. Measured with 200
-arrays of 512 elements: the concatenating step compiled in 22 s, the per-array one in
-1.7 s.
+There are no concatenating group functions here (``flatcat`` and the rest, see
+``fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
+XLA (on CPU) one compiled kernel per distinct slice. Measured with 200 arrays of 512
+elements: the concatenating step compiled in 22 s, the per-array one in 1.7 s. Instead,
+:func:`fuse` steps groups of large arrays under ``jax.jit`` as one XLA custom call into
+the numba kernel (``_xla.py``), and the plain path steps the rest.
 """
 
 from __future__ import annotations
