@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import Any
 
 import jax
@@ -230,6 +231,20 @@ def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
             tuple(f.name for f in fields if not _isdata(f)))
 
 
+@functools.cache
+def _getters(cls: type) -> tuple[Any, Any]:
+    """Functions reading a rule's data fields and its static fields, each as a tuple in one
+    call (a JAX step flattens every Leaf's rule each time it is called)."""
+    data, static = _layout(cls)
+
+    def getter(names: tuple) -> Any:
+        if len(names) == 1:
+            return lambda r, n=names[0]: (getattr(r, n),)
+        return operator.attrgetter(*names) if names else lambda r: ()
+
+    return getter(data), getter(static)
+
+
 _AS_IS: set[type] = set()
 
 
@@ -240,6 +255,8 @@ def _dynamic(v: Any) -> Any:
     bias correction ``b1^t`` does at every step)."""
     if type(v) in _AS_IS:  # arrays and tracers: the common case, kept fast
         return v
+    if type(v) is tuple:  # a state, or beta: arrays inline, no call for them
+        return tuple([e if type(e) in _AS_IS else _dynamic(e) for e in v])
     if isinstance(v, jax.Array):
         _AS_IS.add(type(v))
         return v
@@ -249,18 +266,18 @@ def _dynamic(v: Any) -> Any:
         return jnp.asarray(float(v))
     if isinstance(v, (int, np.integer)):
         return jnp.asarray(int(v))
-    if type(v) is tuple:
-        return tuple(_dynamic(e) for e in v)
     return v
 
 
 def _split(rule: Any) -> tuple[tuple, list, tuple]:
-    layout = _layout(type(rule))
+    cls = type(rule)
+    layout = _layout(cls)
     if layout is None:
         return (), [], (("", rule),)
     data, static = layout
-    return (data, [_dynamic(getattr(rule, n)) for n in data],
-            tuple((n, getattr(rule, n)) for n in static))
+    kids, statics = _getters(cls)
+    return (data, [v if type(v) in _AS_IS else _dynamic(v) for v in kids(rule)],
+            tuple(zip(static, statics(rule))))
 
 
 def _flatten_rule(rule: Any) -> tuple[list, tuple]:
@@ -278,9 +295,12 @@ def _unflatten_rule(cls: type, aux: tuple, kids: Any) -> Any:
     if static and static[0][0] == "":
         return static[0][1]  # not a dataclass: the rule itself was the aux data
     rule = object.__new__(cls)  # never re-run __init__/__post_init__ on traced values
-    for n, v in zip(names, kids):
-        object.__setattr__(rule, n, v)
-    for n, v in static:
+    fields = getattr(rule, "__dict__", None)
+    if fields is not None:  # a frozen dataclass: its fields set as object.__setattr__ would
+        fields.update(zip(names, kids))
+        fields.update(static)
+        return rule
+    for n, v in (*zip(names, kids), *static):  # __slots__
         object.__setattr__(rule, n, v)
     return rule
 
@@ -302,10 +322,10 @@ def _register_all() -> None:
         _REGISTERED.add(Leaf)
         jax.tree_util.register_pytree_with_keys(
             Leaf,
-            lambda t: (((GetAttrKey("rule"), t.rule), (GetAttrKey("state"), _dynamic(t.state))),
-                       t.frozen),
+            lambda t: (((GetAttrKey("rule"), t._rule),
+                        (GetAttrKey("state"), _dynamic(t._state))), t._frozen),
             lambda frozen, kids: Leaf(kids[0], kids[1], frozen),
-            lambda t: ((t.rule, _dynamic(t.state)), t.frozen))
+            lambda t: ((t._rule, _dynamic(t._state)), t._frozen))
     todo = list(Rule.__subclasses__())
     while todo:
         cls = todo.pop()
