@@ -5,6 +5,7 @@ plain path (``_xla.LARGE`` set beyond every array), which runs XLA's own kernels
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -219,3 +220,21 @@ def test_sym_has_no_truth_value():
     with pytest.raises(TypeError, match="run time"):
         bool(s)
     assert _numba.render(1 - s * 2, np.float32) == "(np.float32(1.0) - (P0 * np.float32(2.0)))"
+
+
+def test_a_kernel_that_cannot_be_built_warns_once_and_steps_plainly(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    monkeypatch.setattr(_xla, "_TARGETS", {})
+    monkeypatch.setattr(_numba, "build", broken)
+    model = {"w": jnp.ones(100)}
+    g = {"w": jnp.full(100, 0.5)}
+    tree = O.setup(O.Momentum(0.1), model)
+    with pytest.warns(RuntimeWarning, match="no compiler today"):
+        new = jax.jit(O.update)(tree, model, g)[1]["w"]
+    np.testing.assert_allclose(new, 1 - 0.05, rtol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # remembered: no second warning
+        assert calls(jax.jit(O.update), tree, model, g) == 0

@@ -25,6 +25,7 @@ where the caller donates them (``input_output_aliases``; else XLA copies them fi
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ so it pays only for large arrays; and those are updated in place (each result al
 to its operand), since a fresh result buffer of this size would be paged in again at
 every step."""
 
-_TARGETS: dict[tuple, str] = {}
+_TARGETS: dict[tuple, str | None] = {}  # None: a kernel that could not be built
 _HANDLERS: list = []  # the compiled handlers stay alive while XLA may call them
 _NAMES = itertools.count()
 
@@ -144,7 +145,7 @@ _HELPERS: dict = {}
 
 
 def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
-            news: list, dtype: Any) -> str:
+            news: list, dtype: Any) -> str | None:
     """The name of the FFI target for one kind of group (registered once)."""
     if key in _TARGETS:
         return _TARGETS[key]
@@ -172,6 +173,20 @@ def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
     _HANDLERS.append(handler)
     _TARGETS[key] = name
     return name
+
+
+def _usable() -> bool:
+    """Whether numba is installed and this JAX has the FFI (``jax.ffi``, JAX 0.5 on)."""
+    if "usable" not in _STATE:
+        import jax
+
+        ffi = getattr(jax, "ffi", None)
+        _STATE["usable"] = _numba.available() and all(
+            hasattr(ffi, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
+    return _STATE["usable"]
+
+
+_STATE: dict = {}
 
 
 def _jit_traced(v: Any) -> bool:
@@ -226,7 +241,7 @@ def fuse(entries: list) -> tuple[list, list]:
     entry stepped: its new state and parameter."""
     import jax
 
-    if not _numba.available() or jax.default_backend() != "cpu":
+    if not _usable() or jax.default_backend() != "cpu":
         return entries, []
     groups: dict[tuple, list] = {}
     rest = []
@@ -270,7 +285,15 @@ def _call(key: tuple, members: list) -> list | None:
     nstate = sum(marks)
     if len(news) != nraw - nrule:  # a counter made or dropped: not a step we mirror
         return None
-    name = _target(key, prelude, lines, nstate, nraw, news, dtype)
+    try:
+        name = _target(key, prelude, lines, nstate, nraw, news, dtype)
+    except Exception as err:  # noqa: BLE001 (an optional fast path: never fatal)
+        _TARGETS[key] = None
+        warnings.warn(f"optimisers: no XLA custom call for {cls.__name__} ({err!r}); "
+                      f"the plain path runs", RuntimeWarning, stacklevel=2)
+        return None
+    if name is None:
+        return None
 
     n, per = len(members), len(news)
     xs = [m.entry.x for m in members]
