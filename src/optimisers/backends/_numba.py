@@ -1,4 +1,5 @@
-"""Compiled loops for NumPy groups, when numba is installed (``optimisers[fast]``).
+"""Compiled loops for NumPy groups, and for JAX groups under ``jax.jit`` (through an XLA
+custom call, ``_xla.py``), when numba is installed (``optimisers[fast]``).
 
 Only what NumPy cannot do in one call: writing one flat step into many separate
 parameter arrays. The loop reads each parameter's address, computed once per group,

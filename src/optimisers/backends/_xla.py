@@ -161,8 +161,8 @@ def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
                     f"{_numba.render(e, np.float64)})\n" for t, e in enumerate(news))
     source = _HANDLER.replace("{advance}", body.rstrip("\n") or "        pass").replace(
         "{states}", "".join(f", streams[{k + 1}]" for k in range(nstate)))
-    namespace = dict(_helpers(), kernel=kernel, NOUT=1 + nstate + len(news), NSTATE=nstate, NRAW=nraw,
-                     PIECE=_numba.PIECE, PARALLEL=parallel,
+    namespace = dict(_helpers(), kernel=kernel, NOUT=1 + nstate + len(news),
+                     NSTATE=nstate, NRAW=nraw, PIECE=_numba.PIECE, PARALLEL=parallel,
                      ITEMSIZE=np.dtype(dtype).itemsize)
     exec(compile(source, "<optimisers XLA handler>", "exec"), namespace)  # noqa: S102
     run = numba.njit(nogil=True, error_model="numpy")(namespace["run"])
