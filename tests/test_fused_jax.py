@@ -49,6 +49,12 @@ def grads_for(model, step):
     return g
 
 
+def fresh_jit():
+    """``jax.jit`` of a new function: JAX caches traces by function, and each test must
+    trace afresh under its own settings."""
+    return jax.jit(lambda *args: O.update(*args))
+
+
 def calls(f, *args) -> int:
     """How many of our custom calls the jitted ``f`` makes."""
     return f.lower(*args).as_text().count("optimisers_onepass")
@@ -118,11 +124,11 @@ def test_each_dtype_and_rule_is_its_own_call(monkeypatch):
     tree["d"] = O.setup(O.Momentum(0.1), model["d"])
     g = jax.tree.map(jnp.ones_like, model)
     monkeypatch.setattr(_xla, "LARGE", SIZE)
-    f = jax.jit(O.update)
+    f = fresh_jit()
     assert calls(f, tree, model, g) == 2  # Adam over a and b, Momentum over d; c plain
     new_tree, new = f(tree, model, g)
     monkeypatch.setattr(_xla, "LARGE", 10**12)
-    plain_tree, plain = jax.jit(O.update)(tree, model, g)
+    plain_tree, plain = fresh_jit()(tree, model, g)
     assert_close((new_tree, new), (plain_tree, plain), rtol=1e-6, atol=1e-6)
     assert not np.allclose(new["a"], new["b"])  # each Leaf its own eta and betas
 
@@ -171,9 +177,9 @@ def test_not_used_where_it_cannot_apply(monkeypatch):
     many = jax.jit(jax.vmap(lambda w: O.update(tree, {"w": w}, g)[1]["w"]))(
         jnp.ones((2, 100)))
     assert not spy and np.allclose(many[0], eager)
-    assert calls(jax.jit(O.update), O.setup(O.AdaBelief(), model), model, g) == 0
+    assert calls(fresh_jit(), O.setup(O.AdaBelief(), model), model, g) == 0
     monkeypatch.setattr(_numba, "ADVANCES", {})  # Adam's bias corrections unknown
-    f = jax.jit(O.update)
+    f = fresh_jit()
     assert calls(f, tree, model, g) == 0
     np.testing.assert_allclose(f(tree, model, g)[1]["w"], eager, rtol=1e-6)
 
@@ -183,7 +189,7 @@ def test_steps_in_threads_with_numpy_kernels(monkeypatch):
     at once give what they give alone: parallel kernels hold one process-wide mutex."""
     monkeypatch.setattr(_xla, "LARGE", SIZE)
     monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
-    f = jax.jit(O.update)
+    f = fresh_jit()
 
     def jax_run(out, key):
         model = make_model(seed=key)
@@ -233,8 +239,8 @@ def test_a_kernel_that_cannot_be_built_warns_once_and_steps_plainly(monkeypatch)
     g = {"w": jnp.full(100, 0.5)}
     tree = O.setup(O.Momentum(0.1), model)
     with pytest.warns(RuntimeWarning, match="no compiler today"):
-        new = jax.jit(O.update)(tree, model, g)[1]["w"]
+        new = fresh_jit()(tree, model, g)[1]["w"]
     np.testing.assert_allclose(new, 1 - 0.05, rtol=1e-6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # remembered: no second warning
-        assert calls(jax.jit(O.update), tree, model, g) == 0
+        assert calls(fresh_jit(), tree, model, g) == 0
