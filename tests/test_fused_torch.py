@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import optimisers as O  # noqa: E402
 from conftest import rules_param, run_fused, spy_runs  # noqa: E402
 from optimisers import backends, fused  # noqa: E402
-from optimisers.backends import _packs  # noqa: E402
+from optimisers.backends import _numba, _packs  # noqa: E402
 
 tb = backends.ops("torch")
 
@@ -72,13 +72,18 @@ def assert_same(a, b, exact=True):
             assert x == y
 
 
-@pytest.fixture(params=["concatenated", "chunked"])
+@pytest.fixture(params=["concatenated", "chunked", "compiled"])
 def path(request, monkeypatch):
     """Which fused path a group of CPU tensors takes (short of torch's Adam kernel): the
-    rule once over the group's concatenation, or piece by piece over each tensor in
-    place (for large tensors; here pieces of 2 elements make every tensor large).
+    rule once over the group's concatenation, piece by piece over each tensor in place
+    (for large tensors; here pieces of 2 elements make every tensor large), or numba's
+    one-pass kernel on the tensors' memory (here for tensors of any size).
     Yields the list of groups that were stepped piece by piece."""
     chunked = []
+    if request.param == "compiled":
+        if not _numba.available():
+            pytest.skip("numba is not installed")
+        monkeypatch.setattr(tb, "COMPILED_FROM", 1)
     if request.param == "chunked":
         monkeypatch.setattr(fused, "CHUNK", 2)
         real = tb.flat
@@ -97,8 +102,14 @@ def path(request, monkeypatch):
 def test_fused_equals_plain(rule, inplace, monkeypatch, path):
     tree_f, model_f = run(rule, 7, inplace, True, monkeypatch)
     tree_p, model_p = run(rule, 7, inplace, False, monkeypatch)
-    exact = not (inplace and kernel(rule))
-    if not exact:  # the kernel really ran
+    compiled = path[0] == "compiled" and inplace and _numba._supported(rule)
+    # numba's kernel computes as torch's plain path does, but for how torch rounds some
+    # operations (a division by a scalar is a multiplication by its reciprocal): the
+    # same to rounding
+    exact = not (inplace and kernel(rule)) and not compiled
+    if compiled:  # numba's kernel really ran
+        assert any(g.cache.get("compiled") for g in O.gather._first_leaf(tree_f)._plan.groups)
+    elif not exact:  # the kernel really ran
         assert any(g.cache.get("fused_adam") for g in O.gather._first_leaf(tree_f)._plan.groups)
     elif path[0] == "chunked" and inplace and O.fused.fusible(rule)[0]:
         assert any(path[1])  # the piece-by-piece path really ran
@@ -118,7 +129,9 @@ def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch, path):
     _, model_p = run(rule, 4, True, False, monkeypatch, dtype)
     # complex: torch's own sgn and division round differently in their vectorised body
     # and their scalar tail, so even the plain path depends on where an element sits
-    assert_same(model_f, model_p, exact=not kernel(rule, dtype) and not dtype.is_complex)
+    compiled = path[0] == "compiled" and dtype in (torch.float32, torch.float64)
+    assert_same(model_f, model_p,
+                exact=not (compiled or kernel(rule, dtype)) and not dtype.is_complex)
 
 
 @rules_param([O.Adam(0.05), O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False)])
@@ -325,3 +338,50 @@ def test_numpy_and_torch_agree_through_fused_paths():
     for a, b in zip(mn, mt):
         np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-7)
 
+
+
+COMPILED_RULES = [O.Descent(0.1), O.Momentum(0.05), O.Nesterov(0.05), O.Adam(0.05),
+                  O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False),
+                  O.RMSProp(0.05, centred=True), O.Lion(0.05),
+                  O.OptimiserChain(O.ClipGrad(0.5), O.SignDecay(0.01), O.WeightDecay(0.1),
+                                   O.Momentum(0.05))]
+
+
+@pytest.mark.skipif(not _numba.available(), reason="numba is not installed")
+@rules_param(COMPILED_RULES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_compiled_kernel_on_tensors_of_any_shape(rule, dtype, monkeypatch):
+    """numba's kernel on tensors' memory, against torch's plain path, to rounding."""
+    monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+
+    def steps(fuse):
+        g = torch.Generator().manual_seed(0)
+        model = [torch.randn(s, generator=g, dtype=dtype) for s in [(40, 30), (700,), (3, 5, 7)]]
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            tree = O.setup(rule, model)
+            for k in range(4):
+                O.update_(tree, model, [torch.randn(x.shape, generator=g, dtype=dtype) * (k + 1)
+                                        for x in model])
+        return tree, model
+
+    tree, model = steps(True)
+    assert any(g.cache.get("compiled") for g in O.gather._first_leaf(tree)._plan.groups)
+    assert_same(model, steps(False)[1], exact=False)
+
+
+@pytest.mark.skipif(not _numba.available(), reason="numba is not installed")
+def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
+    """Writing memory behind torch's back, the kernel bumps version counters: a backward
+    pass through a tensor it changed since raises, as after any in-place operation."""
+    monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+    model = [torch.ones(50, requires_grad=True), torch.ones(50, requires_grad=True)]
+    tree = O.setup(O.Adam(0.1), model)
+    loss = (model[0] * model[0]).sum()  # keeps model[0] for its backward pass
+    before = model[0]._version
+    O.update_(tree, model, [torch.ones(50), torch.ones(50)])
+    assert any(g.cache.get("compiled") for g in O.gather._first_leaf(tree)._plan.groups)
+    assert model[0]._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

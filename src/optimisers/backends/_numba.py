@@ -107,7 +107,7 @@ def _moments(r, f, s, c):
 
 def _eps(r, f):
     e = r.epsilon
-    return f(max(e, 1e-7) if f(0).dtype == np.float16 and e else e)
+    return f(max(e, 1e-7) if getattr(f(0), "dtype", None) == np.float16 and e else e)
 
 
 def _adam(r, sig, f, s, c):
@@ -279,7 +279,8 @@ class _Pieces:
         return base[self.owner] + self.offset * arrays[0].itemsize
 
 
-def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict,
+            scalars: Any = None) -> Any:
     """A function ``step(grads, sig)`` running the whole group's update in one compiled
     pass, or ``None`` where that is not possible (no numba, an unsupported rule,
     dtype or layout); then the caller takes the vectorised NumPy path.
@@ -287,7 +288,8 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     The kernel reads each gradient at its address. Many small gradients are first
     concatenated (one call, where reading 2,000 addresses costs more), unless they are
     the very arrays of the last step, as in a loop that writes each step's gradients
-    into the same buffers: their addresses are then known already."""
+    into the same buffers: their addresses are then known already. ``scalars`` casts
+    hyper-parameters before constants are computed from them (see :func:`_lines`)."""
     if "onepass" in cache:
         return cache["onepass"]
     cache["onepass"] = None
@@ -313,7 +315,7 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
 
     def step(grads: list, sig: Any) -> None:
         consts: list = []
-        _lines(rule, sig, dtype, consts)
+        _lines(rule, sig, dtype, consts, scalars)
         c = np.array([consts], dtype=dtype)
         seen, own = last  # the last step's gradient arrays, and their own addresses
         same = seen is not None and len(seen) == len(grads) and all(
@@ -341,9 +343,12 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     return step
 
 
-def _lines(rule: Any, sig: Any, dtype: Any, consts: list) -> list:
-    """The snippet lines of ``rule``; its constants appended to ``consts`` in order."""
-    cast = np.dtype(dtype).type
+def _lines(rule: Any, sig: Any, dtype: Any, consts: list, scalars: Any = None) -> list:
+    """The snippet lines of ``rule``; its constants appended to ``consts`` in order.
+    Constants are computed from hyper-parameters cast by ``scalars``: by default the
+    array's dtype, as the NumPy backend's ``hyper`` does; ``float`` for PyTorch, whose
+    ``hyper`` keeps Python floats."""
+    cast = np.dtype(dtype).type if scalars is None else scalars
     counter = iter(range(1 << 30))
 
     def const(value: Any) -> str:

@@ -312,7 +312,61 @@ def copier() -> Any:
     return _PACKS.copier(copy, packed)
 
 
+COMPILED = True
+"""Groups of large CPU tensors (:data:`COMPILED_FROM`) run the numba one-pass kernel
+(``_numba.py``) on their memory when numba is installed: measured 5-7% faster than
+torch's fused Adam on shape A, and it serves every rule with a kernel. ``False`` leaves
+them to torch's own kernels."""
+
+COMPILED_FROM = 1 << 14
+"""Tensors must average this many elements for :data:`COMPILED`: on 2,000 tensors of 512
+the per-tensor NumPy views and version bumps made the step 14.6 ms against 7.3 ms in
+torch's fused Adam kernel."""
+
+
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+    """A one-pass step for a whole group, or ``None``: the numba kernel on CPU tensors
+    (:func:`_compiled`), else, for Adam and AdamW, torch's own fused kernel
+    (:func:`_fused_adam`)."""
+    return (_compiled(rule, sig, xs, arrays, cache) if COMPILED else None) or _fused_adam(
+        rule, sig, xs, arrays, cache)
+
+
+def _compiled(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+    """The NumPy backend's numba kernel over NumPy views of the group's CPU tensors, or
+    ``None``. The same operations as the plain path, so the same bits. Writing memory
+    behind torch's back, it then bumps each written tensor's version counter, as torch's
+    own in-place operations do, so that autograd still sees the change."""
+    if "compiled" in cache:
+        return cache["compiled"]
+    cache["compiled"] = None
+    from optimisers.backends import _numba
+
+    written = [*xs, *(a for member in arrays for a in member)]
+    if not _numba.available() or sum(x.numel() for x in xs) < COMPILED_FROM * len(xs) or not all(
+            t.device.type == "cpu" and t.layout == torch.strided and not t.is_conj()
+            and not t.is_neg() and t.dtype in (torch.float32, torch.float64)
+            for t in written):
+        return None
+    inner = _numba.onepass(rule, sig, [x.detach().numpy() for x in xs],
+                           [[a.detach().numpy() for a in member] for member in arrays], {},
+                           scalars=float)  # hyper-parameters as this backend's hyper has them
+    if inner is None:
+        return None
+    bump = torch.autograd.graph.increment_version
+
+    def step(grads: list, sig: Any) -> None:
+        if not all(g.device.type == "cpu" and g.layout == torch.strided and not g.is_conj()
+                   and not g.is_neg() for g in grads):
+            grads = [g.to_dense().resolve_conj().resolve_neg().cpu() for g in grads]
+        inner([g.detach().numpy() for g in grads], sig)
+        bump(written)
+
+    cache["compiled"] = step
+    return step
+
+
+def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     """A step running a whole Adam or AdamW group in torch's fused kernel, or ``None``.
 
     The kernel is torch's own (``torch.optim.Adam(fused=True)``): it computes the same
