@@ -385,3 +385,25 @@ def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
     assert model[0]._version > before
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@pytest.mark.skipif(not _numba.available(), reason="numba is not installed")
+def test_compiled_kernel_follows_replaced_memory(monkeypatch):
+    """``p.data = ...`` gives a parameter new memory: the next step writes there."""
+    monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+
+    def steps(fuse):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(fused, "MIN_GROUP", 10**9)
+            model = [torch.nn.Parameter(torch.ones(50)), torch.nn.Parameter(torch.ones(60))]
+            tree = O.setup(O.Adam(0.1), model)
+            O.update_(tree, model, [torch.ones(50), torch.ones(60)])
+            model[0].data = torch.full((50,), 3.0)  # the same Parameter, new memory
+            O.update_(tree, model, [torch.ones(50), torch.ones(60)])
+            return tree, model
+
+    tree, model = steps(True)
+    assert any(g.cache.get("compiled") for g in O.gather._first_leaf(tree)._plan.groups)
+    assert_same(model, steps(False)[1], exact=False)
+    assert float(model[0].detach()[0]) < 3.0

@@ -334,12 +334,14 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
 
 def _compiled(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     """The NumPy backend's numba kernel over NumPy views of the group's CPU tensors, or
-    ``None``. The same operations as the plain path, so the same bits. Writing memory
-    behind torch's back, it then bumps each written tensor's version counter, as torch's
-    own in-place operations do, so that autograd still sees the change."""
-    if "compiled" in cache:
-        return cache["compiled"]
-    cache["compiled"] = None
+    ``None``. Its constants come from Python-float hyper-parameters, as this backend's
+    plain path has them; it agrees with that path to rounding (torch divides by a scalar
+    as a multiplication by its reciprocal). Writing memory behind torch's back, it then
+    bumps each written tensor's version counter, as torch's own in-place operations do,
+    so that autograd still sees the change. The views are made again if a tensor's
+    memory was replaced since (``p.data = ...``)."""
+    if cache.get("never_compiled"):
+        return None
     from optimisers.backends import _numba
 
     written = [*xs, *(a for member in arrays for a in member)]
@@ -347,7 +349,12 @@ def _compiled(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
             t.device.type == "cpu" and t.layout == torch.strided and not t.is_conj()
             and not t.is_neg() and t.dtype in (torch.float32, torch.float64)
             for t in written):
+        cache["never_compiled"] = True
         return None
+    places = [t.data_ptr() for t in written]
+    if cache.get("compiled_at") == places:
+        return cache["compiled"]
+    cache["compiled"], cache["compiled_at"] = None, places
     inner = _numba.onepass(rule, sig, [x.detach().numpy() for x in xs],
                            [[a.detach().numpy() for a in member] for member in arrays], {},
                            scalars=float)  # hyper-parameters as this backend's hyper has them
