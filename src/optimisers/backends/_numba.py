@@ -9,6 +9,7 @@ so a step over 2,000 small arrays is one call instead of 2,000.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import operator
 import threading
 from typing import Any
@@ -349,13 +350,18 @@ def _lines(rule: Any, sig: Any, dtype: Any, consts: list, scalars: Any = None) -
     array's dtype, as the NumPy backend's ``hyper`` does; ``float`` for PyTorch, whose
     ``hyper`` keeps Python floats."""
     cast = np.dtype(dtype).type if scalars is None else scalars
-    counter = iter(range(1 << 30))
 
     def const(value: Any) -> str:
         consts.append(value)
         return f"c[{len(consts) - 1}]"
 
-    return SNIPPETS[type(rule).__name__](rule, sig, cast, lambda: next(counter), const)
+    return _snippet(rule, sig, cast, const)
+
+
+def _snippet(rule: Any, sig: Any, cast: Any, const: Any) -> list:
+    """The lines of ``rule``'s snippet: hyper-parameters cast by ``cast``, constants named
+    by ``const``, state arrays numbered from 0."""
+    return SNIPPETS[type(rule).__name__](rule, sig, cast, itertools.count().__next__, const)
 
 
 
@@ -369,18 +375,15 @@ def _lines(rule: Any, sig: Any, dtype: Any, consts: list, scalars: Any = None) -
 
 class Sym:
     """A scalar known only at run time: ``P3``, or arithmetic on such scalars and numbers.
-    ``str`` gives its source with numbers written ``NUM(...)``, for :func:`render`."""
+    ``src`` is its source, with numbers written ``NUM(...)`` for :func:`render`."""
 
     __slots__ = ("src", "dtype")
 
     def __init__(self, src: str, dtype: Any) -> None:
         self.src, self.dtype = src, dtype
 
-    def of(self, v: Any) -> Sym:
-        return v if isinstance(v, Sym) else Sym(f"NUM({float(v)!r})", self.dtype)
-
     def _op(self, op: str, a: Any, b: Any) -> Sym:
-        return Sym(f"({self.of(a).src} {op} {self.of(b).src})", self.dtype)
+        return Sym(f"({_sym(a, self.dtype).src} {op} {_sym(b, self.dtype).src})", self.dtype)
 
     def __add__(self, o: Any) -> Sym: return self._op("+", self, o)
     def __radd__(self, o: Any) -> Sym: return self._op("+", o, self)
@@ -394,6 +397,11 @@ class Sym:
 
     def __bool__(self) -> bool:
         raise TypeError("a hyper-parameter known only at run time has no truth value")
+
+
+def _sym(v: Any, dtype: Any) -> Sym:
+    """``v`` as a :class:`Sym`: itself, or a number written ``NUM(...)``."""
+    return v if isinstance(v, Sym) else Sym(f"NUM({float(v)!r})", dtype)
 
 
 def render(sym: Any, dtype: Any) -> str:
@@ -411,12 +419,7 @@ def symbolic(rule: Any, sig: Any, dtype: Any) -> tuple[list, list]:
         prelude.append(f"K{len(prelude)} = {render(value, dtype)}")
         return f"K{len(prelude) - 1}"
 
-    def cast(v: Any) -> Sym:
-        return Sym.of(Sym("", dtype), v)
-
-    counter = iter(range(1 << 30))
-    lines = SNIPPETS[type(rule).__name__](rule, sig, cast, lambda: next(counter), const)
-    return prelude, lines
+    return prelude, _snippet(rule, sig, lambda v: _sym(v, dtype), const)
 
 
 def _bias_advance(rule: Any, sig: Any) -> Any:
