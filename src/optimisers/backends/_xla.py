@@ -219,11 +219,9 @@ def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
         if hasattr(s, "shape") and tuple(s.shape) == tuple(x.shape) and s.dtype == dtype:
             arrays.append(s)
             marks.append(True)
-        elif np.ndim(s) == 0 and jnp.issubdtype(jnp.result_type(s), jnp.floating):
+        else:  # a counter: checked with the hyper-parameters below
             scalars.append(s)
             marks.append(False)
-        else:
-            return None
     raws = [*rules, *scalars]
     if not all(np.ndim(r) == 0 and jnp.result_type(r) in (jnp.float32, jnp.float64)
                for r in raws):
