@@ -346,9 +346,7 @@ def _compiled(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
 
     written = [*xs, *(a for member in arrays for a in member)]
     if not _numba.available() or sum(x.numel() for x in xs) < COMPILED_FROM * len(xs) or not all(
-            t.device.type == "cpu" and t.layout == torch.strided and not t.is_conj()
-            and not t.is_neg() and t.dtype in (torch.float32, torch.float64)
-            for t in written):
+            _viewable(t) and t.dtype in (torch.float32, torch.float64) for t in written):
         cache["never_compiled"] = True
         return None
     places = [t.data_ptr() for t in written]
@@ -363,14 +361,19 @@ def _compiled(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     bump = torch.autograd.graph.increment_version
 
     def step(grads: list, sig: Any) -> None:
-        if not all(g.device.type == "cpu" and g.layout == torch.strided and not g.is_conj()
-                   and not g.is_neg() for g in grads):
+        if not all(map(_viewable, grads)):
             grads = [g.to_dense().resolve_conj().resolve_neg().cpu() for g in grads]
         inner([g.detach().numpy() for g in grads], sig)
         bump(written)
 
     cache["compiled"] = step
     return step
+
+
+def _viewable(t: Array) -> bool:
+    """Whether ``t.detach().numpy()`` is a view of ``t``'s memory, values as they read."""
+    return (t.device.type == "cpu" and t.layout == torch.strided and not t.is_conj()
+            and not t.is_neg())
 
 
 def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
