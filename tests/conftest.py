@@ -109,3 +109,38 @@ def run_fused(rule, model, grads_at, steps, inplace, fuse, monkeypatch, before=N
             g = grads_at(model, step)
             tree, model = (update_ if inplace else update)(tree, model, g)
         return tree, model
+
+
+def numpy_adam_job(size: int, count: int, steps: int):
+    """A job for :func:`alone_and_together`: ``steps`` Adam steps by ``update_`` on
+    ``count`` float32 arrays of ``size``, data seeded by the job's key."""
+
+    def run(key):
+        rng = np.random.default_rng(key)
+        model = [rng.normal(size=size).astype(np.float32) for _ in range(count)]
+        tree = setup(Adam(0.01), model)
+        for _ in range(steps):
+            update_(tree, model, [rng.normal(size=size).astype(np.float32) for _ in model])
+        return model
+
+    return run
+
+
+def alone_and_together(jobs: list) -> tuple[list, list]:
+    """Each ``(fn, key)`` of ``jobs`` run alone, one after another, then all at once in
+    threads: the two lists of ``fn(key)`` results, in job order."""
+    import threading
+
+    alone = [fn(key) for fn, key in jobs]
+    together: list = [None] * len(jobs)
+
+    def run(i, fn, key):
+        together[i] = fn(key)
+
+    threads = [threading.Thread(target=run, args=(i, fn, key))
+               for i, (fn, key) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return alone, together

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from conftest import ALL_RULES, rules_param, run_fused, spy_runs
+from conftest import (
+    ALL_RULES,
+    alone_and_together,
+    numpy_adam_job,
+    rules_param,
+    run_fused,
+    spy_runs,
+)
 from optimisers import backends, fused
 from optimisers.backends import _numba, _packs, _ufuncs
 
@@ -283,27 +290,9 @@ def test_packed_state_is_freed_with_its_tree():
 def test_updates_from_several_threads(path):
     """Trees stepped in several threads at once (each its own) give what they give alone:
     the compiled parallel kernels and the NumPy thread pool are safe to share."""
-    import threading
-
-    def run(seed, out):
-        rng = np.random.default_rng(seed)
-        model = [rng.normal(size=40).astype(np.float32) for _ in range(30)]
-        tree = O.setup(O.Adam(0.01), model)
-        for _ in range(20):
-            O.update_(tree, model, [rng.normal(size=40).astype(np.float32) for _ in model])
-        out[seed] = model
-
-    alone: dict = {}
-    for seed in range(4):
-        run(seed, alone)
-    together: dict = {}
-    threads = [threading.Thread(target=run, args=(seed, together)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for seed in range(4):
-        assert_same(together[seed], alone[seed])
+    alone, together = alone_and_together([(numpy_adam_job(40, 30, 20), k) for k in range(4)])
+    for a, b in zip(together, alone, strict=True):
+        assert_same(a, b)
 
 
 def test_packing_keeps_every_bit():

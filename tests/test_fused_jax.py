@@ -4,7 +4,6 @@ plain path (``_xla.LARGE`` set beyond every array), which runs XLA's own kernels
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import numpy as np
@@ -14,7 +13,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 import optimisers as O  # noqa: E402
-from conftest import rules_param  # noqa: E402
+from conftest import alone_and_together, numpy_adam_job, rules_param  # noqa: E402
 from optimisers.backends import _numba, _xla  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _numba.available() or jax.default_backend() != "cpu",
@@ -191,33 +190,18 @@ def test_steps_in_threads_with_numpy_kernels(monkeypatch):
     monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
     f = fresh_jit()
 
-    def jax_run(out, key):
+    def jax_run(key):
         model = make_model(seed=key)
         tree = O.setup(O.Adam(0.01), model)
         for k in range(10):
             tree, model = f(tree, model, grads_for(model, k))
-        out[key] = jax.block_until_ready(model)
+        return jax.block_until_ready(model)
 
-    def numpy_run(out, key):
-        rng = np.random.default_rng(key)
-        model = [rng.normal(size=300).astype(np.float32) for _ in range(20)]
-        tree = O.setup(O.Adam(0.01), model)
-        for _ in range(10):
-            O.update_(tree, model, [rng.normal(size=300).astype(np.float32) for _ in model])
-        out[key] = model
-
+    numpy_run = numpy_adam_job(300, 20, 10)
     jobs = [(jax_run, k) for k in range(2)] + [(numpy_run, k) for k in range(2, 4)]
-    alone: dict = {}
-    for fn, k in jobs:
-        fn(alone, k)
-    together: dict = {}
-    threads = [threading.Thread(target=fn, args=(together, k)) for fn, k in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for _, k in jobs:
-        for a, b in zip(jax.tree.leaves(together[k]), jax.tree.leaves(alone[k]), strict=True):
+    alone, together = alone_and_together(jobs)
+    for one, both in zip(alone, together, strict=True):
+        for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(one), strict=True):
             assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
