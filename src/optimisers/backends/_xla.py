@@ -24,6 +24,7 @@ where the caller donates them (``input_output_aliases``; else XLA copies them fi
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from typing import Any
@@ -115,10 +116,9 @@ def handler(frame):
 '''
 
 
+@functools.cache
 def _helpers() -> dict:
     """The names the handler's source uses, made once."""
-    if _HELPERS:
-        return _HELPERS
     import numba
 
     i64, i32 = _numba._pointer(np.int64), _numba._pointer(np.int32)
@@ -139,11 +139,7 @@ def _helpers() -> dict:
         else:
             numba.carray(f64(b[3]), (1,))[0] = value
 
-    _HELPERS.update(numba=numba, np=np, i64=i64, i32=i32, get=get, put=put)
-    return _HELPERS
-
-
-_HELPERS: dict = {}
+    return dict(numba=numba, np=np, i64=i64, i32=i32, get=get, put=put)
 
 
 def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
@@ -177,18 +173,14 @@ def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
     return name
 
 
+@functools.cache
 def _usable() -> bool:
     """Whether numba is installed and this JAX has the FFI (``jax.ffi``, JAX 0.5 on)."""
-    if "usable" not in _STATE:
-        import jax
+    import jax
 
-        ffi = getattr(jax, "ffi", None)
-        _STATE["usable"] = _numba.available() and all(
-            hasattr(ffi, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
-    return _STATE["usable"]
-
-
-_STATE: dict = {}
+    ffi = getattr(jax, "ffi", None)
+    return _numba.available() and all(
+        hasattr(ffi, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
 
 
 def _jit_traced(v: Any) -> bool:
