@@ -164,6 +164,29 @@ def test_pytree_layout():
     assert jax.tree.unflatten(*reversed(jax.tree.flatten(frozen))).frozen
 
 
+@pytest.mark.parametrize("rule", [O.Adam(), O.OptimiserChain(O.ClipGrad(1.0), O.RAdam()),
+                                  O.MixedPrecision(O.AdamW(), np.float32)], ids=repr)
+def test_setup_makes_numbers_arrays_once(rule):
+    """A JAX tree from setup holds its numbers as 0-d arrays already, each Leaf its own:
+    flattening it (what every jitted call does) makes no new array, and a jitted step may
+    donate the whole tree, which it could not if two Leafs shared a buffer."""
+    dt = jnp.bfloat16  # MixedPrecision(float32) then keeps a copy, not the array itself
+    model = {"a": jnp.ones(3, dt), "b": jnp.ones(3, dt), "c": [jnp.ones(2, dt)]}
+    tree = O.setup(rule, model)
+    leaves = jax.tree.leaves(tree)
+    assert all(isinstance(v, jax.Array) for v in leaves)
+    assert all(a is b for a, b in zip(leaves, jax.tree.leaves(tree), strict=True))
+    assert len({id(v) for v in leaves}) == len(leaves)  # nothing shared between Leafs
+    assert tree["a"].rule == rule and all(
+        v.weak_type for v in jax.tree.leaves(tree["a"].rule))
+    fresh = O.setup(rule, model)
+    step = jax.jit(lambda t, m, g: O.update(t, m, g), donate_argnums=(0, 1))
+    grads = jax.tree.map(jnp.ones_like, model)
+    tree, new = step(fresh, jax.tree.map(jnp.copy, model), grads)
+    _, want = jax.jit(O.update)(O.setup(rule, model), model, grads)
+    assert_trees_close(new, want, rtol=0, atol=0)
+
+
 def test_rule_defined_later_is_a_pytree():
     @dataclasses.dataclass(frozen=True)
     class Scaled(O.Rule):

@@ -70,7 +70,9 @@ def setup(rule: Rule, model: Any) -> Any:
     def make(kp: KeyPath, x: Any) -> Leaf | None:
         if not isnumeric(x):
             return None
-        made.append(Leaf(rule, rule.init(x)))
+        leaf = Leaf(rule, rule.init(x))
+        xp = backends.of(x)
+        made.append(xp.settle(leaf) if hasattr(xp, "settle") else leaf)
         return made[-1]
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
