@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -157,8 +158,9 @@ def test_pytree_layout():
     np.testing.assert_allclose(jax.tree.leaves(chain), [0.3, 0.01, 0.9])
     assert float(jax.tree.map(lambda v: v * 2, chain).rule.rules[0].eta) == pytest.approx(0.6)
     state = O.setup(O.RAdam(), {"w": jnp.ones(2)})["w"].state
-    assert [a.dtype for a in jax.tree.leaves(O.Leaf(O.Descent(), state))[1:]] == [
-        jnp.float32] * 4 + [jnp.int32]  # m, v, b1^t, b2^t, t
+    assert [(a.shape, a.dtype) for a in jax.tree.leaves(O.Leaf(O.Descent(), state))] == [
+        ((3,), jnp.float32), ((2,), jnp.float32), ((2,), jnp.float32), ((), jnp.int32)
+    ]  # eta, b1^t and b2^t packed (see test_leaf_packs_its_numbers); m, v, t
     frozen = O.Leaf(O.Descent(0.1), None, frozen=True)
     assert jax.tree.structure(frozen) != jax.tree.structure(O.Leaf(O.Descent(0.1), None))
     assert jax.tree.unflatten(*reversed(jax.tree.flatten(frozen))).frozen
@@ -185,6 +187,72 @@ def test_setup_makes_numbers_arrays_once(rule):
     tree, new = step(fresh, jax.tree.map(jnp.copy, model), grads)
     _, want = jax.jit(O.update)(O.setup(rule, model), model, grads)
     assert_trees_close(new, want, rtol=0, atol=0)
+
+
+def test_leaf_packs_its_numbers():
+    """A Leaf flattens with its weakly typed floating numbers (hyper-parameters, counters)
+    packed in one array, so that jit takes 3 arrays for an Adam Leaf, not 8; a Leaf with a
+    single number keeps it as it is."""
+    model = {"w": jnp.ones((2, 3))}
+    numbers, m, v = jax.tree.leaves(O.setup(O.Adam(0.01), model))
+    np.testing.assert_allclose(numbers, [0.01, 0.9, 0.999, 1e-8, 0.9, 0.999], rtol=1e-6)
+    assert numbers.weak_type and m.shape == v.shape == (2, 3)
+    paths = [jax.tree_util.keystr(p)
+             for p, _ in jax.tree_util.tree_flatten_with_path(O.setup(O.Adam(), model))[0]]
+    assert paths == ["['w'].numbers", "['w'].state[0]", "['w'].state[1]"]
+    (eta,) = jax.tree.leaves(O.setup(O.Descent(0.5), model))
+    assert eta.shape == () and float(eta) == 0.5
+    chain = O.setup(O.OptimiserChain(O.ClipGrad(2.0), O.Momentum(0.1, 0.8)), model)
+    numbers, v = jax.tree.leaves(chain)
+    np.testing.assert_allclose(numbers, [2.0, 0.1, 0.8], rtol=1e-6)
+    nones = jax.tree.map(lambda a: None, chain)  # anything jax.tree.map puts there
+    assert nones["w"].rule.rules[1].rho is None
+
+
+def test_jit_output_stays_packed_until_read():
+    """The Leafs that a jitted step returns keep the packed form: passed back in they are
+    not unpacked and not re-traced; read, they give weakly typed 0-d arrays; written, the
+    other field survives and the packed form follows the write."""
+    traces = []
+
+    def f(t, m, g):
+        traces.append(1)
+        return O.update(t, m, g)
+
+    step = jax.jit(f)
+    model, grads = {"w": jnp.ones(3)}, {"w": jnp.full(3, 0.5)}
+    tree = O.setup(O.Adam(0.1), model)
+    for _ in range(3):
+        tree, model = step(tree, model, grads)
+    assert len(traces) == 1  # setup's tree and jit's own flatten alike
+    leaf = tree["w"]
+    again = jax.tree.leaves(tree)
+    assert all(a is b for a, b in zip(again, jax.tree.leaves(tree), strict=True))
+    assert type(leaf._rule).__name__ == "_Lazy"  # not unpacked by flattening
+    assert leaf.rule.epsilon.weak_type and float(leaf.rule.eta) == pytest.approx(0.1)
+    np.testing.assert_allclose(leaf.state[2], [0.9 ** 4, 0.999 ** 4], rtol=1e-6)
+
+    tree, model = step(tree, model, grads)
+    leaf = tree["w"]
+    leaf.state = (jnp.zeros(3), jnp.zeros(3), (0.9, 0.999))  # a restart of the moments
+    assert float(leaf.rule.eta) == pytest.approx(0.1)
+    np.testing.assert_allclose(jax.tree.leaves(tree)[0][-2:], [0.9, 0.999], rtol=1e-6)
+    copied = copy.deepcopy(step(tree, model, grads)[0]["w"])
+    assert float(copied.rule.beta[1]) == pytest.approx(0.999)
+    assert len(traces) == 1
+
+
+@pytest.mark.parametrize("rule", [O.Adam(0.1), O.AdaBelief(0.1)], ids=repr)
+def test_packed_form_follows_numpy_updates(rule):
+    """A NumPy tree that JAX has flattened (which keeps the packed form in each Leaf)
+    flattens with the new counters after update_ writes them, fused or not."""
+    model = {k: np.ones(4, np.float32) for k in "abc"}
+    tree = O.setup(rule, model)
+    before = np.asarray(jax.tree.leaves(tree)[0])
+    for _ in range(2):
+        O.update_(tree, model, {k: np.ones(4, np.float32) for k in "abc"})
+    after = np.asarray(jax.tree.leaves(tree)[0])
+    np.testing.assert_allclose(after[-2:], before[-2:] ** 3, rtol=1e-6)
 
 
 def test_rule_defined_later_is_a_pytree():

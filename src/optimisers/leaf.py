@@ -18,6 +18,26 @@ from optimisers.rules import Rule
 __all__ = ["Leaf", "leaves"]
 
 
+class _Lazy:
+    """The value of a Leaf's rule and state not yet unpacked from its flat form."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<not unpacked>"
+
+    def __reduce__(self) -> str:
+        return "_LAZY"  # copies (and deep copies) are the one object
+
+
+_LAZY = _Lazy()
+
+
+def _set_frozen(leaf: Leaf, value: bool) -> None:
+    leaf._frozen = value  # not part of a flat form: that stays
+    _written()
+
+
 class Leaf:
     """Leaf(rule, state, frozen=False): the optimiser state of one trainable array.
 
@@ -33,25 +53,64 @@ class Leaf:
         Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], (0.9, 0.999)))
     """
 
-    __slots__ = ("_rule", "_state", "_frozen", "_plan")
+    __slots__ = ("_rule", "_state", "_frozen", "_plan", "_packed")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
         self._rule, self._state, self._frozen = rule, state, frozen
         self._plan = None  # set on a tree's first Leaf by update_: see _Plan
+        self._packed = None  # an array library's flat form of rule and state: see _lazy
         _written()
+
+    @classmethod
+    def _lazy(cls, packed: tuple, frozen: bool = False) -> Leaf:
+        """A Leaf known by a flat form ``(spec, *children)`` of its rule and state, which
+        ``spec.unpack(children)`` turns back into ``(rule, state)`` when either is first
+        read (the JAX backend keeps a Leaf's numbers packed in one array so: see
+        ``backends/jax.py``). Setting ``rule`` or ``state`` drops the flat form.
+
+        Example:
+            >>> from optimisers import Descent
+            >>> class Spec:
+            ...     def unpack(self, children):
+            ...         return Descent(children[0]), None
+            >>> Leaf._lazy((Spec(), 0.5))
+            Leaf(Descent(eta=0.5), None)
+        """
+        leaf = cls.__new__(cls)
+        leaf._rule = leaf._state = _LAZY
+        leaf._frozen, leaf._plan, leaf._packed = frozen, None, packed
+        _written()
+        return leaf
+
+    def _unpack(self) -> None:
+        if self._rule is _LAZY:
+            spec, *children = self._packed
+            self._rule, self._state = spec.unpack(children)
+
+    def _get(name: str) -> Any:  # noqa: N805 (a helper of the class body)
+        def get(self: Leaf) -> Any:
+            value = getattr(self, name)
+            if value is _LAZY:
+                self._unpack()
+                value = getattr(self, name)
+            return value
+        return get
 
     def _set(name: str) -> Any:  # noqa: N805 (a helper of the class body)
         def set_(self: Leaf, value: Any) -> None:
+            if self._packed is not None:  # the flat form goes stale: keep the other field
+                self._unpack()
+                self._packed = None
             setattr(self, name, value)
             _written()  # after the write: whoever sees the new count sees the new value
         return set_
 
-    rule = property(operator.attrgetter("_rule"), _set("_rule"), doc="The Leaf's rule.")
-    state = property(operator.attrgetter("_state"), _set("_state"),
+    rule = property(_get("_rule"), _set("_rule"), doc="The Leaf's rule.")
+    state = property(_get("_state"), _set("_state"),
                      doc="The rule's state for this Leaf's array.")
-    frozen = property(operator.attrgetter("_frozen"), _set("_frozen"),
+    frozen = property(operator.attrgetter("_frozen"), _set_frozen,
                       doc="Whether updates skip this Leaf (see freeze_).")
-    del _set
+    del _get, _set
 
     def __repr__(self) -> str:
         frozen = ", frozen=True" if self.frozen else ""
@@ -80,6 +139,9 @@ def writes() -> int:
 def restate(leaves: list, states: list) -> None:
     """Give each of ``leaves`` its new state from ``states``: one write noted for all."""
     for leaf, state in zip(leaves, states):
+        if leaf._packed is not None:
+            leaf._unpack()
+            leaf._packed = None
         leaf._state = state
     _written()
 

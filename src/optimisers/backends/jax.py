@@ -190,18 +190,15 @@ def split(v: Array, stops: list, like: list) -> list:
 
 
 def settle(leaf: Any) -> Any:
-    """A new Leaf like ``leaf``, with every Python number in its rule and state made a 0-d
-    JAX array of its own.
+    """``leaf``, with its flat form for JAX made once (see :func:`_pack`).
 
-    A jitted step takes the state tree as an argument, and flattening turns each Python
-    number in it into an array (:func:`_dynamic`) at every call: about 20 us each, six per
-    Adam Leaf, so a tree straight from ``setup`` would cost 0.3 s per call on 2,000 Leafs
-    if a caller kept passing it. Made once here, a number costs a call what any argument
-    does. Each Leaf gets arrays of its own, never shared, since ``jit`` may donate the tree
-    and one buffer cannot be donated twice.
+    A jitted step takes the state tree as an argument and flattens it at every call. Made
+    here, a tree straight from ``setup`` costs a call what any tree does, instead of
+    turning its Python numbers into arrays each time (about 20 us each, six per Adam
+    Leaf: 0.3 s per call on 2,000 Leafs).
     """
-    leaves, treedef = jax.tree.flatten(leaf)  # flattening a Leaf makes the arrays
-    return jax.tree.unflatten(treedef, leaves)
+    _pack(leaf)
+    return leaf
 
 
 def fuse(entries: list) -> tuple[list, list]:
@@ -330,6 +327,119 @@ def register_rule(cls: type) -> None:
         cls, _flatten_rule_with_keys, functools.partial(_unflatten_rule, cls), _flatten_rule)
 
 
+# --- Leaf: its numbers packed in one array -------------------------------------------------
+#
+# Each array that a jitted function takes or returns costs XLA on the CPU a few microseconds
+# per call, and its compile time grows faster than linearly with their number. A Leaf's
+# hyper-parameters and counters are many such arrays: an Adam Leaf has six (eta, b1, b2,
+# eps and the two b^t) beside its two moments. So a Leaf flattens with its weakly typed
+# floating 0-d values packed into one 1-D array: an Adam Leaf is then 3 arrays, not 8.
+# Measured with 2,000 Adam Leafs of 512 elements: ... (see benchmarks/README.md).
+# A Leaf rebuilt by JAX (the output of a jitted call) keeps that flat form and unpacks it
+# only when its rule or state is first read (Leaf._lazy), so a training loop that passes
+# the tree back in never unpacks it outside the trace.
+
+_NUMBERS = GetAttrKey("numbers")
+
+
+class _Spec:
+    """How a Leaf flattens: the pytree structure of its ``(rule, state)``, and which leaves
+    of that structure travel packed (``packs``; ``n`` of them, none when fewer than two).
+
+    Specs are interned: two Leafs of one structure share their spec, so treedefs compare
+    by identity first.
+    """
+
+    __slots__ = ("treedef", "packs", "n", "_hash", "_keys")
+
+    def __init__(self, treedef: Any, packs: tuple) -> None:
+        self.treedef, self.packs, self.n = treedef, packs, sum(packs)
+        self._hash = hash((treedef, packs))
+        self._keys = None
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Spec and self.packs == other.packs
+                                 and self.treedef == other.treedef)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"<{self.n} numbers packed of {self.treedef}>"
+
+    def unpack(self, children: list) -> tuple:
+        """``(rule, state)`` from a flat form's children."""
+        if not self.n:
+            return jax.tree.unflatten(self.treedef, children)
+        numbers, rest = iter(_unstack(children[0], self.n)), iter(children[1:])
+        return jax.tree.unflatten(self.treedef, [next(numbers) if w else next(rest)
+                                                 for w in self.packs])
+
+    def keys(self) -> list:
+        """The key of each child, for ``jax.tree_util`` paths (``numbers``, then the rest's
+        own paths, such as ``state[0]``)."""
+        if self._keys is None:
+            dummy = jax.tree.unflatten(self.treedef, [0] * len(self.packs))
+            paths = [jax.tree_util.keystr(p) for p, _ in
+                     jax.tree_util.tree_flatten_with_path(dummy)[0]]
+            rest = [GetAttrKey(("rule" if p.startswith("[0]") else "state") + p[3:])
+                    for p, w in zip(paths, self.packs) if not w]
+            self._keys = [_NUMBERS, *rest] if self.n else rest
+        return self._keys
+
+
+_SPECS: dict[tuple, _Spec] = {}
+_STACK = jax.jit(lambda *numbers: jnp.stack(numbers))
+_UNSTACK = jax.jit(lambda packed: tuple(packed[i] for i in range(packed.shape[0])))
+
+
+def _packable(v: Any, dtype: Any) -> bool:
+    aval = getattr(v, "aval", None)  # JAX arrays and tracers
+    return (aval is not None and aval.shape == () and aval.weak_type
+            and aval.dtype == dtype)
+
+
+def _pack(leaf: Any) -> tuple:
+    """The flat form ``(spec, *children)`` of a Leaf whose rule and state are at hand;
+    kept in the Leaf when no value in it is traced."""
+    flat, treedef = jax.tree.flatten((leaf._rule, _dynamic(leaf._state)))
+    dtype = jnp.result_type(float)  # float32, or float64 under x64: all numbers alike
+    packs = tuple(_packable(v, dtype) for v in flat)
+    if sum(packs) < 2:
+        packs = (False,) * len(flat)
+    key = (treedef, packs)
+    spec = _SPECS.get(key) or _SPECS.setdefault(key, _Spec(treedef, packs))
+    numbers = [v for v, w in zip(flat, packs) if w]
+    rest = [v for v, w in zip(flat, packs) if not w]
+    traced = any(isinstance(v, jax.core.Tracer) for v in flat)
+    if numbers:
+        rest.insert(0, jnp.stack(numbers) if traced else _STACK(*numbers))
+    packed = (spec, *rest)
+    if not traced:
+        leaf._packed = packed
+    return packed
+
+
+def _unstack(packed: Any, n: int) -> list:
+    if isinstance(packed, jax.core.Tracer):
+        return [jax.lax.index_in_dim(packed, i, keepdims=False) for i in range(n)]
+    if isinstance(packed, jax.Array) and packed.shape == (n,):
+        return list(_UNSTACK(packed))
+    return [packed] * n  # something else that jax.tree.map put there: at each place
+
+
+def _flatten_leaf(leaf: Any) -> tuple:
+    packed = leaf._packed
+    if packed is None:
+        packed = _pack(leaf)
+    return packed[1:], (packed[0], leaf._frozen)
+
+
+def _flatten_leaf_with_keys(leaf: Any) -> tuple:
+    children, aux = _flatten_leaf(leaf)
+    return list(zip(aux[0].keys(), children)), aux
+
+
 def _register_all() -> None:
     from optimisers.leaf import Leaf
     from optimisers.rules import Rule
@@ -337,11 +447,8 @@ def _register_all() -> None:
     if Leaf not in _REGISTERED:
         _REGISTERED.add(Leaf)
         jax.tree_util.register_pytree_with_keys(
-            Leaf,
-            lambda t: (((GetAttrKey("rule"), t._rule),
-                        (GetAttrKey("state"), _dynamic(t._state))), t._frozen),
-            lambda frozen, kids: Leaf(kids[0], kids[1], frozen),
-            lambda t: ((t._rule, _dynamic(t._state)), t._frozen))
+            Leaf, _flatten_leaf_with_keys,
+            lambda aux, children: Leaf._lazy((aux[0], *children), aux[1]), _flatten_leaf)
     todo = list(Rule.__subclasses__())
     while todo:
         cls = todo.pop()
