@@ -14,8 +14,9 @@ passes new data to a jitted update without re-tracing it; its other fields (``bo
 auxiliary data, and nested rules are children. ``Leaf.frozen`` is static. Python
 numbers among the children (hyper-parameters, and counters such as Adam's ``b1^t`` in a
 state) are flattened as weakly typed 0-d arrays, so they are data under
-``equinox.filter_jit`` too; ``setup`` makes them so once (:func:`settle`), so that a
-tree passed again and again does not pay for it at every call.
+``equinox.filter_jit`` too. A Leaf flattens with those numbers packed into one array (see
+"Leaf: its numbers packed" below), made once by ``setup`` (:func:`settle`) and kept by the
+Leafs that a jitted call returns.
 
 There are no concatenating group functions here (``flatcat`` and the rest, see
 ``fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
@@ -334,7 +335,9 @@ def register_rule(cls: type) -> None:
 # hyper-parameters and counters are many such arrays: an Adam Leaf has six (eta, b1, b2,
 # eps and the two b^t) beside its two moments. So a Leaf flattens with its weakly typed
 # floating 0-d values packed into one 1-D array: an Adam Leaf is then 3 arrays, not 8.
-# Measured with 2,000 Adam Leafs of 512 elements: ... (see benchmarks/README.md).
+# Measured with 2,000 Adam Leafs of 512 elements (shape B of benchmarks/run.py, donated):
+# a step went from 124 ms to 61 ms (optax: 52 ms) and its compile from 105 s to 71 s
+# (optax: 21 s); flattening the tree from 10 ms to 1.6 ms, rebuilding it from 5 to 1.7 ms.
 # A Leaf rebuilt by JAX (the output of a jitted call) keeps that flat form and unpacks it
 # only when its rule or state is first read (Leaf._lazy), so a training loop that passes
 # the tree back in never unpacks it outside the trace.
