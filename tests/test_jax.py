@@ -211,8 +211,9 @@ def test_leaf_packs_its_numbers():
 
 def test_jit_output_stays_packed_until_read():
     """The Leafs that a jitted step returns keep the packed form: passed back in they are
-    not unpacked and not re-traced; read, they give weakly typed 0-d arrays; written, the
-    other field survives and the packed form follows the write."""
+    not unpacked and not re-traced; read, they give Python numbers (each float32 as its
+    shortest decimal, so a rule reads back equal to the one given); written, the other
+    field survives and the packed form follows the write."""
     traces = []
 
     def f(t, m, g):
@@ -229,7 +230,8 @@ def test_jit_output_stays_packed_until_read():
     again = jax.tree.leaves(tree)
     assert all(a is b for a, b in zip(again, jax.tree.leaves(tree), strict=True))
     assert type(leaf._rule).__name__ == "_Lazy"  # not unpacked by flattening
-    assert leaf.rule.epsilon.weak_type and float(leaf.rule.eta) == pytest.approx(0.1)
+    assert leaf.rule == O.Adam(0.1)  # read back as the numbers setup was given
+    assert type(leaf.state[2][0]) is float
     np.testing.assert_allclose(leaf.state[2], [0.9 ** 4, 0.999 ** 4], rtol=1e-6)
 
     tree, model = step(tree, model, grads)
@@ -297,7 +299,8 @@ def test_low_precision_keeps_dtype_under_jit(dtype, rule):
     if isinstance(rule, O.MixedPrecision):
         assert tree["w"].state[0].dtype == jnp.float32
     else:
-        assert all(a.dtype == dt for a in jax.tree.leaves(tree["w"].state) if a.ndim)
+        assert all(a.dtype == dt for a in jax.tree.leaves(tree["w"].state)
+                   if getattr(a, "ndim", 0))  # the arrays; counters read back as numbers
     tree = O.adjust(tree, 0.02)
     _, model = step(tree, model, {"w": jnp.ones((2, 3), dt)})
     assert model["w"].dtype == dt
@@ -389,12 +392,12 @@ def test_equinox_linear_jax_grad_and_jit():
 
 
 def test_tree_after_jit_prints_numbers():
-    """Under jit the hyper-parameters travel as 0-d arrays; the Leaf and summary still
-    show them as the numbers they are, and tracers as they are."""
+    """Under jit the hyper-parameters travel as data (packed in one array); read back,
+    the Leaf and summary show them as the numbers they are, and tracers as they are."""
     model = {"w": jnp.ones(2)}
     tree = O.setup(O.OptimiserChain(O.ClipGrad(0.5), O.AdamW(0.01)), model)
     tree, model = jax.jit(O.update)(tree, model, {"w": jnp.ones(2)})
-    assert isinstance(tree["w"].rule.rules[1].eta, jax.Array)
+    assert tree["w"].rule.rules[1] == O.AdamW(0.01)
     text = "OptimiserChain(ClipGrad(delta=0.5), AdamW(eta=0.01, beta=(0.9, 0.999)"
     assert repr(tree["w"]).startswith("Leaf(" + text)
     assert text in O.summary(tree)

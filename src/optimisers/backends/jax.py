@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import threading
 from typing import Any
 
 import jax
@@ -260,6 +261,7 @@ def _getters(cls: type) -> tuple[Any, Any]:
 
 
 _AS_IS: set[type] = set()
+_PACKING = threading.local()
 
 
 def _dynamic(v: Any) -> Any:
@@ -276,8 +278,8 @@ def _dynamic(v: Any) -> Any:
         return v
     if isinstance(v, (bool, np.bool_)):
         return v
-    if isinstance(v, (float, np.floating)):
-        return jnp.asarray(float(v))
+    if isinstance(v, (float, np.floating)):  # kept a number while _pack gathers them
+        return float(v) if getattr(_PACKING, "on", False) else jnp.asarray(float(v))
     if isinstance(v, (int, np.integer)):
         return jnp.asarray(int(v))
     return v
@@ -393,10 +395,11 @@ class _Spec:
 
 _SPECS: dict[tuple, _Spec] = {}
 _STACK = jax.jit(lambda *numbers: jnp.stack(numbers))
-_UNSTACK = jax.jit(lambda packed: tuple(packed[i] for i in range(packed.shape[0])))
 
 
 def _packable(v: Any, dtype: Any) -> bool:
+    if type(v) is float:  # weakly typed, of the default dtype, once JAX takes it
+        return True
     aval = getattr(v, "aval", None)  # JAX arrays and tracers
     return (aval is not None and aval.shape == () and aval.weak_type
             and aval.dtype == dtype)
@@ -405,16 +408,20 @@ def _packable(v: Any, dtype: Any) -> bool:
 def _pack(leaf: Any) -> tuple:
     """The flat form ``(spec, *children)`` of a Leaf whose rule and state are at hand;
     kept in the Leaf when no value in it is traced."""
-    flat, treedef = jax.tree.flatten((leaf._rule, _dynamic(leaf._state)))
-    dtype = jnp.result_type(float)  # float32, or float64 under x64: all numbers alike
-    packs = tuple(_packable(v, dtype) for v in flat)
+    _PACKING.on = True  # Python numbers go into the pack as they are: no array each
+    try:
+        flat, treedef = jax.tree.flatten((leaf._rule, _dynamic(leaf._state)))
+    finally:
+        _PACKING.on = False
+    dtype = jax.dtypes.canonicalize_dtype(np.float64)  # float32 unless x64: all alike
+    packs = tuple([_packable(v, dtype) for v in flat])
     if sum(packs) < 2:
         packs = (False,) * len(flat)
     key = (treedef, packs)
     spec = _SPECS.get(key) or _SPECS.setdefault(key, _Spec(treedef, packs))
     numbers = [v for v, w in zip(flat, packs) if w]
-    rest = [v for v, w in zip(flat, packs) if not w]
-    traced = any(isinstance(v, jax.core.Tracer) for v in flat)
+    rest = [_dynamic(v) for v, w in zip(flat, packs) if not w]  # a lone number: an array
+    traced = any([isinstance(v, jax.core.Tracer) for v in flat])
     if numbers:
         rest.insert(0, jnp.stack(numbers) if traced else _STACK(*numbers))
     packed = (spec, *rest)
@@ -427,7 +434,10 @@ def _unstack(packed: Any, n: int) -> list:
     if isinstance(packed, jax.core.Tracer):
         return [jax.lax.index_in_dim(packed, i, keepdims=False) for i in range(n)]
     if isinstance(packed, jax.Array) and packed.shape == (n,):
-        return list(_UNSTACK(packed))
+        host = np.asarray(packed)  # Python numbers, as setup gave them: weakly typed too
+        if host.dtype == np.float32:  # each the shortest decimal that is the same float32
+            return [float(str(v)) for v in host]
+        return host.tolist()
     return [packed] * n  # something else that jax.tree.map put there: at each place
 
 
