@@ -101,6 +101,27 @@ def test_adjust_does_not_retrace():
     assert traces == 2
 
 
+def test_adjust_inside_the_jitted_step():
+    """A schedule inside the step: adjust of a traced learning rate neither re-traces nor
+    leaves the tree anything but what an eager adjust and update give."""
+    traces = []
+
+    def f(tree, model, x, lr):
+        traces.append(1)
+        return O.update(O.adjust(tree, lr), model, jax.grad(loss)(model, x))
+
+    step = jax.jit(f)
+    model = eager_model = make_model()
+    tree = eager = O.setup(O.Adam(0.01), model)
+    for i, lr in enumerate([0.01, 0.005, 0.002]):
+        tree, model = step(tree, model, data(i), lr)
+        eager, eager_model = O.update(O.adjust(eager, lr), eager_model,
+                                      jax.grad(loss)(eager_model, data(i)))
+    assert len(traces) == 1
+    assert tree["scale"].rule == O.Adam(0.002)
+    assert_trees_close(model, eager_model, rtol=1e-5, atol=1e-6)
+
+
 @rules_param(ALL_RULES)
 def test_every_rule_under_jit_matches_numpy(rule):
     rng = np.random.default_rng(0)
