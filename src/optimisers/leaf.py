@@ -87,6 +87,12 @@ class Leaf:
             spec, *children = self._packed
             self._rule, self._state = spec.unpack(children)
 
+    def _drop_packed(self) -> None:
+        """Before a write of rule or state: the flat form goes stale, the other field stays."""
+        if self._packed is not None:
+            self._unpack()
+            self._packed = None
+
     def _get(name: str) -> Any:  # noqa: N805 (a helper of the class body)
         def get(self: Leaf) -> Any:
             value = getattr(self, name)
@@ -98,9 +104,7 @@ class Leaf:
 
     def _set(name: str) -> Any:  # noqa: N805 (a helper of the class body)
         def set_(self: Leaf, value: Any) -> None:
-            if self._packed is not None:  # the flat form goes stale: keep the other field
-                self._unpack()
-                self._packed = None
+            self._drop_packed()
             setattr(self, name, value)
             _written()  # after the write: whoever sees the new count sees the new value
         return set_
@@ -139,9 +143,8 @@ def writes() -> int:
 def restate(leaves: list, states: list) -> None:
     """Give each of ``leaves`` its new state from ``states``: one write noted for all."""
     for leaf, state in zip(leaves, states):
-        if leaf._packed is not None:
-            leaf._unpack()
-            leaf._packed = None
+        if leaf._packed is not None:  # (no call for NumPy's Leafs, which have none)
+            leaf._drop_packed()
         leaf._state = state
     _written()
 
