@@ -265,6 +265,29 @@ def test_jit_output_stays_packed_until_read():
     assert len(traces) == 1
 
 
+def test_packed_numbers_under_x64_and_between_eager_steps():
+    """Under x64 the numbers pack as float64 and read back exactly; an eager update
+    between jitted ones (which unpacks, then packs again) changes nothing that jit sees."""
+    traces = []
+
+    def f(t, m, g):
+        traces.append(1)
+        return O.update(t, m, g)
+
+    with jax.enable_x64(True):
+        step = jax.jit(f)
+        model, grads = {"w": jnp.ones(3, jnp.float64)}, {"w": jnp.full(3, 0.5, jnp.float64)}
+        tree = O.setup(O.Adam(0.1), model)
+        numbers = jax.tree.leaves(tree)[0]
+        assert numbers.dtype == jnp.float64 and numbers.weak_type
+        tree, model = step(tree, model, grads)
+        tree, model = O.update(tree, model, grads)  # eager
+        tree, model = step(tree, model, grads)
+        assert len(traces) == 1
+        assert tree["w"].rule == O.Adam(0.1)
+        assert tree["w"].state[2] == pytest.approx((0.9 ** 4, 0.999 ** 4), rel=1e-15)
+
+
 @pytest.mark.parametrize("rule", [O.Adam(0.1), O.AdaBelief(0.1)], ids=repr)
 def test_packed_form_follows_numpy_updates(rule):
     """A NumPy tree that JAX has flattened (which keeps the packed form in each Leaf)
