@@ -190,7 +190,7 @@ def test_pytree_layout():
 @pytest.mark.parametrize("rule", [O.Adam(), O.OptimiserChain(O.ClipGrad(1.0), O.RAdam()),
                                   O.MixedPrecision(O.AdamW(), np.float32)], ids=repr)
 def test_setup_makes_numbers_arrays_once(rule):
-    """A JAX tree from setup holds its numbers as 0-d arrays already, each Leaf its own:
+    """A JAX tree from setup has its flat form made already, each Leaf its own arrays:
     flattening it (what every jitted call does) makes no new array, and a jitted step may
     donate the whole tree, which it could not if two Leafs shared a buffer."""
     dt = jnp.bfloat16  # MixedPrecision(float32) then keeps a copy, not the array itself
