@@ -38,6 +38,17 @@ def train_step(tree, model, x):
     return O.update(tree, model, jax.grad(loss)(model, x))
 
 
+def counted(f):
+    """``f``, noting each call in the list returned beside it: under ``jit``, each trace."""
+    calls = []
+
+    def noted(*args):
+        calls.append(1)
+        return f(*args)
+
+    return noted, calls
+
+
 def assert_trees_close(a, b, **tol):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
@@ -104,12 +115,8 @@ def test_adjust_does_not_retrace():
 def test_adjust_inside_the_jitted_step():
     """A schedule inside the step: adjust of a traced learning rate neither re-traces nor
     leaves the tree anything but what an eager adjust and update give."""
-    traces = []
-
-    def f(tree, model, x, lr):
-        traces.append(1)
-        return O.update(O.adjust(tree, lr), model, jax.grad(loss)(model, x))
-
+    f, traces = counted(
+        lambda tree, model, x, lr: O.update(O.adjust(tree, lr), model, jax.grad(loss)(model, x)))
     step = jax.jit(f)
     model = eager_model = make_model()
     tree = eager = O.setup(O.Adam(0.01), model)
@@ -235,12 +242,7 @@ def test_jit_output_stays_packed_until_read():
     not unpacked and not re-traced; read, they give Python numbers (each float32 as its
     shortest decimal, so a rule reads back equal to the one given); written, the other
     field survives and the packed form follows the write."""
-    traces = []
-
-    def f(t, m, g):
-        traces.append(1)
-        return O.update(t, m, g)
-
+    f, traces = counted(O.update)
     step = jax.jit(f)
     model, grads = {"w": jnp.ones(3)}, {"w": jnp.full(3, 0.5)}
     tree = O.setup(O.Adam(0.1), model)
@@ -268,12 +270,7 @@ def test_jit_output_stays_packed_until_read():
 def test_packed_numbers_under_x64_and_between_eager_steps():
     """Under x64 the numbers pack as float64 and read back exactly; an eager update
     between jitted ones (which unpacks, then packs again) changes nothing that jit sees."""
-    traces = []
-
-    def f(t, m, g):
-        traces.append(1)
-        return O.update(t, m, g)
-
+    f, traces = counted(O.update)
     with jax.enable_x64(True):
         step = jax.jit(f)
         model, grads = {"w": jnp.ones(3, jnp.float64)}, {"w": jnp.full(3, 0.5, jnp.float64)}
