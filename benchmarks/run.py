@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 
 LR = 1e-3
+JAX_FLOOR = ("jitted SGD step (floor)", "Adam, flat state (sketch)")  # --jax-floor rows
 BYTES_PER_PARAM = 28  # Adam, float32: read x, g, m, v (16 B) and write x, m, v (12 B)
 SHAPES = ("A", "B", "C")
 LIBS = ("numpy", "torch", "jax")
@@ -347,15 +348,17 @@ def torch_rows(o: Any, x0: Any, g: Any) -> list[Row]:
             Row("torch Adam foreach", "torch", peer(foreach=True))]
 
 
+def cache(f: Any) -> Callable[[], int]:
+    """How many programs the jitted ``f`` has compiled, for ``Row.compiled``."""
+    return lambda: f._cache_size() if hasattr(f, "_cache_size") else 1
+
+
 def jax_rows(o: Any, x0: Any, g: Any, donate: bool) -> list[Row]:
     import jax
     import jax.numpy as jnp
 
     jg = tmap(jnp.asarray, g)
     dn = (0, 1) if donate else ()
-
-    def cache(f: Any) -> Callable[[], int]:
-        return lambda: f._cache_size() if hasattr(f, "_cache_size") else 1
 
     f_ours = jax.jit(lambda t, m, gr: o.update(t, m, gr), donate_argnums=dn)
 
@@ -395,6 +398,77 @@ def jax_rows(o: Any, x0: Any, g: Any, donate: bool) -> list[Row]:
 
     rows.append(Row("optax.adam (jit)", "jax", peer, cache(f_optax)))
     return rows
+
+
+def jax_floor_rows(x0: Any, g: Any, donate: bool) -> list[Row]:
+    """Two jitted steps that are not the library (``--jax-floor``), to show where the JAX
+    step's time and compile go: SGD on the same arrays, the least that any jitted step
+    handing back every parameter costs; and Adam with its moments in one flat buffer for
+    all arrays, a sketch of the cross-Leaf state layout that the contract's per-Leaf state
+    rules out (CONTRACT.md section 2), kept to measure what that layout would gain."""
+    import jax
+    import jax.numpy as jnp
+
+    jg = [jnp.asarray(a) for a in tleaves(g)]
+    dn = (0,) if donate else ()
+
+    f_sgd = jax.jit(lambda p, gr: [x - LR * d for x, d in zip(p, gr)], donate_argnums=dn)
+
+    def sgd() -> Callable:
+        box = [[jnp.array(a) for a in tleaves(x0)]]
+
+        def step() -> None:
+            box[0] = f_sgd(box[0], jg)
+            box[0][0].block_until_ready()
+
+        return step
+
+    f_flat = jax.jit(flat_adam_step, donate_argnums=dn)
+
+    def flat() -> Callable:
+        state, starts = flat_adam_init([jnp.array(a) for a in tleaves(x0)])
+        box = [state]
+
+        def step() -> None:
+            box[0] = f_flat(box[0], jg, starts)
+            box[0][0][0].block_until_ready()
+
+        return step
+
+    return [Row("jitted SGD step (floor)", "jax", sgd, cache(f_sgd)),
+            Row("Adam, flat state (sketch)", "jax", flat, cache(f_flat))]
+
+
+def flat_adam_init(params: list) -> tuple[tuple, list]:
+    """The state of ``flat_adam_step``, (params, m, v, t) with ``m`` and ``v`` flat, and
+    where each array starts in them."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    sizes = [a.size for a in params]
+    starts = [jnp.asarray(np.int32(i)) for i in np.cumsum([0, *sizes[:-1]])]
+    m, v = (jnp.zeros(sum(sizes), params[0].dtype) for _ in range(2))
+    return (params, m, v, jnp.zeros(())), starts
+
+
+def flat_adam_step(s: tuple, gr: list, starts: list) -> tuple:
+    """Adam over one flat buffer per moment. Each array's update is sliced from one flat
+    step at ``starts``, given as run-time int32 scalars: as constants they would make every
+    slice a different XLA kernel, and XLA's CPU compile costs ~12 ms per distinct kernel
+    (identical kernels are compiled once). The flat step is materialised once
+    (``optimization_barrier``), else XLA repeats the formula in every array's kernel."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    p, m, v, t = s
+    flat_g = jnp.concatenate([d.ravel() for d in gr])
+    m = b1 * m + (1 - b1) * flat_g
+    v = b2 * v + (1 - b2) * flat_g * flat_g
+    t = t + 1
+    u = lax.optimization_barrier(LR * (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps))
+    p = [x - lax.dynamic_slice_in_dim(u, i, x.size).reshape(x.shape) for x, i in zip(p, starts)]
+    return p, m, v, t
 
 
 # --- destructure and setup ------------------------------------------------------------------
@@ -510,7 +584,7 @@ def setup_rows(o: Any, x0: Any, libs: set) -> list[Row]:
 
 # --- sanity: the timed code really takes Adam steps ---------------------------------------
 
-def sanity(o: Any, libs: set, donate: bool) -> str:
+def sanity(o: Any, libs: set, donate: bool, flat: bool = False) -> str:
     """Three steps of each contestant on a small model, against Adam in float64: the largest
     absolute difference of the parameters (float32 rounding is ~1e-9 here)."""
     import numpy as np
@@ -600,6 +674,14 @@ def sanity(o: Any, libs: set, donate: bool) -> str:
             cases.append(("optax", ox))
         except ImportError:
             pass
+        if flat:
+            def flat_sketch() -> Any:
+                s, starts = flat_adam_init([jnp.array(a) for a in tleaves(x0)])
+                for _ in range(3):
+                    s = jax.jit(flat_adam_step)(s, [jnp.asarray(a) for a in tleaves(g)], starts)
+                return s[0]
+
+            cases.append(("flat-state sketch", flat_sketch))
     parts = []
     for name, fn in cases:
         try:
@@ -812,6 +894,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="hide numba from optimisers, to time the pure-NumPy path")
     p.add_argument("--no-extras", action="store_true",
                    help="skip the destructure and setup tables")
+    p.add_argument("--jax-floor", action="store_true",
+                   help="also time, under jax.jit, an SGD step on the same arrays and a sketch "
+                        "of Adam with flat state (see benchmarks/README.md)")
     p.add_argument("--profile", action="store_true",
                    help="also print a cProfile (top 15, cumulative) of our update_ on shape B")
     p.add_argument("--seed", type=int, default=0)
@@ -870,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
     res = Results()
     res.busy = [busy()]
     res.load = [load()]
-    res.notes.append(sanity(o, libs, not a.no_donate))
+    res.notes.append(sanity(o, libs, not a.no_donate, a.jax_floor))
     t_start = time.perf_counter()
     for shape in a.shapes:
         spec = shape_spec(shape)
@@ -894,6 +979,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "name --shapes B")
             else:
                 rows += jax_rows(o, x0, g, donate=not a.no_donate)
+                if a.jax_floor:
+                    rows += jax_floor_rows(x0, g, donate=not a.no_donate)
         log(f"shape {shape}: timing {len(rows)} rows, {a.warmup} warm-up + {a.reps} steps each "
             f"(JAX rows compile first)")
         done, res.others[shape] = run_rows(rows, a.warmup, a.reps, a.seed, a.most, a.budget,
@@ -959,6 +1046,7 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
         keys += ["ours torch", "ours torch nn.Module", "torch Adam fused", "torch Adam foreach"]
     if "jax" in libs:
         keys += ["ours jax (jit)", "optax.adam (jit)"]
+        keys += [k for k in JAX_FLOOR if res_has(res, k, shapes)]
     for k in keys:
         t.add(k, [res.cell(k, s, foot) for s in shapes])
     bw_keys = [k for k in BW_BYTES if "torch" in libs or "torch" not in k]
@@ -1007,6 +1095,9 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
         ratio("ours torch / torch foreach", "ours torch", "torch Adam foreach")
     if "jax" in libs:
         ratio("ours jax / optax", "ours jax (jit)", "optax.adam (jit)", "A,C <= 1.0, B <= 0.25")
+        for k in JAX_FLOOR:
+            if res_has(res, k, shapes):
+                ratio(f"{k} / optax", k, "optax.adam (jit)")
     for k in keys:
         if k.startswith("ours"):
             ratio_floor(f"{k} / bandwidth floor", k)
@@ -1017,7 +1108,9 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
     if "jax" in libs:
         c = Table("JAX compile time, s (trace + compile, summed over every compiling call)",
                   cols)
-        for k in ("ours jax (jit)", "optax.adam (jit)"):
+        for k in ("ours jax (jit)", "optax.adam (jit)", *JAX_FLOOR):
+            if k in JAX_FLOOR and not any((k, s) in res.compile for s in shapes):
+                continue
             cells = []
             for s in shapes:
                 if (k, s) in res.compile:
@@ -1027,9 +1120,15 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
                     cells.append(res.cell(k, s, foot) if (k, s) in res.errors or
                                  (k, s) in res.skips else "-")
             c.add(k, cells)
-        c.add("ours / optax", [fmt_ratio(*(res.compile.get((k, s), (None,))[0] for k in
-                                          ("ours jax (jit)", "optax.adam (jit)")))
-                               for s in shapes], "B <= 0.25")
+        def compile_ratio(name: str, k: str, target: str = "") -> None:
+            c.add(name, [fmt_ratio(res.compile.get((k, s), (None,))[0],
+                                   res.compile.get(("optax.adam (jit)", s), (None,))[0])
+                         for s in shapes], target)
+
+        compile_ratio("ours / optax", "ours jax (jit)", "B <= 0.25")
+        for k in JAX_FLOOR:
+            if any((k, s) in res.compile for s in shapes):
+                compile_ratio(f"{k} / optax", k)
         out.append(c.render(md))
 
     # 4. destructure and setup
