@@ -86,6 +86,9 @@ def abs2(g: Array) -> Array:
 
 
 def clip(g: Array, lo: Any, hi: Any) -> Array:
+    """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each."""
+    if jnp.iscomplexobj(g):
+        return jax.lax.complex(jnp.clip(g.real, lo, hi), jnp.clip(g.imag, lo, hi))
     return jnp.clip(g, lo, hi)
 
 
@@ -113,8 +116,13 @@ def cast(x: Any, like: Array) -> Array:
     return jnp.asarray(x, dtype=like.dtype)
 
 
-def astype(x: Array, dtype: Any) -> Array:
-    return jnp.asarray(x, dtype=todtype(dtype))
+def astype(x: Array, dtype: Any, keep_complex: bool = False) -> Array:
+    """``x`` in ``dtype``; with ``keep_complex``, a complex ``x`` goes to the complex dtype
+    of ``dtype``'s precision instead of losing its imaginary part."""
+    dt = todtype(dtype)
+    if keep_complex and jnp.iscomplexobj(x):
+        dt = jnp.promote_types(dt, jnp.complex64)
+    return jnp.asarray(x, dtype=dt)
 
 
 def todtype(dtype: Any) -> np.dtype:

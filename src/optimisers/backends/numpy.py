@@ -50,7 +50,14 @@ def abs2(g: Array) -> Array:
 
 
 def clip(g: Array, lo: Any, hi: Any) -> Array:
-    return np.clip(g, lo, hi)
+    """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each
+    (NumPy's own clip orders complex numbers by real part first)."""
+    if g.dtype.kind != "c":
+        return np.clip(g, lo, hi)
+    out = np.empty_like(g)
+    np.clip(g.real, lo, hi, out=out.real)
+    np.clip(g.imag, lo, hi, out=out.imag)
+    return out
 
 
 def norm(g: Array, p: float) -> Array:
@@ -75,8 +82,13 @@ def cast(x: Array, like: Array) -> Array:
     return np.asarray(x).astype(like.dtype, copy=False)
 
 
-def astype(x: Array, dtype: Any) -> Array:
-    return x.astype(todtype(dtype), copy=True)
+def astype(x: Array, dtype: Any, keep_complex: bool = False) -> Array:
+    """A copy of ``x`` in ``dtype``; with ``keep_complex``, a complex ``x`` goes to the
+    complex dtype of ``dtype``'s precision instead of losing its imaginary part."""
+    dt = todtype(dtype)
+    if keep_complex and x.dtype.kind == "c":
+        dt = np.result_type(dt, np.complex64)
+    return x.astype(dt, copy=True)
 
 
 def todtype(dtype: Any) -> Any:

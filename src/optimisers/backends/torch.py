@@ -96,6 +96,9 @@ def where(cond: Array, a: Any, b: Any) -> Array:
 
 
 def clip(g: Array, lo: Any, hi: Any) -> Array:
+    """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each."""
+    if g.is_complex():
+        return torch.complex(torch.clamp(g.real, lo, hi), torch.clamp(g.imag, lo, hi))
     return torch.clamp(g, lo, hi)
 
 
@@ -122,8 +125,13 @@ def cast(x: Any, like: Array) -> Array:
     return torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
-def astype(x: Array, dtype: Any) -> Array:
-    return x.detach().to(todtype(dtype), copy=True)
+def astype(x: Array, dtype: Any, keep_complex: bool = False) -> Array:
+    """A copy of ``x`` in ``dtype``; with ``keep_complex``, a complex ``x`` goes to the
+    complex dtype of ``dtype``'s precision instead of losing its imaginary part."""
+    dt = todtype(dtype)
+    if keep_complex and x.is_complex():
+        dt = torch.promote_types(dt, torch.complex64)
+    return x.detach().to(dt, copy=True)
 
 
 def todtype(dtype: Any) -> torch.dtype:

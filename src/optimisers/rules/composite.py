@@ -131,8 +131,10 @@ class MixedPrecision(Rule):
 
     The state is ``(xT, rule_state)``: ``xT`` the parameter in ``dtype``, updated by
     ``rule``, then written back (rounded) to the parameter: the step is a
-    :class:`NewValue`, so the parameter is exactly ``xT`` cast to its dtype. Must be
-    outermost: wrap a chain, never put it inside one.
+    :class:`NewValue`, so the parameter is exactly ``xT`` cast to its dtype. A complex
+    parameter's master copy is complex, of ``dtype``'s precision (``complex64`` for
+    ``float32``), so that no imaginary part is dropped. Must be outermost: wrap a chain,
+    never put it inside one.
 
     Example:
         >>> import numpy as np
@@ -158,7 +160,7 @@ class MixedPrecision(Rule):
         return self.rule.raises()
 
     def init(self, x):
-        xT = backends.of(x).astype(x, self.dtype)
+        xT = backends.of(x).astype(x, self.dtype, keep_complex=True)
         return xT, self.rule.init(xT)
 
     def apply(self, state, x, dx, *higher):

@@ -56,12 +56,15 @@ class SignDecay(Rule):
 
 @dataclass(frozen=True)
 class ClipGrad(Rule):
-    """ClipGrad(delta=10.0): clamp each gradient element to ``[-delta, delta]``.
+    """ClipGrad(delta=10.0): clamp each gradient element to ``[-delta, delta]``; a complex
+    element's real and imaginary parts are each clamped (complex numbers have no order).
 
     Example:
         >>> import numpy as np
         >>> ClipGrad(1.0).apply(None, np.zeros(2), np.array([-3.0, 0.5]))[1]
         array([-1. ,  0.5])
+        >>> ClipGrad(1.0).apply(None, np.zeros(1, complex), np.array([3 - 0.5j]))[1]
+        array([1.-0.5j])
     """
 
     elementwise = True
