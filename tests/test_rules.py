@@ -261,8 +261,6 @@ def test_update_equals_update_(rule):
 @rules_param()
 def test_complex_parameters_learn_conjugation(rule):
     """Learn f(x) = conj(x) with w*x: a real loss of a complex parameter decreases."""
-    if isinstance(rule, O.Rprop):
-        pytest.skip("Rprop's sign-flip test is not defined on complex numbers")
     rng = np.random.default_rng(3)
     xs = (rng.normal(size=8) + 1j * rng.normal(size=8)).astype(np.complex128)
     model = [np.array([1.0 + 1.0j])]
@@ -279,13 +277,21 @@ def test_complex_parameters_learn_conjugation(rule):
     assert loss_grad(model[0])[0] < (0.95 if rule in SLOW else 0.6) * first
 
 
+def converter(lib: str):
+    """NumPy array -> array of ``lib`` (numpy, torch or jax); skips the test if it is absent."""
+    if lib == "numpy":
+        return np.asarray
+    if lib == "torch":
+        return pytest.importorskip("torch").from_numpy
+    return pytest.importorskip("jax.numpy").asarray
+
+
 @pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
 def test_complex_clip_and_mixed_precision_keep_the_imaginary_part(lib):
     """ClipGrad clamps a complex gradient's real and imaginary parts each, the same in
     every library (NumPy's own clip orders complex numbers, and dropped 4j from 3+4j);
     MixedPrecision keeps a complex master copy of float32's precision."""
-    conv = {"numpy": np.asarray, "torch": lambda a: pytest.importorskip("torch").from_numpy(a),
-            "jax": lambda a: pytest.importorskip("jax.numpy").asarray(a)}[lib]
+    conv = converter(lib)
     g = np.array([3 + 4j, 0.5j, -2 - 0.3j], np.complex64)
     want = -np.array([1 + 1j, 0.5j, -1 - 0.3j], np.complex64)
     for rule in (O.ClipGrad(1.0), O.MixedPrecision(O.OptimiserChain(O.ClipGrad(1.0),
@@ -298,6 +304,25 @@ def test_complex_clip_and_mixed_precision_keep_the_imaginary_part(lib):
         np.testing.assert_array_equal(np.asarray(model["c"]), want)
         assert str(model["c"].dtype).endswith("complex64")
     assert str(tree["c"].state[0].dtype).endswith("complex64")  # the master copy
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+def test_complex_rprop_steps_the_real_and_imaginary_parts_as_reals(lib):
+    """A complex element is two real ones to Rprop: the same steps as Rprop on the
+    real and imaginary parts stacked as a real array, in every library."""
+    conv = converter(lib)
+    rng = np.random.default_rng(4)
+    x0 = (rng.normal(size=5) + 1j * rng.normal(size=5)).astype(np.complex64)
+    gs = [(rng.normal(size=5) + 1j * rng.normal(size=5)).astype(np.complex64)
+          for _ in range(6)]
+    model = {"c": conv(x0.copy())}
+    tree = O.setup(O.Rprop(0.1), model)
+    ref = {"c": np.stack([x0.real, x0.imag])}
+    ref_tree = O.setup(O.Rprop(0.1), ref)
+    for g in gs:
+        tree, model = O.update_(tree, model, {"c": conv(g)})
+        ref_tree, ref = O.update_(ref_tree, ref, {"c": np.stack([g.real, g.imag])})
+    np.testing.assert_array_equal(np.asarray(model["c"]), ref["c"][0] + 1j * ref["c"][1])
 
 
 # ---------------------------------------------------------------- construction

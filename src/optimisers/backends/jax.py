@@ -85,10 +85,15 @@ def abs2(g: Array) -> Array:
     return (g * jnp.conj(g)).real if jnp.iscomplexobj(g) else g * g
 
 
+def complex_from(re: Array, im: Array) -> Array:
+    """The complex array ``re + i*im``, of their precision."""
+    return jax.lax.complex(re, im)
+
+
 def clip(g: Array, lo: Any, hi: Any) -> Array:
     """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each."""
     if jnp.iscomplexobj(g):
-        return jax.lax.complex(jnp.clip(g.real, lo, hi), jnp.clip(g.imag, lo, hi))
+        return complex_from(jnp.clip(g.real, lo, hi), jnp.clip(g.imag, lo, hi))
     return jnp.clip(g, lo, hi)
 
 

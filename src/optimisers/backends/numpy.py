@@ -49,15 +49,17 @@ def abs2(g: Array) -> Array:
     return (g * g.conj()).real if g.dtype.kind == "c" else g * g
 
 
+def complex_from(re: Array, im: Array) -> Array:
+    """The complex array ``re + i*im``, of their precision."""
+    return re + 1j * im
+
+
 def clip(g: Array, lo: Any, hi: Any) -> Array:
     """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each
     (NumPy's own clip orders complex numbers by real part first)."""
     if g.dtype.kind != "c":
         return np.clip(g, lo, hi)
-    out = np.empty_like(g)
-    np.clip(g.real, lo, hi, out=out.real)
-    np.clip(g.imag, lo, hi, out=out.imag)
-    return out
+    return complex_from(np.clip(g.real, lo, hi), np.clip(g.imag, lo, hi))
 
 
 def norm(g: Array, p: float) -> Array:

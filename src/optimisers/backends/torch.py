@@ -56,8 +56,9 @@ def zeros_like(x: Array, real_: bool = False) -> Array:
     return torch.zeros_like(x.real if real_ and x.is_complex() else x, requires_grad=False)
 
 
-def full_like(x: Array, value: float, real_: bool = False) -> Array:
-    return torch.full_like(x.real if real_ and x.is_complex() else x, float(value),
+def full_like(x: Array, value: float | complex, real_: bool = False) -> Array:
+    value = value if isinstance(value, complex) else float(value)
+    return torch.full_like(x.real if real_ and x.is_complex() else x, value,
                            requires_grad=False)
 
 
@@ -95,10 +96,15 @@ def where(cond: Array, a: Any, b: Any) -> Array:
     return torch.where(cond, a, b)
 
 
+def complex_from(re: Array, im: Array) -> Array:
+    """The complex tensor ``re + i*im``, of their precision."""
+    return torch.complex(re, im)
+
+
 def clip(g: Array, lo: Any, hi: Any) -> Array:
     """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each."""
     if g.is_complex():
-        return torch.complex(torch.clamp(g.real, lo, hi), torch.clamp(g.imag, lo, hi))
+        return complex_from(torch.clamp(g.real, lo, hi), torch.clamp(g.imag, lo, hi))
     return torch.clamp(g, lo, hi)
 
 

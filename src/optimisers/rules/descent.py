@@ -99,6 +99,8 @@ class Rprop(Rule):
     Per element, the step size grows by ``ell[1]`` while the gradient keeps its sign and
     shrinks by ``ell[0]`` when it flips (then that gradient is forgotten), clamped to
     ``gamma``; ``d = s * sign(g)``. As ``torch.optim.Rprop(etas=ell, step_sizes=gamma)``.
+    A complex element steps as two real ones: its real and imaginary parts, each with its
+    own step size (the real and imaginary parts of ``s``).
 
     Example:
         >>> import numpy as np
@@ -115,14 +117,28 @@ class Rprop(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        return xp.zeros_like(x), xp.full_like(x, self.eta)
+        eta = self.eta * (1 + 1j) if _iscomplex(xp, x) else self.eta
+        return xp.zeros_like(x), xp.full_like(x, eta)
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        lo, hi, gmin, gmax = xp.hyper(x, *self.ell, *self.gamma)
+        hyper = xp.hyper(x, *self.ell, *self.gamma)
         gp, s = state
-        sgn = xp.sign(gp * dx)
-        s = xp.assign(s, xp.where(sgn > 0, xp.minimum(s * hi, gmax),
-                                  xp.where(sgn < 0, xp.maximum(s * lo, gmin), s)))
-        gp = xp.assign(gp, xp.where(sgn < 0, 0 * dx, dx))
-        return (gp, s), s * xp.sign(gp)
+        if not _iscomplex(xp, x):
+            return _rprop(xp, gp, s, dx, *hyper)
+        (gr, sr), dr = _rprop(xp, gp.real, s.real, dx.real, *hyper)
+        (gi, si), di = _rprop(xp, gp.imag, s.imag, dx.imag, *hyper)
+        return (xp.complex_from(gr, gi), xp.complex_from(sr, si)), xp.complex_from(dr, di)
+
+
+def _iscomplex(xp, x) -> bool:
+    return xp.dtype_name(x).startswith("complex")
+
+
+def _rprop(xp, gp, s, dx, lo, hi, gmin, gmax):
+    """Rprop's step on real arrays: the new (previous gradient, step sizes), and ``d``."""
+    sgn = xp.sign(gp * dx)
+    s = xp.assign(s, xp.where(sgn > 0, xp.minimum(s * hi, gmax),
+                              xp.where(sgn < 0, xp.maximum(s * lo, gmin), s)))
+    gp = xp.assign(gp, xp.where(sgn < 0, 0 * dx, dx))
+    return (gp, s), s * xp.sign(gp)
