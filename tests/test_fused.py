@@ -358,3 +358,15 @@ def test_leafs_written_between_cached_steps(path, edit, monkeypatch):
             return [leaf.state for _, leaf in O.state.leaves(tree)], model
 
     assert_same(run(True), run(False))
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+def test_arrays_are_cut_whole_or_in_pieces():
+    """The one piece table of the NumPy pass and the XLA handler: per piece, its array,
+    its first element there and in the concatenation, and its length; an empty array is
+    one empty piece."""
+    cut = _numba.cutter()
+    np.testing.assert_array_equal(cut(np.array([0, 7, 2]), 3).T, [
+        [0, 0, 0, 0], [1, 0, 0, 3], [1, 3, 3, 3], [1, 6, 6, 1], [2, 0, 7, 2]])
+    np.testing.assert_array_equal(cut(np.array([0, 7, 2]), 0).T, [
+        [0, 0, 0, 0], [1, 0, 0, 7], [2, 0, 7, 2]])

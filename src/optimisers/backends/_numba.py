@@ -8,6 +8,7 @@ so a step over 2,000 small arrays is one call instead of 2,000.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import operator
@@ -259,6 +260,38 @@ into pieces of ``PIECE`` elements; smaller ones on one (starting threads costs m
 PIECE = 1 << 18
 
 
+@functools.cache
+def cutter() -> Any:
+    """``cut(sizes, step)``, compiled: arrays of ``sizes`` elements cut into a kernel's
+    pieces of ``step`` elements (``step`` 0: each array whole, one piece even when empty).
+    Returns a ``(4, pieces)`` table: each piece's array, its first element there, its
+    first element in the arrays' concatenation, and its length. :class:`_Pieces` cuts
+    with it, and so does the XLA handler (``_xla``), at run time."""
+    import numba
+
+    @numba.njit(nogil=True)
+    def cut(sizes, step):
+        n = 0
+        for size in sizes:
+            n += max(1, (size + step - 1) // step) if step else 1
+        table = np.empty((4, n), np.intp)
+        p = start = 0
+        for j in range(sizes.size):
+            width = step if step else max(sizes[j], 1)
+            lo = 0
+            while True:
+                table[0, p], table[1, p], table[2, p] = j, lo, start + lo
+                table[3, p] = min(width, sizes[j] - lo)
+                p += 1
+                lo += width
+                if lo >= sizes[j]:
+                    break
+            start += sizes[j]
+        return table
+
+    return cut
+
+
 class _Pieces:
     """How a group's arrays are cut into a kernel's pieces: whole arrays, or (in
     parallel) ``PIECE`` elements each. ``owner[p]`` is the array of piece ``p``,
@@ -266,13 +299,8 @@ class _Pieces:
     flat gradient and its length."""
 
     def __init__(self, sizes: list, parallel: bool) -> None:
-        rows, start = [], 0
-        for j, n in enumerate(sizes):
-            step = PIECE if parallel else max(n, 1)
-            rows += [(j, lo, start + lo, min(step, n - lo)) for lo in range(0, n, step)]
-            start += n
-        owner, offset, starts, size = np.array(rows, dtype=np.intp).reshape(-1, 4).T
-        self.owner, self.offset, self.starts, self.sizes = owner, offset, starts, size
+        table = cutter()(np.asarray(sizes, np.intp), PIECE if parallel else 0)
+        self.owner, self.offset, self.starts, self.sizes = table
 
     def addresses(self, arrays: list) -> np.ndarray:
         """The address of each piece within ``arrays`` (one per array, in order)."""

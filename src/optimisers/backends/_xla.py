@@ -64,22 +64,9 @@ def run(args, rets):
         for d in dims:
             s *= d
         sizes[j] = s
-    npieces = 0
-    for j in range(n):
-        npieces += max(1, (sizes[j] + PIECE - 1) // PIECE) if PARALLEL else 1
-    rows = np.empty(npieces, np.intp)
-    offset = np.empty(npieces, np.intp)
-    psize = np.empty(npieces, np.intp)
-    p = 0
-    for j in range(n):
-        step = PIECE if PARALLEL else max(sizes[j], 1)
-        lo = 0
-        while True:
-            rows[p], offset[p], psize[p] = j, lo, min(step, sizes[j] - lo)
-            p += 1
-            lo += step
-            if lo >= sizes[j]:
-                break
+    table = cut(sizes, PIECE if PARALLEL else 0)
+    rows, offset, psize = table[0], table[1], table[3]
+    npieces = rows.size
     streams = np.empty((1 + NSTATE, npieces), np.intp)  # results: aliased to operands
     for k in range(1 + NSTATE):
         for q in range(npieces):
@@ -139,7 +126,7 @@ def _helpers() -> dict:
         else:
             numba.carray(f64(b[3]), (1,))[0] = value
 
-    return dict(numba=numba, np=np, i64=i64, i32=i32, get=get, put=put)
+    return dict(numba=numba, np=np, i64=i64, i32=i32, get=get, put=put, cut=_numba.cutter())
 
 
 def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
