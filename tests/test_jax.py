@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ jnp = jax.numpy
 
 import optimisers as O  # noqa: E402
 from conftest import ALL_RULES, rules_param  # noqa: E402
+from optimisers import backends  # noqa: E402
 
 
 def make_model(seed: int = 0) -> dict:
@@ -174,7 +177,21 @@ def test_update_in_place_is_out_of_place():
     assert isinstance(tree["layers"][0]["w"], O.Leaf)
 
 
+def test_rules_are_pytrees_once_jax_is_imported():
+    """With JAX imported first, a rule flattens before any JAX array reached optimisers;
+    imported the other way round, from the first JAX array it sees."""
+    code = ("import jax, optimisers as O; print(len(jax.tree.leaves(O.Adam(0.1))))", "4")
+    late = ("import optimisers as O, jax, jax.numpy as jnp; print(len(jax.tree.leaves("
+            "O.Adam(0.1))), end=' '); O.setup(O.Adam(), jnp.ones(1)); "
+            "print(len(jax.tree.leaves(O.Adam(0.1))))", "1 4")
+    for src, want in (code, late):
+        out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
+                             check=True).stdout
+        assert out.strip() == want
+
+
 def test_pytree_layout():
+    backends.ops("jax")  # the rules are pytrees (whichever test ran first)
     leaves, treedef = jax.tree.flatten(O.AdamW(0.1, (0.8, 0.9), 0.01))
     np.testing.assert_allclose(leaves, [0.1, 0.8, 0.9, 0.01, 1e-8])
     assert all(v.weak_type for v in leaves)  # numbers become weakly typed arrays
@@ -265,6 +282,23 @@ def test_jit_output_stays_packed_until_read():
     copied = copy.deepcopy(step(tree, model, grads)[0]["w"])
     assert float(copied.rule.beta[1]) == pytest.approx(0.999)
     assert len(traces) == 1
+
+
+def test_vmapped_trees_read_one_number_per_model():
+    """A tree batched by ``jax.vmap`` (an ensemble of models) packs each Leaf's numbers
+    with the batch in front: each number reads back as one value per model, outside
+    ``jit`` and inside it, and the batched steps are each model's own."""
+    models = {"w": jnp.stack([jnp.ones(3), 2 * jnp.ones(3)])}
+    grads = {"w": jnp.stack([jnp.full(3, 0.5), jnp.full(3, -1.0)])}
+    trees = jax.vmap(lambda m: O.setup(O.Adam(0.1), m))(models)
+    trees, models = jax.jit(jax.vmap(O.update))(trees, models, grads)
+    leaf = trees["w"]
+    np.testing.assert_allclose(leaf.rule.eta, [0.1, 0.1])
+    np.testing.assert_allclose(leaf.state[2][1], [0.999 ** 2] * 2, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda t: t["w"].rule.beta[0])(trees), [0.9, 0.9])
+    for i, x in enumerate([jnp.ones(3), 2 * jnp.ones(3)]):
+        _, one = O.update(O.setup(O.Adam(0.1), {"w": x}), {"w": x}, {"w": grads["w"][i]})
+        np.testing.assert_allclose(models["w"][i], one["w"], rtol=1e-6)
 
 
 def test_packed_numbers_under_x64_and_between_eager_steps():

@@ -444,14 +444,16 @@ def _pack(leaf: Any) -> tuple:
 
 
 def _unstack(packed: Any, n: int) -> list:
-    if isinstance(packed, jax.core.Tracer):
-        return [jax.lax.index_in_dim(packed, i, keepdims=False) for i in range(n)]
-    if isinstance(packed, jax.Array) and packed.shape == (n,):
-        host = np.asarray(packed)  # Python numbers, as setup gave them: weakly typed too
-        if host.dtype == np.float32:  # each the shortest decimal that is the same float32
-            return [float(str(v)) for v in host]
-        return host.tolist()
-    return [packed] * n  # something else that jax.tree.map put there: at each place
+    shape = getattr(packed, "shape", None)
+    if not shape or shape[-1] != n:
+        return [packed] * n  # something else that jax.tree.map put there: at each place
+    if isinstance(packed, jax.core.Tracer) or len(shape) > 1:  # traced, or batched (vmap)
+        packed = jnp.asarray(packed)
+        return [jax.lax.index_in_dim(packed, i, axis=-1, keepdims=False) for i in range(n)]
+    host = np.asarray(packed)  # Python numbers, as setup gave them: weakly typed too
+    if host.dtype == np.float32:  # each the shortest decimal that is the same float32
+        return [float(str(v)) for v in host]
+    return host.tolist()
 
 
 def _flatten_leaf(leaf: Any) -> tuple:
