@@ -205,6 +205,19 @@ def test_bad_gradients_name_the_path_and_write_nothing(grads, error, match):
     np.testing.assert_array_equal(model["layers"][0].w, w0)
 
 
+def test_errors_about_many_keys_stay_short():
+    """A gradient, tree or path wrong at a node of 2,000 children names the first keys and
+    how many there are, not all 2,000."""
+    model = [np.ones(1) for _ in range(2000)]
+    tree = O.setup(O.Descent(), model)
+    with pytest.raises(ValueError, match=r"are \[0, 1, 2, 3, 4, 5, 6, 7, \.\.\. \(2000 keys\)\]$"):
+        O.update(tree, model, [np.ones(1)] * 2001)
+    with pytest.raises(ValueError, match=r"has keys \[0, .* 7, \.\.\. \(1999 keys\)\], but "):
+        O.update(tree[:-1], model, [np.ones(1)] * 2000)
+    with pytest.raises(KeyError, match=r"its keys are \[0, .*, 7, \.\.\. \(2000 keys\)\]'$"):
+        O.getkeypath(model, O.KeyPath(5000))
+
+
 def test_model_passed_as_tree():
     model = {"w": np.ones(2)}
     tree = O.setup(O.Adam(), model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from optimisers.tree import children
+from optimisers.tree import children, keys_shown
 
 __all__ = ["KeyPath", "getkeypath", "haskeypath"]
 
@@ -67,7 +67,7 @@ def getkeypath(x: Any, kp: KeyPath | tuple) -> Any:
         kids = children(x)
         if key not in kids:
             raise KeyError(f"{KeyPath(*kp[:depth])!r} has no child {key!r}; its keys are "
-                           f"{list(kids)}")
+                           f"{keys_shown(kids)}")
         x = kids[key]
     return x
 

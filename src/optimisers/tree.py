@@ -231,6 +231,19 @@ def trainable(x: Any) -> tuple:
     return tuple(kids)
 
 
+def keys_shown(keys: Iterable, most: int = 8) -> str:
+    """``keys`` as an error message lists them: the first ``most``, then how many in all
+    (a model of 2,000 arrays would otherwise print 2,000 keys).
+
+    Example:
+        >>> keys_shown(range(3)), keys_shown(range(100), most=2)
+        ('[0, 1, 2]', '[0, 1, ... (100 keys)]')
+    """
+    keys = list(keys)
+    more = f", ... ({len(keys)} keys)" if len(keys) > most else ""
+    return "[" + ", ".join(repr(k) for k in keys[:most]) + more + "]"
+
+
 def _iskey(kids: dict, item: Any) -> bool:
     if not isinstance(item, Hashable):
         return False
@@ -244,8 +257,8 @@ def _as_keys(x: Any, kids: dict, declared: tuple) -> tuple:
     if all(_iskey(kids, item) for item in declared):
         return declared
     warnings.warn(f"__trainable__ of {type(x).__name__} returned child values; return the "
-                  f"child keys instead (one of {list(kids)}): values are matched by identity, "
-                  f"which confuses two children holding the same object",
+                  f"child keys instead (one of {keys_shown(kids)}): values are matched by "
+                  f"identity, which confuses two children holding the same object",
                   DeprecationWarning, stacklevel=3)
     ids = {id(item) for item in declared}
     return tuple(k for k, v in kids.items() if id(v) in ids)
