@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -425,6 +426,17 @@ def test_equinox_module_tree_protocol():
     tree = O.setup(O.Adam(), mlp)
     assert isinstance(tree["layers"][0]["weight"], O.Leaf)
     assert tree["activation"] is None and tree["in_size"] is None
+
+
+def test_equinox_batchnorm_trains_only_its_weight_and_bias():
+    """An equinox BatchNorm built directly keeps its running statistics' first values in
+    a StateIndex: by name, they are not trained, as torch's buffers are not."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # newer equinox asks for mode=; the default is kept
+        bn = eqx.nn.BatchNorm(4, axis_name="batch")
+    tree = O.setup(O.AdamW(0.1, lambd=0.1), bn)
+    assert [str(kp) for kp, _ in O.state.leaves(tree)] == ["weight", "bias"]
+    assert O.trainable(bn.ema_state_index) == ()
 
 
 def test_equinox_training_filter_jit():

@@ -202,7 +202,8 @@ def trainable(x: Any) -> tuple:
     two children holding the very same object are told apart by name. A legacy
     ``__trainable__`` returning child *values* is converted by identity, with a
     ``DeprecationWarning``. A ``torch.nn.Module`` trains its parameters that have
-    ``requires_grad`` and its submodules, never its buffers.
+    ``requires_grad`` and its submodules, never its buffers; an equinox ``StateIndex``
+    (where an equinox BatchNorm keeps its running statistics' first values) trains nothing.
 
     Example:
         >>> class BatchNorm:
@@ -228,7 +229,16 @@ def trainable(x: Any) -> tuple:
         return tuple(k for k, v in kids.items()
                      if k in x._modules or (k in x._parameters and v is not None
                                             and v.requires_grad))
+    if _isstateindex(x):
+        return ()
     return tuple(kids)
+
+
+def _isstateindex(x: Any) -> bool:
+    """An equinox ``StateIndex``, without importing equinox when the user has not."""
+    eqx = sys.modules.get("equinox")
+    index = getattr(getattr(eqx, "nn", None), "StateIndex", None)
+    return index is not None and isinstance(x, index)
 
 
 def keys_shown(keys: Iterable, most: int = 8) -> str:
