@@ -121,11 +121,11 @@ def cast(x: Any, like: Array) -> Array:
     return jnp.asarray(x, dtype=like.dtype)
 
 
-def astype(x: Array, dtype: Any, keep_complex: bool = False) -> Array:
-    """``x`` in ``dtype``; with ``keep_complex``, a complex ``x`` goes to the complex dtype
-    of ``dtype``'s precision instead of losing its imaginary part."""
+def astype(x: Array, dtype: Any) -> Array:
+    """``x`` in ``dtype``; a complex ``x`` in the complex dtype of ``dtype``'s precision,
+    never losing its imaginary part."""
     dt = todtype(dtype)
-    if keep_complex and jnp.iscomplexobj(x):
+    if jnp.iscomplexobj(x):
         dt = jnp.promote_types(dt, jnp.complex64)
     return jnp.asarray(x, dtype=dt)
 

@@ -84,11 +84,11 @@ def cast(x: Array, like: Array) -> Array:
     return np.asarray(x).astype(like.dtype, copy=False)
 
 
-def astype(x: Array, dtype: Any, keep_complex: bool = False) -> Array:
-    """A copy of ``x`` in ``dtype``; with ``keep_complex``, a complex ``x`` goes to the
-    complex dtype of ``dtype``'s precision instead of losing its imaginary part."""
+def astype(x: Array, dtype: Any) -> Array:
+    """A copy of ``x`` in ``dtype``; a complex ``x`` in the complex dtype of ``dtype``'s
+    precision, never losing its imaginary part."""
     dt = todtype(dtype)
-    if keep_complex and x.dtype.kind == "c":
+    if x.dtype.kind == "c":
         dt = np.result_type(dt, np.complex64)
     return x.astype(dt, copy=True)
 

@@ -131,11 +131,11 @@ def cast(x: Any, like: Array) -> Array:
     return torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
-def astype(x: Array, dtype: Any, keep_complex: bool = False) -> Array:
-    """A copy of ``x`` in ``dtype``; with ``keep_complex``, a complex ``x`` goes to the
-    complex dtype of ``dtype``'s precision instead of losing its imaginary part."""
+def astype(x: Array, dtype: Any) -> Array:
+    """A copy of ``x`` in ``dtype``; a complex ``x`` in the complex dtype of ``dtype``'s
+    precision, never losing its imaginary part."""
     dt = todtype(dtype)
-    if keep_complex and x.is_complex():
+    if x.is_complex():
         dt = torch.promote_types(dt, torch.complex64)
     return x.detach().to(dt, copy=True)
 

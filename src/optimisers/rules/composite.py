@@ -160,7 +160,7 @@ class MixedPrecision(Rule):
         return self.rule.raises()
 
     def init(self, x):
-        xT = backends.of(x).astype(x, self.dtype, keep_complex=True)
+        xT = backends.of(x).astype(x, self.dtype)
         return xT, self.rule.init(xT)
 
     def apply(self, state, x, dx, *higher):
