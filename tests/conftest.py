@@ -64,6 +64,14 @@ def as_descent(rule, eta=0.3):
     return rule if rule in DESCENDING or rule in SLOW else OptimiserChain(rule, Descent(eta))
 
 
+def normal(rng, shape, dtype=np.float32):
+    """Standard normal numbers of ``dtype``; complex ones get a normal imaginary part too."""
+    x = rng.normal(size=shape)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.normal(size=shape)
+    return x.astype(dtype)
+
+
 def rule_id(rule) -> str:
     return repr(rule).replace(" ", "")
 

@@ -15,7 +15,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 import optimisers as O  # noqa: E402
-from conftest import ALL_RULES, rules_param  # noqa: E402
+from conftest import ALL_RULES, normal, rules_param  # noqa: E402
 from optimisers import backends  # noqa: E402
 
 
@@ -134,10 +134,12 @@ def test_adjust_inside_the_jitted_step():
 
 
 @rules_param(ALL_RULES)
-def test_every_rule_under_jit_matches_numpy(rule):
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_every_rule_under_jit_matches_numpy(rule, dtype):
+    """Complex too: every rule treats a complex parameter alike in every library."""
     rng = np.random.default_rng(0)
-    w = rng.normal(size=(3, 4)).astype(np.float32)
-    gs = [rng.normal(size=(3, 4)).astype(np.float32) for _ in range(5)]
+    w = normal(rng, (3, 4), dtype)
+    gs = [normal(rng, (3, 4), dtype) for _ in range(5)]
     step = jax.jit(O.update)
     mn, mj = {"w": w.copy()}, {"w": jnp.asarray(w)}
     tn, tj = O.setup(rule, mn), O.setup(rule, mj)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from conftest import SLOW, as_descent, rules_param
+from conftest import SLOW, as_descent, normal, rules_param
 from optimisers import backends
 
 # ---------------------------------------------------------------- reference implementations
@@ -313,9 +313,8 @@ def test_complex_rprop_steps_the_real_and_imaginary_parts_as_reals(lib):
     real and imaginary parts stacked as a real array, in every library."""
     conv = converter(lib)
     rng = np.random.default_rng(4)
-    x0 = (rng.normal(size=5) + 1j * rng.normal(size=5)).astype(np.complex64)
-    gs = [(rng.normal(size=5) + 1j * rng.normal(size=5)).astype(np.complex64)
-          for _ in range(6)]
+    x0 = normal(rng, 5, np.complex64)
+    gs = [normal(rng, 5, np.complex64) for _ in range(6)]
     model = {"c": conv(x0.copy())}
     tree = O.setup(O.Rprop(0.1), model)
     ref = {"c": np.stack([x0.real, x0.imag])}

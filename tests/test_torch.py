@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import optimisers as O  # noqa: E402
-from conftest import ALL_RULES, rules_param  # noqa: E402
+from conftest import ALL_RULES, normal, rules_param  # noqa: E402
 from optimisers import backends  # noqa: E402
 
 
@@ -256,10 +256,12 @@ def test_low_precision_keeps_dtype(dtype, rule):
 
 
 @rules_param(ALL_RULES)
-def test_every_rule_matches_numpy(rule):
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_every_rule_matches_numpy(rule, dtype):
+    """Complex too: every rule treats a complex parameter alike in every library."""
     rng = np.random.default_rng(0)
-    w = rng.normal(size=(3, 4)).astype(np.float32)
-    gs = [rng.normal(size=(3, 4)).astype(np.float32) for _ in range(5)]
+    w = normal(rng, (3, 4), dtype)
+    gs = [normal(rng, (3, 4), dtype) for _ in range(5)]
     mn, mt = {"w": w.copy()}, {"w": torch.tensor(w)}
     tn, tt = O.setup(rule, mn), O.setup(rule, mt)
     for g in gs:
