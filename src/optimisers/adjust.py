@@ -11,6 +11,7 @@ from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
 from optimisers.rules import OptimiserChain, Rule
 from optimisers.state import _map_leaves
+from optimisers.tree import keys_shown
 
 __all__ = ["adjust", "adjust_", "freeze_", "thaw_", "select"]
 
@@ -50,8 +51,8 @@ def select(tree: Any, where: Where = None) -> list[Leaf]:
         if match is None or match(kp, leaf):
             picked.setdefault(id(leaf), leaf)
     if where is not None and not picked:
-        paths = ", ".join(str(kp) for kp in seen[:6]) + (", ..." if len(seen) > 6 else "")
-        raise ValueError(f"where={where!r} matches no Leaf; the paths are: {paths}")
+        raise ValueError(f"where={where!r} matches no Leaf; the paths are: "
+                         f"{keys_shown(seen, most=6, show=str)}")
     return list(picked.values())
 
 

@@ -69,12 +69,12 @@ def _grad_children(g: Any, kids: dict, x: Any, kp: KeyPath) -> Mapping | None:
     gk = g if isinstance(g, Mapping) else children(g)
     if not gk and not isinstance(g, Mapping):
         raise ValueError(f"gradient at {kp!r} is {_what(g)}, but the model has a "
-                         f"{type(x).__name__} with keys {keys_shown(kids)} there: the gradient "
+                         f"{type(x).__name__} with keys [{keys_shown(kids)}] there: the gradient "
                          f"tree's structure does not match the model")
     extra = [k for k in gk if k not in kids]
     if extra:
         raise ValueError(f"gradient at {kp!r} has key {extra[0]!r}, which the model lacks; "
-                         f"the model's keys there are {keys_shown(kids)}")
+                         f"the model's keys there are [{keys_shown(kids)}]")
     if not isinstance(g, Mapping) and len(gk) != len(kids):
         raise ValueError(f"gradient at {kp!r} has {len(gk)} children but the model has "
                          f"{len(kids)}; pass a dict to give gradients for some of them")
@@ -115,8 +115,8 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
     kids = children(x)
     keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
     if set(keys) != set(kids) or len(keys) != len(kids):
-        model_has = _what(x) if not kids else keys_shown(kids)
-        raise ValueError(f"the state tree at {kp!r} has keys {keys_shown(keys)}, but the model "
+        model_has = _what(x) if not kids else f"[{keys_shown(kids)}]"
+        raise ValueError(f"the state tree at {kp!r} has keys [{keys_shown(keys)}], but the model "
                          f"has {model_has} there; make the tree with setup(rule, model) for "
                          f"this model")
     gks = [_grad_children(g, kids, x, kp) for g in gs]

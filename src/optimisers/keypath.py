@@ -67,7 +67,7 @@ def getkeypath(x: Any, kp: KeyPath | tuple) -> Any:
         kids = children(x)
         if key not in kids:
             raise KeyError(f"{KeyPath(*kp[:depth])!r} has no child {key!r}; its keys are "
-                           f"{keys_shown(kids)}")
+                           f"[{keys_shown(kids)}]")
         x = kids[key]
     return x
 

@@ -11,7 +11,7 @@ import dataclasses
 import sys
 import types
 import warnings
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from optimisers import backends
@@ -241,17 +241,17 @@ def _isstateindex(x: Any) -> bool:
     return index is not None and isinstance(x, index)
 
 
-def keys_shown(keys: Iterable, most: int = 8) -> str:
-    """``keys`` as an error message lists them: the first ``most``, then how many in all
-    (a model of 2,000 arrays would otherwise print 2,000 keys).
+def keys_shown(keys: Iterable, most: int = 8, show: Callable[[Any], str] = repr) -> str:
+    """``keys`` as an error message lists them, each as ``show`` writes it: the first
+    ``most``, then how many in all (a model of 2,000 arrays would otherwise print 2,000).
 
     Example:
         >>> keys_shown(range(3)), keys_shown(range(100), most=2)
-        ('[0, 1, 2]', '[0, 1, ... (100 keys)]')
+        ('0, 1, 2', '0, 1, ... (100 in all)')
     """
     keys = list(keys)
-    more = f", ... ({len(keys)} keys)" if len(keys) > most else ""
-    return "[" + ", ".join(repr(k) for k in keys[:most]) + more + "]"
+    more = f", ... ({len(keys)} in all)" if len(keys) > most else ""
+    return ", ".join(show(k) for k in keys[:most]) + more
 
 
 def _iskey(kids: dict, item: Any) -> bool:
@@ -267,7 +267,7 @@ def _as_keys(x: Any, kids: dict, declared: tuple) -> tuple:
     if all(_iskey(kids, item) for item in declared):
         return declared
     warnings.warn(f"__trainable__ of {type(x).__name__} returned child values; return the "
-                  f"child keys instead (one of {keys_shown(kids)}): values are matched by "
+                  f"child keys instead (one of [{keys_shown(kids)}]): values are matched by "
                   f"identity, which confuses two children holding the same object",
                   DeprecationWarning, stacklevel=3)
     ids = {id(item) for item in declared}
