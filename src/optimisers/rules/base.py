@@ -15,6 +15,8 @@ import inspect
 import sys
 from typing import Any
 
+from optimisers import backends
+
 __all__ = ["Rule", "RULES", "NewValue", "call", "ngrads"]
 
 RULES: dict[str, type] = {}
@@ -74,6 +76,27 @@ class Rule:
         """One step: ``(new_state, d)``; the parameter becomes ``x - d``."""
         raise NotImplementedError(f"{type(self).__name__} must define apply(state, x, dx)")
 
+    def misfit(self, state: Any, x: Any) -> tuple | None:
+        """misfit(state, x) -> None when ``state`` can be this rule's state for ``x``, else
+        the shape found and the shape needed, ``(found, needed)``.
+
+        ``update`` asks this of every Leaf it has not seen step its array before, so that a
+        parameter resized after ``setup`` is an error, never a step over the wrong memory.
+        By default every array in the state must have ``x``'s shape; a rule whose state
+        holds arrays of other shapes (factored moments, say) overrides it.
+
+        Example:
+            >>> import numpy as np
+            >>> from optimisers import Adam
+            >>> Adam().misfit(Adam().init(np.zeros(3)), np.zeros(4))
+            ((3,), (4,))
+        """
+        need = getattr(x, "shape", None)
+        for a in _arrays(state):
+            if tuple(a.shape) != tuple(need):
+                return tuple(a.shape), tuple(need)
+        return None
+
     def __post_init__(self) -> None:
         eta = getattr(self, "eta", 0)
         if isinstance(eta, (int, float)) and eta < 0:
@@ -115,3 +138,19 @@ class NewValue:
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+
+
+def _arrays(state: Any) -> list:
+    """The arrays in a state (0-d ones are numbers: bias corrections, counters), its
+    tuple, list and dict parts walked."""
+    stack, found = [state], []
+    while stack:
+        s = stack.pop()
+        if isinstance(s, (tuple, list)):
+            stack.extend(s)
+        elif isinstance(s, dict):
+            stack.extend(s.values())
+        elif backends.library(s) is not None and len(s.shape):
+            found.append(s)
+    return found
