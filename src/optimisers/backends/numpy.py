@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,8 @@ from optimisers.backends._packs import PAD, Packs
 from optimisers.backends._ufuncs import parallel  # noqa: F401 (fused.py uses it)
 
 Array = np.ndarray
+
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 
 
 def isfloating(x: Array) -> bool:
@@ -177,6 +180,13 @@ _PACKS = Packs(lambda a: a.base, lambda b, lo, n: b[lo:lo + n],
 
 def device(x: Array) -> str:
     return "cpu"
+
+
+def footprints(xs: list) -> list:
+    """What a group's kernels assume of each array's memory: its shape and dtype (a
+    NumPy array keeps its buffer while both hold). A change sends the step back to the
+    validating path."""
+    return list(zip(map(_SHAPE, xs), map(_DTYPE, xs)))
 
 
 def flatcat(arrays: list) -> Array:

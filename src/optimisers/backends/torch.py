@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy as _copy
 import math
+import operator
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +22,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from optimisers.backends._packs import PAD, Packs
 
 Array = torch.Tensor
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 
 _REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32,
          torch.complex128: torch.float64}
@@ -250,6 +252,13 @@ _PACKS = Packs(lambda a: a._base, lambda b, lo, n: b.narrow(0, lo, n),
 
 def device(x: Array) -> torch.device:
     return x.device
+
+
+def footprints(xs: list) -> list:
+    """What a group's kernels assume of each tensor's memory: its shape, dtype and
+    address. ``p.data = ...`` keeps the tensor object but changes them; a change sends
+    the step back to the validating path."""
+    return list(zip(map(_SHAPE, xs), map(_DTYPE, xs), map(torch.Tensor.data_ptr, xs)))
 
 
 def flatcat(arrays: list) -> Array:
