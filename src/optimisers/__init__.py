@@ -12,6 +12,7 @@ from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_
 from optimisers.checkpoint import load, save
 from optimisers.destructure import Restructure, destructure, trainables
 from optimisers.keypath import KeyPath, getkeypath, haskeypath
+from optimisers.reinit import reinit
 from optimisers.rules import (
     RULES,
     AccumGrad,
@@ -64,7 +65,7 @@ __all__ = [
     "RMSProp", "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
     "children", "destructure", "fleaves", "fmap", "fmap_with_path", "fmapstructure", "freeze_",
     "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric", "load",
-    "maywrite", "rebuild", "register", "save", "select", "setup", "summary", "thaw_",
+    "maywrite", "rebuild", "register", "reinit", "save", "select", "setup", "summary", "thaw_",
     "trainable", "trainables", "update", "update_",
 ]
 

@@ -122,7 +122,7 @@ class Group:
     """Leafs stepped together: their rule, state signature, arrays, and parameters."""
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
-                 "cache")
+                 "cache", "prints")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -133,6 +133,13 @@ class Group:
         self.xp = backends.of(self.xs[0])
         self.uses_x = fusible(rule)[1]
         self.cache: dict = {}  # the backend's per-group precomputation (flat views, ...)
+        self.prints = self.xp.footprints(self.xs)  # what self.cache assumes of them
+
+    def moved(self) -> bool:
+        """Whether a parameter's memory changed since the group was made (``p.data = ...``,
+        an array resized in place): its kernels and views no longer fit, so it must not
+        run again."""
+        return self.xp.footprints(self.xs) != self.prints
 
     def holds(self, entries: list) -> bool:
         """Whether ``entries`` (in member order) can step as this group now: the same
@@ -142,7 +149,8 @@ class Group:
         return bool(self.states) and len(entries) == len(self.leaves) and all(
             e is not None and e.leaf is leaf and e.x is x and leaf.rule is rule
             and leaf.state is st
-            for e, leaf, x, st in zip(entries, self.leaves, self.xs, self.states))
+            for e, leaf, x, st in zip(entries, self.leaves, self.xs, self.states)
+        ) and not self.moved()
 
     def run(self, grads: list, new: dict) -> None:
         """One fused step: one compiled pass where the backend has one for this rule,

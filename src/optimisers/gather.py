@@ -32,12 +32,14 @@ def _what(x: Any) -> str:
 
 
 class _Entry:
-    """One Leaf to step: its parameter, the gradients (summed over ties), its paths."""
+    """One Leaf to step: its parameter, the gradients (summed over ties), its paths, and
+    the other arrays that the model holds at other paths to it (a tie declared by the
+    tree alone: the result must reach them too)."""
 
-    __slots__ = ("leaf", "x", "grads", "paths")
+    __slots__ = ("leaf", "x", "grads", "paths", "others")
 
     def __init__(self, leaf: Leaf, x: Any, grads: list, kp: KeyPath) -> None:
-        self.leaf, self.x, self.grads, self.paths = leaf, x, grads, [kp]
+        self.leaf, self.x, self.grads, self.paths, self.others = leaf, x, grads, [kp], []
 
 
 def _grad_array(g: Any, x: Any, kp: KeyPath) -> Any:
@@ -82,18 +84,27 @@ def _grad_children(g: Any, kids: dict, x: Any, kp: KeyPath) -> Mapping | None:
 
 
 def _add(plan: dict, leaf: Leaf, x: Any, grads: list, kp: KeyPath) -> None:
-    """Add one path's gradients for ``leaf``: a second path to a tied Leaf sums them."""
+    """Add one path's gradients for ``leaf``: a second path to a tied Leaf sums them.
+
+    The tree is trusted: a Leaf reached by several paths is a tie even where the model
+    holds different (equal-shaped) arrays there, as a tree built by hand may say; the
+    first path's array is stepped and the result placed at every path."""
     entry = plan.get(id(leaf))
     if entry is None:
         plan[id(leaf)] = _Entry(leaf, x, grads, kp)
-    elif entry.x is not x:
-        raise ValueError(f"the Leaf at {kp!r} is shared with {entry.paths[0]!r}, but the "
-                         f"model holds different arrays there: the tie is lost; make the "
-                         f"tree again with setup(rule, model)")
-    else:
-        entry.grads = [a if b is None else b if a is None else backends.of(x).add(a, b)
-                       for a, b in zip(entry.grads, grads)]
-        entry.paths.append(kp)
+        return
+    if entry.x is not x:
+        xp = backends.of(entry.x)
+        if backends.library(x) != backends.library(entry.x) or xp.shape(x) != xp.shape(entry.x):
+            raise ValueError(f"the Leaf at {kp!r} is shared with {entry.paths[0]!r} (a tie), "
+                             f"but the model holds {_what(x)} there and {_what(entry.x)} at "
+                             f"{entry.paths[0]!r}; make the tree again with setup(rule, model)")
+        if all(o is not x for o in entry.others):
+            entry.others.append(x)
+        grads = [None if g is None else xp.cast(g, entry.x) for g in grads]
+    entry.grads = [a if b is None else b if a is None else backends.of(x).add(a, b)
+                   for a, b in zip(entry.grads, grads)]
+    entry.paths.append(kp)
 
 
 def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
@@ -261,6 +272,7 @@ class _Plan:
         # only when some Leaf was written since this plan's last step
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
                 or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
+                or group.moved()
                 or self.seen != writes() and (
                     any(map(_FROZEN, leaves))
                     or not all(map(operator.is_, map(_RULE, leaves),

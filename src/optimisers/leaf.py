@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import itertools
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from optimisers import backends
 from optimisers.keypath import KeyPath
 from optimisers.rules import Rule
 
-__all__ = ["Leaf", "leaves"]
+__all__ = ["Leaf", "leaves", "map_leaves"]
 
 
 class _Lazy:
@@ -220,6 +220,32 @@ def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]
             yield from leaves(v, kp + (k,))
     elif tree is not None:
         raise _not_a_tree(tree, kp)
+
+
+def map_leaves(f: Callable[[Leaf], Any], tree: Any, kp: KeyPath = KeyPath()) -> Any:
+    """map_leaves(f, tree) -> the state tree with ``f(leaf)`` in place of each Leaf.
+
+    ``f`` is called once per path (a tied Leaf once for each); keep ties by memoising on
+    the Leaf. Only ``None``, Leafs and plain dicts, tuples and lists may be in a state tree.
+
+    Raises:
+        TypeError: when the tree holds anything else (a model passed as the tree).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, setup
+        >>> map_leaves(lambda leaf: leaf.rule.eta, setup(Descent(), {"a": [np.ones(1)], "n": 3}))
+        {'a': [0.1], 'n': None}
+    """
+    if isinstance(tree, Leaf):
+        return f(tree)
+    if type(tree) is dict:
+        return {k: map_leaves(f, v, kp + (k,)) for k, v in tree.items()}
+    if type(tree) in (tuple, list):
+        return type(tree)(map_leaves(f, v, kp + (i,)) for i, v in enumerate(tree))
+    if tree is None:
+        return tree
+    raise _not_a_tree(tree, kp)
 
 
 def _not_a_tree(t: Any, kp: KeyPath) -> TypeError:

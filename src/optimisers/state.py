@@ -24,9 +24,9 @@ from optimisers.gather import (
     _Plan,
 )
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, _not_a_tree, leaves
+from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.rules import NewValue, Rule, call
-from optimisers.tree import isleaf, ismutable, isnumeric, trainable
+from optimisers.tree import isleaf, ismutable, isnumeric, maywrite, trainable
 from optimisers.walk import fmap, mirror, place, substitute, walk
 
 __all__ = ["Leaf", "setup", "update", "update_", "leaves"]
@@ -87,6 +87,8 @@ def setup(rule: Rule, model: Any) -> Any:
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
     """Phase two: run each Leaf's rule once, groups of them fused where possible; return
     the new arrays made out of place."""
+    for e in entries:
+        _check_fit(e)
     # Rules that may raise (ClipNorm on a non-finite norm) run first, on copies of their
     # state, so that an error leaves everything as it was; their results land below.
     risky = [e for e in entries if e.leaf.rule.raises()]
@@ -113,6 +115,32 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     return new, groups
 
 
+def _share(e: _Entry, new: dict, inplace: bool) -> None:
+    """A tie that the tree declares but the model does not share (other arrays at other
+    paths): those arrays get the stepped one's values, in place where they may be
+    written, else the one result is placed at every path."""
+    y = new.get(id(e.leaf), e.x)
+    if inplace and all(map(maywrite, e.others)):
+        for other in e.others:
+            backends.of(other).assign(other, y)
+    else:
+        new[id(e.leaf)] = y
+
+
+def _check_fit(e: _Entry) -> None:
+    """A ValueError, before anything is written, when the Leaf's state was not made for
+    its parameter (the parameter was resized or replaced after ``setup``): a step would
+    read and write the state by the parameter's size."""
+    found = e.leaf.rule.misfit(e.leaf.state, e.x)
+    if found is not None:
+        have, need = found
+        raise ValueError(
+            f"the Leaf at {e.paths[0]!r} holds state of shape {have}, but the parameter there "
+            f"has shape {need}: it changed after setup. Make the tree again with "
+            f"setup(rule, model), or start that part afresh with "
+            f"reinit(tree, model, where={str(e.paths[0])!r})")
+
+
 def _apply(e: _Entry, state: Any) -> tuple[Any, Any]:
     """``(new_state, step)`` of one entry's rule; an error names the entry's path."""
     try:
@@ -136,6 +164,9 @@ def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, An
         entries = list(plan.values())
     with backends.nograd():  # PyTorch: no autograd graph through the step
         new, groups = _step(entries, inplace, known.groups if known is not None else None)
+    for e in entries:
+        if e.others:
+            _share(e, new, inplace)
     if not new:
         if first is not None and (known is None or known.tree is not tree
                                   or known.model is not model):
@@ -179,21 +210,10 @@ def copy_tree(tree: Any) -> Any:
             memo[id(t)] = Leaf(t.rule, fmap(copy, t.state), t.frozen)
         return memo[id(t)]
 
-    return _map_leaves(leaf, tree)
+    return map_leaves(leaf, tree)
 
 
-def _map_leaves(f: Any, t: Any, kp: KeyPath = KeyPath()) -> Any:
-    """The state tree with ``f(leaf)`` in place of each Leaf; anything but a Leaf, None or
-    a plain dict, tuple or list (a model passed as the tree) is a TypeError."""
-    if isinstance(t, Leaf):
-        return f(t)
-    if type(t) is dict:
-        return {k: _map_leaves(f, v, kp + (k,)) for k, v in t.items()}
-    if type(t) in (tuple, list):
-        return type(t)(_map_leaves(f, v, kp + (i,)) for i, v in enumerate(t))
-    if t is None:
-        return t
-    raise _not_a_tree(t, kp)
+_map_leaves = map_leaves  # (the name adjust.py imports)
 
 
 def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:

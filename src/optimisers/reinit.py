@@ -1,0 +1,75 @@
+"""Starting part of a state tree afresh, after a layer was resized or replaced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optimisers import fused
+from optimisers.adjust import Where, select
+from optimisers.leaf import Leaf, map_leaves
+from optimisers.state import setup
+from optimisers.walk import place
+
+__all__ = ["reinit"]
+
+
+def reinit(tree: Any, model: Any, where: Where = None) -> Any:
+    """reinit(tree, model, where=None) -> tree with the Leafs ``where`` picks made afresh.
+
+    After a parameter changed shape (``model.resize_token_embeddings(n)``, a new output
+    layer), its Leaf's state no longer fits and ``update`` refuses it. ``reinit`` gives
+    each picked Leaf a new state, ``rule.init(x)`` for the array now at its path in
+    ``model``, keeping its rule and frozen flag. Other Leafs are the very ones of
+    ``tree`` (their state kept); a tie stays one Leaf. Pure: ``tree`` is not changed.
+
+    Args:
+        tree: the state tree, whose structure still matches ``model``.
+        model: the model as it is now.
+        where: which Leafs, as in :func:`adjust` (a glob over the dotted path, a prefix
+            of whole keys such as ``"transformer.wte"``, or a predicate); ``None``: all.
+
+    Returns:
+        The new state tree.
+
+    Raises:
+        ValueError: when ``where`` picks no Leaf, or the tree does not match the model.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Adam, setup, update_
+        >>> model = {"w": np.ones(3), "b": np.zeros(1)}
+        >>> tree = setup(Adam(), model)
+        >>> model["w"] = np.ones(5)  # resized after setup
+        >>> tree = reinit(tree, model, where="w")
+        >>> tree["w"]
+        Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f64[5], f64[5], (0.9, 0.999)))
+    """
+    picked = {id(leaf) for leaf in select(tree, where)}
+    arrays: dict[int, Any] = {}
+
+    def note(leaf: Leaf, x: Any) -> Any:
+        arrays.setdefault(id(leaf), x)
+        return x
+
+    try:
+        place(tree, model, note)
+    except (KeyError, IndexError) as err:
+        raise ValueError(f"reinit(tree, model): the tree has key {err} where the model has "
+                         f"none; make the tree again with setup(rule, model)") from err
+    made: dict[int, Leaf] = {}
+
+    def renew(leaf: Leaf) -> Leaf:
+        if id(leaf) not in picked:
+            return leaf
+        if id(leaf) not in made:
+            new = setup(leaf.rule, arrays[id(leaf)])
+            if not isinstance(new, Leaf):
+                raise ValueError(f"reinit: the array for {leaf!r} is not a trainable "
+                                 f"floating-point array")
+            new.frozen = leaf.frozen
+            made[id(leaf)] = new
+        return made[id(leaf)]
+
+    new_tree = map_leaves(renew, tree)
+    fused.pack(list(made.values()))
+    return new_tree
