@@ -376,6 +376,56 @@ def _read(prog: tuple, g: Any, out: list) -> bool:
     return True
 
 
+def nest_dotted(g: Any, model: Any) -> Any:
+    """A gradient dict keyed by dotted paths, as PyTorch users hold them
+    (``{name: p.grad for name, p in module.named_parameters()}``), as the nested dicts
+    that mirror the model; any other gradient as it is.
+
+    Keys that are children of ``model`` stay as they are; a dotted key is followed down
+    the model's children, a part naming a child key exactly or, for a positional
+    child, by its number. A key that leads nowhere is left for the gather's error.
+
+    Example:
+        >>> import numpy as np
+        >>> model = {"enc": [np.ones(2), np.ones(3)], "b": np.ones(1)}
+        >>> nest_dotted({"enc.1": 0.5, "b": 1.0}, model)
+        {'enc': {1: 0.5}, 'b': 1.0}
+    """
+    if not isinstance(g, Mapping) or not g:
+        return g
+    kids = children(model)
+    if all(type(k) is not str or k in kids or "." not in k for k in g):
+        return g
+    out: dict = {}
+    for key, v in g.items():
+        path = _path(model, key) if type(key) is str and key not in kids else None
+        if path is None:
+            out[key] = v
+            continue
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"gradient key {key!r} runs into another gradient given "
+                                 f"for {k!r}; give each parameter's gradient once")
+        node[path[-1]] = v
+    return out
+
+
+def _path(model: Any, dotted: str) -> tuple | None:
+    """The key path that a dotted name spells in ``model``, or ``None``."""
+    path, x = [], model
+    for part in dotted.split("."):
+        kids = children(x)
+        key = part if part in kids else int(part) if part.isdigit() and int(part) in kids \
+            else None
+        if key is None:
+            return None
+        path.append(key)
+        x = kids[key]
+    return tuple(path)
+
+
 _DOTGRAD = ()  # as the gradients of _update: each parameter's .grad (see update_)
 
 

@@ -22,6 +22,7 @@ from optimisers.gather import (
     _gather,
     _module_grads,
     _Plan,
+    nest_dotted,
 )
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves
@@ -150,6 +151,8 @@ def _apply(e: _Entry, state: Any) -> tuple[Any, Any]:
 
 
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
+    if grads is not _DOTGRAD:
+        grads = tuple(nest_dotted(g, model) for g in grads)
     first = _first_leaf(tree) if inplace else None
     known = first._plan if first is not None else None
     per_tree = known.read(tree, model, grads) if known is not None else None

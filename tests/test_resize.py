@@ -1,0 +1,292 @@
+"""A parameter resized or replaced after setup: a clean ValueError naming the path, and
+nothing written, on every path (plain, NumPy with and without numba, torch's kernels,
+JAX eager and under jit); and reinit to start that part afresh."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import optimisers as O
+from optimisers.leaf import leaves
+from optimisers import fused
+from optimisers.backends import _numba
+
+NUMPY_PATHS = ["numba", "parallel", "no-numba", "plain"]
+
+
+@pytest.fixture(params=NUMPY_PATHS)
+def numpy_path(request, monkeypatch):
+    if request.param == "numba" and not _numba.available():
+        pytest.skip("numba is not installed")
+    if request.param == "parallel":
+        monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
+    if request.param == "no-numba":
+        monkeypatch.setattr(_numba, "_AVAILABLE", False)
+    if request.param == "plain":
+        monkeypatch.setattr(fused, "MIN_GROUP", 10**9)
+    return request.param
+
+
+def snapshot(tree, model):
+    """Copies of every parameter and state array, to show that nothing was written."""
+    arrays = [np.array(x, copy=True) for x in O.fleaves(model) if hasattr(x, "shape")]
+    for _, leaf in leaves(tree):
+        arrays += [np.array(a, copy=True) for a in O.fleaves(leaf.state) if hasattr(a, "shape")]
+    return arrays
+
+
+def same(a, b):
+    return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y)
+                                    for x, y in zip(a, b))
+
+
+def numpy_model(n=3, size=300):
+    rng = np.random.default_rng(0)
+    return {f"p{i}": rng.normal(size=size).astype(np.float32) for i in range(n)}
+
+
+def grads_of(model):
+    return {k: np.full_like(v, 0.5) for k, v in model.items()}
+
+
+@pytest.mark.parametrize("rule", [O.Adam(0.1), O.Momentum(0.1), O.AdamW(0.1, lambd=0.1)],
+                         ids=repr)
+@pytest.mark.parametrize("how", ["larger", "smaller", "reshaped"])
+def test_numpy_array_replaced_after_setup(rule, how, numpy_path):
+    model = numpy_model()
+    tree = O.setup(rule, model)
+    for _ in range(3):  # the plan and its groups are cached by now
+        tree, model = O.update_(tree, model, grads_of(model))
+    new = {"larger": np.ones(400, np.float32), "smaller": np.ones(200, np.float32),
+           "reshaped": np.ones((3, 100), np.float32)}[how]
+    model["p1"] = new
+    before = snapshot(tree, model)
+    with pytest.raises(ValueError, match=r"Leaf at KeyPath\('p1'\) holds state of shape "
+                                         r"\(300,\), but the parameter there has shape"):
+        O.update_(tree, model, grads_of(model))
+    assert same(before, snapshot(tree, model))
+    with pytest.raises(ValueError, match=r"KeyPath\('p1'\)"):
+        O.update(tree, model, grads_of(model))
+    assert same(before, snapshot(tree, model))
+
+
+def test_numpy_array_resized_in_place_after_setup(numpy_path):
+    model = numpy_model(size=5000)
+    tree = O.setup(O.Adam(0.1), model)
+    for _ in range(3):
+        tree, model = O.update_(tree, model, grads_of(model))
+    model["p2"].resize(6000, refcheck=False)  # the same object, its memory moved
+    before = snapshot(tree, model)
+    with pytest.raises(ValueError, match=r"KeyPath\('p2'\).*\(5000,\).*\(6000,\)"):
+        O.update_(tree, model, grads_of(model))
+    assert same(before, snapshot(tree, model))
+
+
+def test_reinit_starts_a_resized_part_afresh(numpy_path):
+    model = numpy_model()
+    tree = O.setup(O.Adam(0.1), model)
+    tree, model = O.update_(tree, model, grads_of(model))
+    kept = tree["p0"]
+    model["p1"] = np.ones(400, np.float32)
+    tree = O.reinit(tree, model, where="p1")
+    assert tree["p0"] is kept and tree["p1"].state[0].shape == (400,)
+    assert tree["p1"].state[2] == (0.9, 0.999)  # its clock starts again
+    tree, model = O.update_(tree, model, grads_of(model))
+    fresh = O.update(O.setup(O.Adam(0.1), {"p1": np.ones(400, np.float32)}),
+                     {"p1": np.ones(400, np.float32)}, {"p1": np.full(400, 0.5, np.float32)})
+    np.testing.assert_array_equal(model["p1"], fresh[1]["p1"])
+
+
+def test_reinit_keeps_ties_and_frozen_flags():
+    w = np.ones(3)
+    model = {"a": w, "b": w, "c": np.ones(2)}
+    tree = O.freeze_(O.setup(O.Descent(), model), where="c")
+    model = {"a": np.ones(5), "b": None, "c": np.ones(4)}
+    model["b"] = model["a"]
+    new = O.reinit(tree, model)
+    assert new["a"] is new["b"] and new["c"].frozen and not new["a"].frozen
+    assert tree["a"].state is None and new["a"] is not tree["a"]  # pure
+
+
+torch = pytest.importorskip("torch")
+TORCH_PATHS = ["compiled", "fused-adam", "concatenated", "plain"]
+
+
+@pytest.fixture(params=TORCH_PATHS)
+def torch_path(request, monkeypatch):
+    from optimisers.backends import torch as tb
+
+    if request.param == "compiled":
+        if not _numba.available():
+            pytest.skip("numba is not installed")
+        monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+    else:
+        monkeypatch.setattr(tb, "COMPILED", False)
+    if request.param == "concatenated":
+        monkeypatch.setattr(tb, "_fused_adam", lambda *a: None)
+    if request.param == "plain":
+        monkeypatch.setattr(fused, "MIN_GROUP", 10**9)
+    return request.param
+
+
+def torch_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16),
+                               torch.nn.Linear(16, 4))
+
+
+def torch_step(tree, model):
+    model.zero_grad()
+    model(torch.arange(6)).square().sum().backward()
+    return O.update_(tree, model)
+
+
+def torch_snapshot(tree, model):
+    arrays = [p.detach().clone() for p in model.parameters()]
+    for _, leaf in leaves(tree):
+        arrays += [a.clone() for a in O.fleaves(leaf.state) if torch.is_tensor(a)]
+    return arrays
+
+
+def torch_same(a, b):
+    return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y)
+                                    for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("how", ["submodule", "data", "set_"])
+def test_torch_parameter_replaced_after_setup(how, torch_path):
+    model = torch_model()
+    tree = O.setup(O.AdamW(0.01, lambd=0.1), model)
+    for _ in range(3):
+        tree, model = torch_step(tree, model)
+    if how == "submodule":  # as resize_token_embeddings does
+        model[0] = torch.nn.Embedding(60, 16)
+    elif how == "data":
+        model[0].weight.data = torch.randn(60, 16)
+    else:
+        with torch.no_grad():
+            model[0].weight.set_(torch.randn(60, 16))
+    model.zero_grad()
+    model(torch.arange(6)).square().sum().backward()
+    before = torch_snapshot(tree, model)
+    with pytest.raises(ValueError, match=r"KeyPath\('0', 'weight'\) holds state of shape "
+                                         r"\(50, 16\), but the parameter there has shape "
+                                         r"\(60, 16\)"):
+        O.update_(tree, model)
+    assert torch_same(before, torch_snapshot(tree, model))
+    tree = O.reinit(tree, model, where="0.*")
+    tree, model = torch_step(tree, model)  # steps again after reinit
+    assert tree["0"]["weight"].state[0].shape == (60, 16)
+
+
+def test_torch_memory_replaced_with_same_shape_steps_the_new_memory(torch_path):
+    model = torch_model()
+    tree = O.setup(O.Adam(0.01), model)
+    for _ in range(3):
+        tree, model = torch_step(tree, model)
+    new = torch.randn(16, 16)
+    model[1].weight.data = new.clone()
+    twin = torch_model()
+    twin.load_state_dict(model.state_dict())
+    twin_tree = O.setup(O.Adam(0.01), twin)
+    for (_, a), (_, b) in zip(leaves(tree), leaves(twin_tree)):
+        b.state = tuple(s.clone() if torch.is_tensor(s) else s for s in a.state)
+    tree, model = torch_step(tree, model)
+    twin_tree, twin = torch_step(twin_tree, twin)
+    assert not torch.equal(model[1].weight, new)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_jax_array_resized_after_setup(jit):
+    model = {"a": jnp.ones(300), "b": jnp.ones(300)}
+    tree = O.setup(O.Adam(0.1), model)
+    step = jax.jit(O.update) if jit else O.update_
+    grads = {k: jnp.ones_like(v) for k, v in model.items()}
+    tree, model = step(tree, model, grads)
+    model = {**model, "b": jnp.ones(301)}
+    grads = {k: jnp.ones_like(v) for k, v in model.items()}
+    with pytest.raises(ValueError, match=r"KeyPath\('b'\) holds state of shape \(300,\), "
+                                         r"but the parameter there has shape \(301,\)"):
+        step(tree, model, grads)
+    tree = O.reinit(tree, model, where="b")
+    tree, model = step(tree, model, grads)
+    assert model["b"].shape == (301,)
+
+
+FUZZ = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import optimisers as O
+    from optimisers.leaf import leaves
+    lib = sys.argv[1]
+    rng = np.random.default_rng(int(sys.argv[2]))
+    if lib == "torch":
+        import torch
+        def arr(n): return torch.tensor(rng.normal(size=n), dtype=torch.float32)
+        def copy(a): return a.clone()
+        def equal(a, b): return a.shape == b.shape and bool(torch.equal(a, b))
+    else:
+        def arr(n): return rng.normal(size=n).astype(np.float32)
+        def copy(a): return a.copy()
+        def equal(a, b): return a.shape == b.shape and np.array_equal(a, b)
+    sizes = [5, 64, 300, 5000, 1 << 18]
+    rules = [O.Adam(0.01), O.AdamW(0.01, lambd=0.1), O.Momentum(0.01), O.Lion(0.01),
+             O.OptimiserChain(O.ClipGrad(1.0), O.Descent(0.1))]
+    for trial in range(12):
+        n = int(rng.integers(2, 9))
+        model = {f"p{i}": arr(int(rng.choice(sizes))) for i in range(n)}
+        tree = O.setup(rules[trial % len(rules)], model)
+        errors = 0
+        for step in range(8):
+            if step > 1 and rng.random() < 0.5:
+                k = f"p{int(rng.integers(n))}"
+                m = int(rng.choice(sizes))
+                if rng.random() < 0.5 and lib == "torch":
+                    model[k].data = arr(m)  # the same tensor, new memory
+                else:
+                    model[k] = arr(m)
+            grads = {k: arr(v.shape[0]) for k, v in model.items()}
+            fits = all(leaf.state is None or all(
+                getattr(a, "shape", v.shape) == v.shape for a in O.fleaves(leaf.state))
+                for (_, leaf), v in zip(leaves(tree), model.values()))
+            params = [copy(v) for v in model.values()]
+            states = [copy(a) for _, leaf in leaves(tree) for a in O.fleaves(leaf.state)
+                      if hasattr(a, "shape")]
+            try:
+                tree, model = O.update_(tree, model, grads)
+            except ValueError as err:
+                assert not fits and "changed after setup" in str(err), err
+                assert all(map(equal, params, model.values()))
+                after = [a for _, leaf in leaves(tree) for a in O.fleaves(leaf.state)
+                         if hasattr(a, "shape")]
+                assert all(map(equal, states, after))
+                errors += 1
+                tree = O.reinit(tree, model)
+            else:
+                assert fits, "a misfit state was stepped"
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fuzz_random_resizes_never_crash(lib, seed):
+    """Random parameters swapped for random other shapes between steps: a clean
+    ValueError and nothing written, or a step when the state still fits. In a subprocess,
+    so that a crash fails this test instead of killing the suite."""
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    done = subprocess.run([sys.executable, "-c", FUZZ, lib, str(seed)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
