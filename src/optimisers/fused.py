@@ -28,6 +28,7 @@ from typing import Any
 from optimisers import backends
 from optimisers.leaf import restate
 from optimisers.rules import NewValue, OptimiserChain, Rule, call
+from optimisers.tree import keys_shown
 
 __all__ = ["fusible", "step_groups", "pack", "Group", "MIN_GROUP"]
 
@@ -254,7 +255,7 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
         for group in known:
             members = [byleaf.get(id(leaf)) for leaf in group.leaves]
             if group.holds(members):
-                group.run([e.grads[0] for e in members], new)
+                _run(group, members, new)
                 ran.append(group)
                 for leaf in group.leaves:
                     del byleaf[id(leaf)]
@@ -287,7 +288,7 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
             rest.extend(e for e, _ in members)
             continue
         group = Group(rule, sig, members, write)
-        group.run([e.grads[0] for e, _ in members], new)
+        _run(group, [e for e, _ in members], new)
         ran.append(group)
     for xp, batch in calls.items():
         left, done = xp.fuse(batch)
@@ -296,6 +297,21 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
             leaf.state = state
             new[id(leaf)] = y
     return rest, new, ran
+
+
+def _run(group: Group, members: list, new: dict) -> None:
+    """``group.run`` on its members' gradients; an error names the members' paths."""
+    try:
+        group.run([e.grads[0] for e in members], new)
+    except (ValueError, TypeError, ArithmeticError) as err:
+        err.add_note(in_group([e.paths[0] for e in members], group.rule))
+        raise
+
+
+def in_group(paths: list, rule: Rule) -> str:
+    """Where an error inside a fused group happened: the rule and its Leafs' paths."""
+    return (f"while stepping {rule!r} fused over {len(paths)} Leafs: "
+            f"{keys_shown(paths, most=6, show=str)}")
 
 
 def pack(leaves: list) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from optimisers import backends
+from optimisers.fused import in_group
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, _not_a_tree, writes
 from optimisers.tree import _ismodule, children, isnumeric, ispositional, keys_shown
@@ -283,7 +284,8 @@ class _Plan:
             try:
                 group.run(gs, {})
             except (ValueError, TypeError, ArithmeticError) as err:
-                raise type(err)(f"{err} (in a fused group of Leafs)") from err
+                err.add_note(in_group([kp for _, _, kp in self.slots], group.rule))
+                raise
         self.seen = writes()
         return True
 

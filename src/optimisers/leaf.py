@@ -53,11 +53,12 @@ class Leaf:
         Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], (0.9, 0.999)))
     """
 
-    __slots__ = ("_rule", "_state", "_frozen", "_plan", "_packed")
+    __slots__ = ("_rule", "_state", "_frozen", "_plan", "_lock", "_packed")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
         self._rule, self._state, self._frozen = rule, state, frozen
         self._plan = None  # set on a tree's first Leaf by update_: see _Plan
+        self._lock = None  # likewise: one thread at a time steps that tree in place
         self._packed = None  # an array library's flat form of rule and state: see _lazy
         _written()
 
@@ -78,7 +79,7 @@ class Leaf:
         """
         leaf = cls.__new__(cls)
         leaf._rule = leaf._state = _LAZY
-        leaf._frozen, leaf._plan, leaf._packed = frozen, None, packed
+        leaf._frozen, leaf._plan, leaf._lock, leaf._packed = frozen, None, None, packed
         _written()
         return leaf
 

@@ -11,6 +11,9 @@ nothing when the input is bad.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import warnings
 from typing import Any
 
@@ -87,22 +90,21 @@ def setup(rule: Rule, model: Any) -> Any:
 
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
     """Phase two: run each Leaf's rule once, groups of them fused where possible; return
-    the new arrays made out of place."""
+    the new arrays made out of place.
+
+    Nothing is written before every check has passed and every rule that may raise
+    (see :meth:`Rule.raises`) has run, on a copy of its state: its result lands below.
+    """
     for e in entries:
         _check_fit(e)
-    # Rules that may raise (ClipNorm on a non-finite norm) run first, on copies of their
-    # state, so that an error leaves everything as it was; their results land below.
-    risky = [e for e in entries if e.leaf.rule.raises()]
-    if inplace and risky:
+    done = {}
+    if inplace:
         copy = _copier()
-        done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state)) for e in risky}
-    else:
-        done = {}
-    try:
-        rest, new, groups = fused.step_groups(entries, inplace, known)
-    except (ValueError, TypeError, ArithmeticError) as err:
-        raise type(err)(f"{err} (in a fused group of Leafs)") from err
-    for e in rest:
+        done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state))
+                for e in entries if e.leaf.rule.raises()}
+    rest, new, groups = fused.step_groups([e for e in entries if id(e.leaf) not in done],
+                                          inplace, known)
+    for e in (*rest, *(e for e in entries if id(e.leaf) in done)):
         leaf, x = e.leaf, e.x
         leaf.state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state)
         if isinstance(d, NewValue):
@@ -150,10 +152,36 @@ def _apply(e: _Entry, state: Any) -> tuple[Any, Any]:
         raise type(err)(f"{err} (in {e.leaf.rule!r} at {e.paths[0]!r})") from err
 
 
+_LOCKING = threading.Lock()
+_FORKS = [0]  # how many forks this process descends from: a child makes its locks anew
+os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+def _lock_of(first: Leaf | None) -> Any:
+    """The lock of the tree whose first Leaf is ``first``: ``update_`` from several
+    threads on one tree steps it one thread at a time, none lost. Made once per process,
+    so that a child forked while a thread held it does not wait for ever."""
+    if first is None:
+        return contextlib.nullcontext()
+    kept = first._lock
+    if kept is None or kept[0] != _FORKS[0]:
+        with _LOCKING:
+            kept = first._lock
+            if kept is None or kept[0] != _FORKS[0]:
+                kept = first._lock = (_FORKS[0], threading.RLock())
+    return kept[1]
+
+
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
     if grads is not _DOTGRAD:
         grads = tuple(nest_dotted(g, model) for g in grads)
     first = _first_leaf(tree) if inplace else None
+    with _lock_of(first):
+        return _locked_update(tree, model, grads, inplace, first)
+
+
+def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, first: Leaf | None
+                   ) -> tuple[Any, Any]:
     known = first._plan if first is not None else None
     per_tree = known.read(tree, model, grads) if known is not None else None
     if per_tree is not None and known.whole(per_tree):

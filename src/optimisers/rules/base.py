@@ -63,10 +63,16 @@ class Rule:
             jax_backend.register_rule(cls)
 
     def raises(self) -> bool:
-        """Whether ``apply`` may raise on valid input (as ``ClipNorm`` does on a non-finite
-        norm). ``update_`` then runs this rule first, on a copy of its state, so that an
-        error leaves the model and the tree as they were. Override it if yours may."""
-        return False
+        """Whether ``apply`` may raise (as ``ClipNorm`` does on a non-finite norm).
+
+        ``update_`` runs such a rule first, on a copy of its state, and writes nothing
+        until every rule has returned, so that an error leaves the model and the tree as
+        they were; it is never fused. The library's own rules say exactly which may; a
+        rule defined elsewhere is assumed to, since ``update_`` cannot know: override
+        this to return ``False`` once yours cannot raise, to skip the copy and let an
+        ``elementwise`` rule run fused.
+        """
+        return not type(self).__module__.startswith("optimisers.")
 
     def init(self, x: Any) -> Any:
         """The initial state for the array ``x``; ``None`` for a stateless rule."""
