@@ -35,6 +35,43 @@ def test_numpy_model_with_flat_gradient_dict():
     np.testing.assert_array_equal(new["layers"][0]["b"], 0.0)  # no gradient: left alone
 
 
+def artificial_tie(lib):
+    """Optimisers.jl's "artificial shared leaf": two equal immutable arrays, one Leaf."""
+    a, b = lib.asarray([1.0, 2.0]), lib.asarray([1.0, 2.0])
+    if lib is np:
+        a.flags.writeable = b.flags.writeable = False
+    leaf = O.setup(O.Momentum(0.1, 0.9), a)
+    return {"x": leaf, "y": leaf}, {"x": a, "y": b}
+
+
+@pytest.mark.parametrize("fn", [O.update, O.update_], ids=["update", "update_"])
+def test_artificial_shared_leaf_is_a_tie(fn):
+    tree, model = artificial_tie(np)
+    grads = {"x": np.array([1.0, 1.0]), "y": np.array([1.0, 0.0])}
+    for _ in range(2):
+        tree, model = fn(tree, model, grads)
+    # gradients summed ([2, 1]), one step per update, the result at both paths
+    expected = np.array([1.0, 2.0]) - 0.1 * np.array([2.0, 1.0]) * (1 + 1.9)
+    np.testing.assert_allclose(model["x"], expected)
+    assert model["x"] is model["y"] and tree["x"] is tree["y"]
+
+
+def test_artificial_tie_of_writable_arrays_writes_both_in_place():
+    a, b = np.ones(2), np.ones(2)
+    leaf = O.setup(O.Descent(0.5), a)
+    tree, model = [leaf, leaf], [a, b]
+    tree, same = O.update_(tree, model, [np.ones(2), np.full(2, 3.0)])
+    assert same is model and same[0] is a and same[1] is b  # each written where it is
+    np.testing.assert_array_equal(a, -1.0)
+    np.testing.assert_array_equal(b, -1.0)
+
+
+def test_artificial_tie_of_different_shapes_is_an_error():
+    leaf = O.setup(O.Descent(), np.ones(2))
+    with pytest.raises(ValueError, match=r"Leaf at KeyPath\(1\) is shared with KeyPath\(0\)"):
+        O.update([leaf, leaf], [np.ones(2), np.ones(3)], [np.ones(2), np.ones(3)])
+
+
 torch = pytest.importorskip("torch")
 
 
@@ -78,3 +115,43 @@ def test_torch_flat_gradient_dict_matches_adamw_param_groups():
     assert ours["head"].weight is ours["wte"].weight
     for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_torch_artificial_tie_between_two_parameters():
+    torch.manual_seed(0)
+    m = torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2, bias=False),
+                             "b": torch.nn.Linear(2, 2, bias=False)})
+    with torch.no_grad():
+        m["b"].weight.copy_(m["a"].weight)
+    tree = O.setup(O.Descent(0.1), m)
+    tree["b"]["weight"] = tree["a"]["weight"]
+    w0, x = m["a"].weight.detach().clone(), torch.randn(3, 2)
+    (m["a"](x).sum() + 2 * m["b"](x).sum()).backward()
+    g = m["a"].weight.grad + m["b"].weight.grad
+    tree, same = O.update_(tree, m)
+    assert same is m and tree["a"]["weight"] is tree["b"]["weight"]
+    for key in "ab":
+        torch.testing.assert_close(m[key].weight.detach(), w0 - 0.1 * g)
+
+
+jax = pytest.importorskip("jax")
+
+
+@pytest.mark.parametrize("fn", ["update", "update_"])
+def test_jax_artificial_tie_eager(fn):
+    tree, model = artificial_tie(jax.numpy)
+    grads = {"x": jax.numpy.array([1.0, 1.0]), "y": jax.numpy.array([1.0, 0.0])}
+    tree, model = getattr(O, fn)(tree, model, grads)
+    np.testing.assert_allclose(model["x"], [0.8, 1.9], rtol=1e-6)
+    assert model["x"] is model["y"] and tree["x"] is tree["y"]
+
+
+def test_jax_jit_gives_each_path_its_own_leaf():
+    """What the README says: JAX's flattening does not keep object identity, so inside
+    and after jax.jit a tie declared only by a shared Leaf is two Leafs, each stepped
+    with its own gradient. Tie weights in JAX by using one array twice in the model."""
+    tree, model = artificial_tie(jax.numpy)
+    grads = {"x": jax.numpy.array([1.0, 1.0]), "y": jax.numpy.array([1.0, 0.0])}
+    tree, model = jax.jit(O.update)(tree, model, grads)
+    assert tree["x"] is not tree["y"]
+    np.testing.assert_allclose(model["y"], [0.9, 2.0], rtol=1e-6)
