@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from optimisers import backends
-from optimisers.keypath import KeyPath, getkeypath
+from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, shown
 from optimisers.tree import children
 from optimisers.walk import fleaves
@@ -26,16 +27,19 @@ def _bytes(n: int) -> str:
     return ""  # unreachable
 
 
-def _in_order(tree: Any, x: Any) -> Any:
-    """The state tree with its dicts in the order of the model's children (``jax.jit``
-    returns dicts with sorted keys)."""
-    if type(tree) is dict:
+def _paired(tree: Any, x: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf, Any]]:
+    """Every ``(KeyPath, Leaf, array)`` of a state tree, walking the model ``x`` alongside in
+    one pass, in the order of the model's children (``jax.jit`` returns dicts with sorted
+    keys). Each node's children are read once, so a node of ``n`` children costs ``n``."""
+    if isinstance(tree, Leaf):
+        yield kp, tree, x
+    elif isinstance(tree, (dict, tuple, list)):
         kids = children(x)
-        return {k: _in_order(tree[k], kids[k]) for k in kids if k in tree}
-    if type(tree) in (tuple, list):
-        kids = children(x)
-        return type(tree)(_in_order(t, kids[i]) for i, t in enumerate(tree))
-    return tree
+        keys = [k for k in kids if k in tree] if type(tree) is dict else range(len(tree))
+        for k in keys:
+            yield from _paired(tree[k], kids[k], kp + (k,))
+    elif tree is not None:
+        yield from ((p, leaf, None) for p, leaf in leaves(tree, kp))  # raises: not a tree
 
 
 def summary(tree: Any, model: Any = None) -> str:
@@ -59,15 +63,16 @@ def summary(tree: Any, model: Any = None) -> str:
         enc.bias        Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08)       2   16 B  frozen
         2 Leafs, 8 parameters, 64 B of state, 1 frozen
     """
-    found: dict[int, tuple[Leaf, list[KeyPath]]] = {}
-    for kp, leaf in leaves(tree if model is None else _in_order(tree, model)):
-        found.setdefault(id(leaf), (leaf, []))[1].append(kp)
+    found: dict[int, tuple[Leaf, list[KeyPath], Any]] = {}
+    walk = (((kp, leaf, None) for kp, leaf in leaves(tree)) if model is None
+            else _paired(tree, model))
+    for kp, leaf, x in walk:
+        found.setdefault(id(leaf), (leaf, [], x))[1].append(kp)
     rows, total_n, total_b, frozen = [], 0, 0, 0
-    for leaf, paths in found.values():
+    for leaf, paths, x in found.values():
         states = _arrays(leaf.state)
         nbytes = sum(backends.of(a).nbytes(a) for a in states)
         if model is not None:
-            x = getkeypath(model, paths[0])
             n: int | None = backends.of(x).size(x)
         else:
             n = max((backends.of(a).size(a) for a in states), default=None)
