@@ -73,8 +73,8 @@ def children(x: Any) -> dict:
         return dict(x)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
-    if _ismodule(x):
-        return {**x._parameters, **x._buffers, **x._modules}
+    if _ismodule(x):  # (a wrapper such as torch.compile's has the wrapped module's)
+        return backends.ops("torch").module_children(x)
     return {}
 
 
@@ -226,9 +226,7 @@ def trainable(x: Any) -> tuple:
     if spec is not None and spec[1] is not None:
         return spec[1]
     if _ismodule(x):
-        return tuple(k for k, v in kids.items()
-                     if k in x._modules or (k in x._parameters and v is not None
-                                            and v.requires_grad))
+        return backends.ops("torch").module_trainable(x)
     if _isstateindex(x):
         return ()
     return tuple(kids)

@@ -1,4 +1,5 @@
-"""PyTorch tensors: the same function set as the NumPy backend, plus ``nn.Module`` nodes.
+"""PyTorch tensors: the same function set as the NumPy backend, plus ``nn.Module`` nodes
+(``_torchnn.py``).
 
 Hyper-parameters stay Python floats: PyTorch treats a Python scalar as weakly typed, so
 ``eta * m`` keeps ``m``'s dtype (float16 and bfloat16 included). In-place writes run
@@ -7,11 +8,8 @@ under ``torch.no_grad()``, so a parameter that requires grad may be updated.
 
 from __future__ import annotations
 
-import copy as _copy
 import math
 import operator
-import weakref
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,6 +18,14 @@ from torch import conj, nn, real, sqrt  # noqa: F401
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from optimisers.backends._packs import PAD, Packs
+from optimisers.backends._torchnn import (  # noqa: F401 (nn.Module as a node: tree.py's)
+    hasmodule,
+    module_children,
+    module_grads,
+    module_trainable,
+    rebuild_module,
+    unwrapped,
+)
 
 Array = torch.Tensor
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
@@ -502,93 +508,3 @@ def _adam_scalars(rule: Any, bt: tuple) -> tuple | None:
     # AdamW: the kernel multiplies x by 1 - lr*wd before the step
     return lr, step, (float(rule.eta) * lambd if rule.couple else lambd) / lr
 
-
-# --- nn.Module as a node of the tree protocol ----------------------------------------------
-
-
-def rebuild_module(m: nn.Module, new_children: Mapping) -> nn.Module:
-    """A new module like ``m`` with some parameters, buffers or submodules replaced.
-
-    ``m`` is never mutated: the copy gets its own ``_parameters``, ``_buffers``,
-    ``_modules`` (and hook) dicts. A new parameter value that is a plain tensor is wrapped
-    as ``nn.Parameter`` with the old one's ``requires_grad``, unless it is the differentiable
-    result of a computation (then it is kept as it is, so gradients flow through it).
-    """
-    y = _copy.copy(m)
-    for name, value in vars(y).items():
-        if name.startswith("_") and isinstance(value, (dict, set)):
-            y.__dict__[name] = _copy.copy(value)
-    for k, v in new_children.items():
-        if k in y._parameters:
-            y._parameters[k] = _as_parameter(v, y._parameters[k])
-        elif k in y._buffers:
-            y._buffers[k] = v
-        else:
-            y._modules[k] = v
-    return y
-
-
-# id(tensor) -> (weakref to it, weakref to its Parameter): one tensor placed in several
-# modules (a tie, as fmap and re(v) place it) becomes one Parameter, so the tie survives.
-_WRAPPED: dict[int, tuple[weakref.ref, weakref.ref]] = {}
-
-
-def _as_parameter(v: Any, old: Any) -> Any:
-    if not isinstance(v, torch.Tensor) or isinstance(v, nn.Parameter):
-        return v
-    if v.requires_grad and not v.is_leaf:
-        return v  # a function of other tensors: wrapping would cut the autograd graph
-    hit = _WRAPPED.get(id(v))
-    if hit is not None and hit[0]() is v and hit[1]() is not None:
-        return hit[1]()
-    grad = old.requires_grad if isinstance(old, torch.Tensor) else v.requires_grad
-    p = nn.Parameter(v.detach(), requires_grad=grad)
-    key = id(v)
-    _WRAPPED[key] = (weakref.ref(v, lambda _: _WRAPPED.pop(key, None)), weakref.ref(p))
-    return p
-
-
-def hasmodule(model: Any) -> bool:
-    """Whether ``model`` is, or holds, an ``nn.Module`` or a tensor that requires grad:
-    a PyTorch model whose gradients ``update_`` may read from ``.grad``."""
-    from optimisers.tree import children
-
-    seen: set[int] = set()
-
-    def go(x: Any) -> bool:
-        if isinstance(x, nn.Module) or isinstance(x, torch.Tensor) and x.requires_grad:
-            return True
-        if id(x) in seen:
-            return False
-        seen.add(id(x))
-        return any(go(c) for c in children(x).values())
-
-    return go(model)
-
-
-def module_grads(model: Any) -> Any:
-    """The gradient tree that ``update_(tree, model)`` uses when no gradient is given.
-
-    Mirrors the model with ``dict``s keyed by child names, holding each trainable
-    tensor's ``.grad``. Autograd has already summed the gradient of a tied parameter over
-    its uses, so it is given once, at the first trainable path in walk order, and
-    ``None`` at the others: the state tree's gathering, which sums what arrives at a
-    shared Leaf, then counts it once.
-    """
-    from optimisers.tree import children, trainable
-
-    seen: set[int] = set()
-
-    def go(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            if id(x) in seen or not x.is_leaf:
-                return None
-            seen.add(id(x))
-            return x.grad
-        kids = children(x)
-        if not kids:
-            return None
-        train = set(trainable(x))
-        return {k: go(v) if k in train else None for k, v in kids.items()}
-
-    return go(model)

@@ -1,0 +1,212 @@
+"""``torch.nn.Module`` as a node of the tree protocol, and the wrappers that stay out of sight.
+
+A module's children are its parameters, buffers and submodules; it trains its parameters
+that have ``requires_grad`` and its submodules, never its buffers. A wrapper that only
+holds another module (``torch.compile``'s ``OptimizedModule``, ``DistributedDataParallel``,
+``DataParallel``) is transparent: its children, trainable keys and so its paths are the
+wrapped module's own, so a state tree, a ``where=`` pattern and a checkpoint are the same
+for the plain and the wrapped module. ``tree.py`` asks this file through the torch backend.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import sys
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+# module class -> the attribute under which it holds the module it wraps (None: no wrapper)
+_INNER: dict[type, str | None] = {}
+
+
+def _inner_name(cls: type) -> str | None:
+    try:
+        return _INNER[cls]
+    except KeyError:
+        pass
+    frames = sys.modules.get("torch._dynamo.eval_frame")  # loaded once torch.compile ran
+    compiled = getattr(frames, "OptimizedModule", None)
+    if compiled is not None and issubclass(cls, compiled):
+        name = "_orig_mod"
+    elif issubclass(cls, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        name = "module"
+    else:
+        name = None
+    _INNER[cls] = name
+    return name
+
+
+def unwrapped(m: nn.Module) -> nn.Module:
+    """unwrapped(m) -> the module that ``m`` wraps, through any number of wrappers; ``m``
+    itself when it is no wrapper.
+
+    Example:
+        >>> lin = nn.Linear(2, 1)
+        >>> unwrapped(nn.DataParallel(lin)) is lin, unwrapped(lin) is lin
+        (True, True)
+    """
+    name = _inner_name(type(m))
+    while name is not None:
+        m = m._modules[name]
+        name = _inner_name(type(m))
+    return m
+
+
+def module_children(m: nn.Module) -> dict:
+    """module_children(m) -> dict of ``m``'s parameters, buffers and submodules by name;
+    for a wrapper, those of the module it wraps.
+
+    Example:
+        >>> list(module_children(nn.Linear(2, 1)))
+        ['weight', 'bias']
+    """
+    m = unwrapped(m)
+    return {**m._parameters, **m._buffers, **m._modules}
+
+
+def module_trainable(m: nn.Module) -> tuple:
+    """module_trainable(m) -> the keys an optimiser may train: the parameters that have
+    ``requires_grad`` and the submodules, never the buffers; for a wrapper, those of the
+    module it wraps.
+
+    Example:
+        >>> bn = nn.BatchNorm1d(2)
+        >>> _ = bn.bias.requires_grad_(False)
+        >>> module_trainable(bn)
+        ('weight',)
+    """
+    m = unwrapped(m)
+    return (*(k for k, v in m._parameters.items() if v is not None and v.requires_grad),
+            *m._modules)
+
+
+def rebuild_module(m: nn.Module, new_children: Mapping) -> nn.Module:
+    """rebuild_module(m, new_children) -> a new module like ``m`` with some parameters,
+    buffers or submodules replaced.
+
+    ``m`` is never mutated: the copy gets its own ``_parameters``, ``_buffers``,
+    ``_modules`` (and hook) dicts. A new parameter value that is a plain tensor is wrapped
+    as ``nn.Parameter`` with the old one's ``requires_grad``, unless it is the differentiable
+    result of a computation (then it is kept as it is, so gradients flow through it).
+    A wrapper is rebuilt around the rebuilt module it wraps: a compiled module stays
+    compiled, with the same compiler settings.
+
+    Raises:
+        TypeError: for a ``DistributedDataParallel``, whose gradient reducer holds the old
+            parameters: step it in place with ``update_``.
+
+    Example:
+        >>> lin = nn.Linear(2, 1)
+        >>> new = rebuild_module(lin, {"bias": torch.zeros(1)})
+        >>> type(new.bias).__name__, new.bias is lin.bias
+        ('Parameter', False)
+    """
+    name = _inner_name(type(m))
+    if name is None:
+        return _rebuilt(m, new_children)
+    inner = rebuild_module(m._modules[name], new_children)
+    if isinstance(m, nn.parallel.DistributedDataParallel):
+        raise TypeError(
+            "cannot make a new DistributedDataParallel with new parameters: its gradient "
+            "reducer holds the old ones. Step it in place with update_(tree, ddp_model), "
+            "or rebuild the module it wraps (ddp_model.module) and wrap that again")
+    if name == "_orig_mod":  # torch.compile's wrapper: compile the new module alike
+        return type(m)(inner, m.dynamo_ctx)
+    return _rebuilt(m, {name: inner})
+
+
+def _rebuilt(m: nn.Module, new_children: Mapping) -> nn.Module:
+    y = _copy.copy(m)
+    for name, value in vars(y).items():
+        if name.startswith("_") and isinstance(value, (dict, set)):
+            y.__dict__[name] = _copy.copy(value)
+    for k, v in new_children.items():
+        if k in y._parameters:
+            y._parameters[k] = _as_parameter(v, y._parameters[k])
+        elif k in y._buffers:
+            y._buffers[k] = v
+        else:
+            y._modules[k] = v
+    return y
+
+
+# id(tensor) -> (weakref to it, weakref to its Parameter): one tensor placed in several
+# modules (a tie, as fmap and re(v) place it) becomes one Parameter, so the tie survives.
+_WRAPPED: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _as_parameter(v: Any, old: Any) -> Any:
+    if not isinstance(v, torch.Tensor) or isinstance(v, nn.Parameter):
+        return v
+    if v.requires_grad and not v.is_leaf:
+        return v  # a function of other tensors: wrapping would cut the autograd graph
+    hit = _WRAPPED.get(id(v))
+    if hit is not None and hit[0]() is v and hit[1]() is not None:
+        return hit[1]()
+    grad = old.requires_grad if isinstance(old, torch.Tensor) else v.requires_grad
+    p = nn.Parameter(v.detach(), requires_grad=grad)
+    key = id(v)
+    _WRAPPED[key] = (weakref.ref(v, lambda _: _WRAPPED.pop(key, None)), weakref.ref(p))
+    return p
+
+
+def hasmodule(model: Any) -> bool:
+    """hasmodule(model) -> whether ``model`` is, or holds, an ``nn.Module`` or a tensor that
+    requires grad: a PyTorch model whose gradients ``update_`` may read from ``.grad``.
+
+    Example:
+        >>> hasmodule([nn.Linear(1, 1)]), hasmodule([torch.zeros(1)])
+        (True, False)
+    """
+    from optimisers.tree import children
+
+    seen: set[int] = set()
+
+    def go(x: Any) -> bool:
+        if isinstance(x, nn.Module) or isinstance(x, torch.Tensor) and x.requires_grad:
+            return True
+        if id(x) in seen:
+            return False
+        seen.add(id(x))
+        return any(go(c) for c in children(x).values())
+
+    return go(model)
+
+
+def module_grads(model: Any) -> Any:
+    """module_grads(model) -> the gradient tree that ``update_(tree, model)`` uses when no
+    gradient is given.
+
+    Mirrors the model with ``dict``s keyed by child names, holding each trainable
+    tensor's ``.grad``. Autograd has already summed the gradient of a tied parameter over
+    its uses, so it is given once, at the first trainable path in walk order, and
+    ``None`` at the others: the state tree's gathering, which sums what arrives at a
+    shared Leaf, then counts it once.
+
+    Example:
+        >>> lin = nn.Linear(2, 1)
+        >>> lin(torch.ones(2)).sum().backward()
+        >>> module_grads(lin)["bias"]
+        tensor([1.])
+    """
+    from optimisers.tree import children, trainable
+
+    seen: set[int] = set()
+
+    def go(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if id(x) in seen or not x.is_leaf:
+                return None
+            seen.add(id(x))
+            return x.grad
+        kids = children(x)
+        if not kids:
+            return None
+        train = set(trainable(x))
+        return {k: go(v) if k in train else None for k, v in kids.items()}
+
+    return go(model)
