@@ -14,7 +14,7 @@ nn = torch.nn
 
 import optimisers as O  # noqa: E402
 from conftest import ALL_RULES, normal, rules_param  # noqa: E402
-from optimisers import backends  # noqa: E402
+from optimisers import backends, fused  # noqa: E402
 
 
 def make_model(seed: int = 0) -> nn.Sequential:
@@ -205,6 +205,27 @@ def test_pure_update_returns_new_module_old_untouched():
     assert new[1].running_mean is model[1].running_mean  # unchanged parts shared
     backward(new, 1)  # the new module trains
     assert new[0].weight.grad is not None and model[0].weight.grad is not None
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("rule", [O.Adam(0.1), O.Descent(0.1)], ids=repr)
+def test_pure_update_keeps_requires_grad(rule, fuse, monkeypatch):
+    """update of leaf tensors that require grad returns leaf tensors that do, so the next
+    backward() reaches them; a Parameter stays one; a tensor that did not, does not."""
+    if not fuse:
+        monkeypatch.setattr(fused, "MIN_GROUP", 10**9)
+    torch.manual_seed(0)
+    model = {"w": torch.randn(3, 2, requires_grad=True), "b": torch.zeros(2, requires_grad=True),
+             "p": nn.Parameter(torch.ones(2)), "fixed": torch.ones(2)}
+    tree = O.setup(rule, model)
+    for _ in range(2):
+        loss = ((torch.ones(4, 3) @ model["w"] + model["b"]) * model["p"] * model["fixed"]).sum()
+        grads = dict(zip(model, torch.autograd.grad(loss, list(model.values())[:3])))
+        tree, model = O.update(tree, model, grads)
+        assert [type(v) for v in model.values()] == [torch.Tensor, torch.Tensor, nn.Parameter,
+                                                      torch.Tensor]
+        assert [v.requires_grad for v in model.values()] == [True, True, True, False]
+        assert all(v.is_leaf for v in model.values())
 
 
 def test_rebuild_module_does_not_mutate():

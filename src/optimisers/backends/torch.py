@@ -177,15 +177,21 @@ def assign(dst: Array, value: Any) -> Array:
 
 
 def subtract(x: Array, d: Any, inplace: bool) -> Array:
-    """``x - d``, written into ``x`` when ``inplace``; else a new tensor of ``x``'s dtype
-    (an ``nn.Parameter`` stays one, with the same ``requires_grad``)."""
+    """``x - d``, written into ``x`` when ``inplace``; else a new tensor like ``x`` (see
+    :func:`like`)."""
     with torch.no_grad():
         if inplace:
             return x.sub_(d)
-        y = (x - d).to(x.dtype)
+        return like((x - d).to(x.dtype), x)
+
+
+def like(y: Array, x: Array) -> Array:
+    """``y``, computed without autograd, made a new parameter as ``x`` is one: an
+    ``nn.Parameter`` where ``x`` is one, and with ``x``'s ``requires_grad``, so that the
+    next ``backward()`` reaches the parameters that a pure update returns."""
     if isinstance(x, nn.Parameter):
         return nn.Parameter(y, requires_grad=x.requires_grad)
-    return y
+    return y.requires_grad_() if x.requires_grad else y
 
 
 def add(a: Array, b: Array) -> Array:
@@ -304,14 +310,14 @@ def scatter_sub(xs: list, d: Array, cache: dict) -> None:
 
 
 def split_like(d: Array, xs: list) -> list:
-    """New tensors ``x_i - segment of d``, typed like each ``x_i`` (a ``Parameter`` stays
-    one), as :func:`subtract` makes them."""
+    """New tensors ``x_i - segment of d``, each like ``x_i`` (see :func:`like`), as
+    :func:`subtract` makes them."""
     out = list(torch._foreach_sub(xs, _unflatten_dense_tensors(d, xs)))
     for i, (x, y) in enumerate(zip(xs, out)):
         if y.dtype != x.dtype:
             y = out[i] = y.to(x.dtype)
-        if isinstance(x, nn.Parameter):
-            out[i] = nn.Parameter(y, requires_grad=x.requires_grad)
+        if x.requires_grad or isinstance(x, nn.Parameter):
+            out[i] = like(y, x)
     return out
 
 
