@@ -18,6 +18,7 @@ import warnings
 from typing import Any
 
 from optimisers import backends, fused
+from optimisers.backends._compiler import untraced
 from optimisers.gather import (
     _DOTGRAD,
     _Entry,
@@ -247,6 +248,7 @@ def copy_tree(tree: Any) -> Any:
 _map_leaves = map_leaves  # (the name adjust.py imports)
 
 
+@untraced  # in a function that torch.compile traces, the step runs as Python
 def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
     """update(tree, model, grads) -> (tree, model): one optimisation step, pure.
 
@@ -287,6 +289,7 @@ def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
 _NOGRAD = object()
 
 
+@untraced  # in a function that torch.compile traces, the step runs as Python
 def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[Any, Any]:
     """update_(tree, model, grads) -> (tree, model): one optimisation step, in place.
 

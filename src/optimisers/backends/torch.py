@@ -1,5 +1,5 @@
 """PyTorch tensors: the same function set as the NumPy backend, plus ``nn.Module`` nodes
-(``_torchnn.py``).
+(``_torchnn.py``) and how a step runs inside ``torch.compile`` (:func:`untraced`).
 
 Hyper-parameters stay Python floats: PyTorch treats a Python scalar as weakly typed, so
 ``eta * m`` keeps ``m``'s dtype (float16 and bfloat16 included). In-place writes run
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -514,3 +515,23 @@ def _adam_scalars(rule: Any, bt: tuple) -> tuple | None:
     # AdamW: the kernel multiplies x by 1 - lr*wd before the step
     return lr, step, (float(rule.eta) * lambd if rule.couple else lambd) / lr
 
+
+# --- torch.compile ------------------------------------------------------------------------
+
+_UNTRACED: dict[Callable, Callable] = {}
+
+
+def untraced(fn: Callable) -> Callable:
+    """untraced(fn) -> ``fn`` run eagerly, outside the graph, when ``torch.compile`` traces a
+    call to it (a graph break): how ``update`` and ``update_`` run inside a compiled step
+    (``backends/_compiler.py`` says why), with the same fused kernels and results as
+    outside it, while the step's forward and backward passes are compiled around them.
+
+    Example:
+        >>> untraced(sorted)([2, 1])
+        [1, 2]
+    """
+    found = _UNTRACED.get(fn)
+    if found is None:
+        found = _UNTRACED[fn] = torch.compiler.disable(fn, recursive=True)
+    return found
