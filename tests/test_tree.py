@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict, defaultdict, namedtuple
+from collections.abc import MutableMapping
 from types import MappingProxyType
 
 import numpy as np
@@ -70,6 +71,68 @@ def test_rebuild_keeps_mapping_types_and_order():
     assert type(out) is defaultdict and out.default_factory is list and dd["x"] == 1
     proxy = MappingProxyType({"x": 1})
     assert rebuild(proxy, {"x": 2})["x"] == 2
+
+
+class SharedStore(MutableMapping):
+    """A Mapping that keeps its items in another object, so that ``copy.copy`` of it
+    shares them (as ``nnx.State`` does): writing into a copy writes into the original."""
+
+    def __init__(self, items=()):
+        self._data = dict(items)
+
+    def __getitem__(self, k):
+        return self._data[k]
+
+    def __setitem__(self, k, v):
+        self._data[k] = v
+
+    def __delitem__(self, k):
+        del self._data[k]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+
+class ReadOnlyDict(dict):
+    def __setitem__(self, k, v):
+        raise TypeError("read-only")
+
+
+def test_rebuild_never_writes_into_a_mapping_whose_copy_shares_it():
+    store = SharedStore({"w": 1.0, "b": 2.0})
+    out = rebuild(store, {"w": 5.0})
+    assert type(out) is SharedStore and dict(out) == {"w": 5.0, "b": 2.0}
+    assert dict(store) == {"w": 1.0, "b": 2.0}
+
+
+def test_pure_update_leaves_a_shallow_copying_mapping_alone():
+    w = np.ones(2)
+    w.setflags(write=False)  # (a writable array would be written in place by update_)
+    model = SharedStore({"w": w, "layers": [SharedStore({"v": np.ones(1)})]})
+    tree = O.setup(O.Descent(0.5), model)
+    _, new = O.update(tree, model, {"w": np.ones(2), "layers": [{"v": np.ones(1)}]})
+    assert model["w"] is w and model["layers"][0]["v"][0] == 1.0
+    assert type(new) is SharedStore and new["w"].tolist() == [0.5, 0.5]
+    assert new["layers"][0]["v"].tolist() == [0.5]
+    _, new = O.update_(tree, model, {"w": np.ones(2)})
+    assert model["w"] is w and new["w"].tolist() == [0.5, 0.5]
+
+
+def test_rebuild_mapping_by_construction_when_item_assignment_is_refused():
+    ro = ReadOnlyDict(a=1, b=2)
+    out = rebuild(ro, {"a": 3})
+    assert type(out) is ReadOnlyDict and out == {"a": 3, "b": 2} and ro["a"] == 1
+
+    class NoArgs(SharedStore):
+        def __init__(self):
+            super().__init__({"a": 1})
+
+    with pytest.raises(TypeError, match="cannot rebuild a NoArgs: a Mapping other than a "
+                                        "dict is rebuilt as NoArgs"):
+        rebuild(NoArgs(), {"a": 2})
 
 
 def test_rebuild_frozen_dataclass_does_not_rerun_init():

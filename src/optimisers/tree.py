@@ -133,19 +133,41 @@ def rebuild(x: T, new_children: Mapping) -> T:
                 y[k] = v
             return y
         if isinstance(x, Mapping):
-            try:
-                y = copy.copy(x)
-                for k, v in new_children.items():
-                    y[k] = v
-                return y
-            except TypeError:  # an immutable Mapping
-                return type(x)({k: new_children.get(k, v) for k, v in old.items()})
+            return _rebuild_mapping(x, old, new_children)
         if _ismodule(x):
             return backends.ops("torch").rebuild_module(x, new_children)
     y = copy.copy(x)
     for k, v in new_children.items():
         object.__setattr__(y, k, v)
     return y
+
+
+def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
+    """A Mapping like ``x`` with some children replaced, never written into ``x``.
+
+    A ``dict`` (or subclass) holds its items itself, so its shallow copy shares none and
+    is written (keeping a ``defaultdict``'s factory); if it refuses item assignment, it is
+    constructed. Any other Mapping is constructed from its items: its copy may share
+    storage with it (``nnx.State`` does) or refuse item assignment (``FrozenDict``).
+    """
+    items = {k: new_children.get(k, v) for k, v in old.items()}
+    if type(x) is dict:
+        return items
+    if isinstance(x, dict):
+        try:
+            y = copy.copy(x)
+            if y is not x:
+                for k, v in new_children.items():
+                    y[k] = v
+                return y
+        except (TypeError, ValueError):  # an immutable dict: constructed below
+            pass
+    try:
+        return type(x)(items)
+    except TypeError as err:
+        raise TypeError(f"cannot rebuild a {type(x).__name__}: a Mapping other than a dict "
+                        f"is rebuilt as {type(x).__name__}(dict_of_items), which failed "
+                        f"({err}); give it a constructor taking a mapping") from err
 
 
 def register(cls: type, children: Iterable[str] | None = None,
