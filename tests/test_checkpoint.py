@@ -339,7 +339,7 @@ def test_same_tree_same_bytes_and_numpy_can_read_it(trained: tuple, ckpt: Any,
     assert ckpt.read_bytes() == other.read_bytes()
     with np.load(ckpt, allow_pickle=False) as npz:
         doc = json.loads(npz["checkpoint.json"])
-        assert doc["format"] == "optimisers.checkpoint" and doc["version"] == 1
+        assert doc["format"] == "optimisers.checkpoint" and doc["version"] == 2
         assert np.array_equal(npz["arrays/0"], tree["enc"]["w"].state[0])
 
 
@@ -637,8 +637,8 @@ def test_missing_file_is_file_not_found(tmp_path: Any) -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(version=2), r"format version 2; this version of optimisers reads "
-                                    r"version 1"),
+    (lambda d: d.update(version=3), r"format version 3; this version of optimisers reads "
+                                    r"versions \(1, 2\)"),
     (lambda d: d.update(format="other"), r"not an optimisers checkpoint: its checkpoint.json "
                                          r"lacks"),
     (lambda d: d["leaves"][0]["rule"].update(rule="NoSuchRule"),
@@ -659,9 +659,10 @@ def test_missing_file_is_file_not_found(tmp_path: Any) -> None:
      r"bytes, its record says float32 \(3, 2\)"),
     (lambda d: d["leaves"][0]["state"]["tuple"][2]["tuple"].__setitem__(0, 0.5),
      r"bare JSON number 0.5"),
-    (lambda d: d["tree"]["dict"][0][1]["dict"][0].__setitem__(1, {"leaf": 7}),
+    (lambda d: d["nodes"].__setitem__(d["nodes"][1]["dict"][0][1], {"leaf": 7}),
      r"malformed: a Leaf reference 7 at KeyPath\('enc', 'w'\)"),
-    (lambda d: d.update(tree={"eval": "print(1)"}), r"malformed: expected a node of the state"),
+    (lambda d: d["nodes"].__setitem__(0, {"eval": "print(1)"}),
+     r"malformed: expected a node of the state"),
 ], ids=["version", "format", "unknown-rule", "invalid-hyperparameter", "unknown-field",
         "state-kind", "missing-array", "wrong-array", "bare-float", "bad-leaf", "bad-node"])
 def test_tampered_document_is_a_value_error(change: Any, message: str, trained: tuple,
@@ -672,7 +673,7 @@ def test_tampered_document_is_a_value_error(change: Any, message: str, trained: 
 
 
 def test_deeply_nested_document_is_a_value_error(trained: tuple, ckpt: Any) -> None:
-    deep = '{"tuple":[' * 100_000 + "null" + "]}" * 100_000
+    deep = '{"tuple":[' * 50_000 + "null" + "]}" * 50_000
     text = '{"format":"optimisers.checkpoint","version":1,"leaves":[],"tree":' + deep + "}"
     rewrite(ckpt, {"checkpoint.json": text.encode()})
     with pytest.raises(ValueError, match=r"not an intact optimisers checkpoint.*Recursion"):
@@ -687,8 +688,8 @@ def test_decompression_bomb_is_refused(trained: tuple, ckpt: Any) -> None:
         for n, data in members.items():
             zf.writestr(n, data)
     assert ckpt.stat().st_size < 100_000
-    with pytest.raises(ValueError, match=r"array 0 .* is 10000\d+ bytes, far more than its "
-                                         r"record says"):
+    with pytest.raises(ValueError, match=r"member 'checkpoint.json' is compressed or encrypted "
+                                         r"\(method 8\)"):
         load(ckpt, like=setup(Adam(), trained[1]))
 
 
@@ -742,12 +743,13 @@ def test_names_in_the_file_are_never_imported(trained: tuple, ckpt: Any) -> None
         load(ckpt, like=setup(Adam(), trained[1]))
 
     def evil_dtype(d: dict) -> None:
-        d["leaves"][0]["rule"] = {"rule": "MixedPrecision",
-                                  "fields": {"dtype": {"dtype": "O", "as": "type"}}}
+        d["leaves"][0]["rule"]["fields"]["dtype"] = {"dtype": "O", "as": "type"}
 
+    mixed = setup(MixedPrecision(Adam()), trained[1])
+    save(ckpt, mixed)
     edit_json(ckpt, evil_dtype)
     with pytest.raises(ValueError, match=r"unknown dtype 'O'"):
-        load(ckpt, like=setup(MixedPrecision(Adam()), trained[1]))
+        load(ckpt, like=mixed)
 
 
 # ----------------------------------------------------------------------------- atomic writes

@@ -6,20 +6,23 @@ A checkpoint is one ZIP file (stored, not compressed; readable by ``numpy.load``
 ``checkpoint.json``
     A UTF-8 JSON document::
 
-        {"format": "optimisers.checkpoint", "version": 1,
-         "tree": <node>, "leaves": [<leaf>, ...], "arrays": <count>}
+        {"format": "optimisers.checkpoint", "version": 2,
+         "nodes": [<node>, ...], "leaves": [<leaf>, ...], "arrays": <count>}
 
 ``arrays/<i>.npy``
     Array number ``i`` in NumPy's ``.npy`` format (header version 1.0 or 2.0, never an
     object dtype). A dtype that NumPy lacks (``bfloat16``, ``float8_*``) is stored as its
     bits, an unsigned integer array of the same item size.
 
-``<node>`` is the state tree: ``null`` (no Leaf here), ``{"leaf": i}`` (entry ``i`` of
-``leaves``; a tied Leaf is stored once and referenced from every path to it),
-``{"dict": [[<key>, <node>], ...]}``, ``{"tuple": [<node>, ...]}`` or
-``{"list": [<node>, ...]}``. Each ``<leaf>`` is
+``nodes`` is the state tree, flat, parents before children, ``nodes[0]`` its root (so a
+tree of any depth is a shallow document). A ``<node>`` is ``null`` (no Leaf here),
+``{"leaf": i}`` (entry ``i`` of ``leaves``; a tied Leaf is stored once and referenced from
+every path to it), ``{"dict": [[<key>, n], ...]}``, ``{"tuple": [n, ...]}`` or
+``{"list": [n, ...]}``, each child ``n`` the index of a node, every node but the root
+referenced exactly once. (Version 1, still read, nested the nodes in one ``"tree"``.)
+Each ``<leaf>`` is
 ``{"path": "layers.0.weight", "rule": <value>, "frozen": false, "state": <value>}``,
-``path`` being the first key path that reaches it (for people; loading walks ``tree``).
+``path`` being the first key path that reaches it (for people; loading walks ``nodes``).
 
 A ``<value>`` is JSON ``null``, ``true``/``false``, an integer or a string as itself,
 or an object with one tag:
@@ -30,35 +33,39 @@ or an object with one tag:
 - ``{"array": i, "dtype": "float32", "shape": [3, 2], "library": "torch"}``, plus
   ``"bits": "uint16"`` when stored as bits, ``"scalar": true`` for a NumPy scalar and
   ``"weak": true`` for a weakly-typed JAX scalar; one array object reached twice is
-  stored once.
+  stored once (loading accepts an index twice only with equal records, and only where
+  ``like`` holds one array at both places or both are hyper-parameters).
 - ``{"rule": "Adam", "fields": {"eta": <value>, "beta": <value>, ...}}``: a rule, by its
   class name in :data:`optimisers.RULES` and its constructor arguments (nested rules for
   :class:`OptimiserChain` and :class:`MixedPrecision`).
 - ``{"dtype": "float32", "as": "type"}``: a dtype field, ``as`` one of ``"type"``
   (``np.float32``), ``"numpy"`` (``np.dtype("float32")``), ``"torch"``, ``"jax"``.
 
-Loading never unpickles, never executes code from the file and never imports a name the
-file chooses: rules come from the registry :data:`optimisers.RULES` (every subclass of
-:class:`Rule` registers itself when defined), dtypes from a fixed list or from ``like``.
+Values nest (tuples, lists, dicts, rules) at most 100 levels deep: ``save`` refuses deeper
+ones, so that whatever ``save`` writes, ``load`` reads.
+
+A file is untrusted input. Loading never unpickles, never executes code from the file and
+never imports a name the file chooses: rules come from the registry
+:data:`optimisers.RULES` (every subclass of :class:`Rule` registers itself when defined),
+dtypes from a fixed list or from a library already imported; the file's rule classes are
+compared with ``like``'s before any rule is constructed, and rules are constructed only
+after the whole file matched ``like``. It reads regular files only (never a device or a
+FIFO), members stored as is (a compressed or encrypted member, or a name used twice, is
+refused), each array's member no larger than its record says, and a ``checkpoint.json`` of
+at most 4 times the size of ``like``'s own document plus 1 MiB.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import zipfile
 from typing import Any
 
 from optimisers import fused
-from optimisers.checkpoint._format import (
-    FORMAT,
-    VERSION,
-    _Invalid,
-)
-from optimisers.checkpoint._read import _Reader
-from optimisers.checkpoint._write import _atomic_write, _Writer
-from optimisers.keypath import KeyPath
-from optimisers.leaf import leaves
+from optimisers.checkpoint._archive import open_regular
+from optimisers.checkpoint._format import Invalid, nodes
+from optimisers.checkpoint._read import Reader
+from optimisers.checkpoint._write import Writer, document, write_atomic
 from optimisers.rules import Rule
 
 __all__ = ["save", "load"]
@@ -71,7 +78,10 @@ def save(path: str | os.PathLike, tree: Any) -> None:
     dtypes, step counters and other numbers exactly), frozen flag, and which Leafs are
     shared, in the pickle-free format described in :mod:`optimisers.checkpoint`. The file
     is written to a temporary file in the same directory, flushed to disk, then renamed
-    over ``path``: a crash during ``save`` leaves any previous checkpoint intact.
+    over ``path``: a crash during ``save`` leaves any previous checkpoint intact, and the
+    next ``save`` to that path removes the temporary file a killed one left. A file it
+    replaces keeps its permission bits; a symlink at ``path`` is written through (the file
+    it points to is replaced, the link stays).
 
     Args:
         path: the file to write (any name; ``.ckpt`` or ``.npz`` are customary).
@@ -81,6 +91,7 @@ def save(path: str | os.PathLike, tree: Any) -> None:
         TypeError: the tree holds something a checkpoint cannot store without pickle (a
             function as a hyper-parameter, an object array, a rule class that is not the
             one registered under its name in ``RULES``), or it is not a state tree.
+        ValueError: a rule or state nests values more than 100 levels deep.
 
     Example:
         >>> import os, tempfile
@@ -95,13 +106,9 @@ def save(path: str | os.PathLike, tree: Any) -> None:
         ['opt.ckpt']
         >>> folder.cleanup()
     """
-    for _ in leaves(tree):  # a model passed in place of the tree: TypeError, naming the path
-        pass
-    writer = _Writer()
-    doc = {"format": FORMAT, "version": VERSION, "tree": writer.node(tree, KeyPath())}
-    doc["leaves"], doc["arrays"] = writer.leaves, len(writer.arrays)
-    text = json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-    _atomic_write(os.fspath(path), text.encode("utf-8"), writer.arrays)
+    writer = Writer()
+    text = document(writer, tree)
+    write_atomic(os.fspath(path), text.encode("utf-8"), writer.arrays)
 
 
 def load(path: str | os.PathLike, like: Any) -> Any:
@@ -126,9 +133,11 @@ def load(path: str | os.PathLike, like: Any) -> Any:
         ValueError: the file does not match ``like`` (structure, sharing, rule class,
             state shape or dtype; the message names the :class:`KeyPath`), names a rule
             that is not in ``RULES``, or is not an intact checkpoint (truncated,
-            corrupted, or some other kind of file).
+            corrupted, compressed, or some other kind of file), or ``path`` is not a
+            regular file (a device, FIFO or socket).
         TypeError: ``like`` is not a state tree.
         FileNotFoundError: there is no file at ``path``.
+        IsADirectoryError: ``path`` is a directory.
 
     Example:
         >>> import os, tempfile
@@ -144,15 +153,15 @@ def load(path: str | os.PathLike, like: Any) -> Any:
         (Adam(eta=0.01, beta=(0.9, 0.999), epsilon=1e-08), True)
         >>> folder.cleanup()
     """
-    for _ in leaves(like):
+    for _ in nodes(like):  # not a state tree: TypeError, naming the path
         pass
     name = os.fspath(path)
-    with open(name, "rb") as f:
+    with open_regular(name) as f:
         try:
             with zipfile.ZipFile(f) as zf:
-                reader = _Reader(zf, like)
+                reader = Reader(zf, like)
                 tree = reader.tree()
-        except _Invalid as e:
+        except Invalid as e:
             raise ValueError(str(e)) from None
         except Exception as e:  # whatever a damaged file makes the decoders raise
             raise ValueError(f"{name!r} is not an intact optimisers checkpoint (truncated, "

@@ -2,34 +2,65 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from optimisers.keypath import KeyPath
+from optimisers.leaf import Leaf
+
 FORMAT = "optimisers.checkpoint"
-VERSION = 1
-_JSON = "checkpoint.json"
-_STAMP = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same tree gives the same bytes
-_STANDARD = frozenset(np.dtype(c).name for c in np.typecodes["All"]
+VERSION = 2  # 2: the state tree as a flat list of nodes, so any depth loads (1: nested)
+READS = (1, 2)
+JSON_MEMBER = "checkpoint.json"
+STAMP = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same tree gives the same bytes
+STANDARD = frozenset(np.dtype(c).name for c in np.typecodes["All"]
                       if np.dtype(c).kind in "biufc")
-_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
-_TYPES = {"tuple": tuple, "list": list}
+BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+TYPES = {"tuple": tuple, "list": list}
+MAX_DEPTH = 100  # tuples, lists, dicts and rules nested in one rule or state, saved or loaded
+JSON_BASE = 1 << 20  # the document may be this many bytes more than 4 times like's own
 
 
-class _Invalid(ValueError):
+class Invalid(ValueError):
     """A problem found while loading; :func:`load` re-raises it as a plain ValueError."""
 
 
-def _params(cls: type) -> list[inspect.Parameter]:
+@functools.lru_cache(maxsize=256)
+def constructor_params(cls: type) -> tuple[inspect.Parameter, ...]:
     """The named constructor parameters of a rule class (``*rules`` included)."""
-    return [p for p in inspect.signature(cls).parameters.values()
-            if p.kind is not p.VAR_KEYWORD]
+    return tuple(p for p in inspect.signature(cls).parameters.values()
+                 if p.kind is not p.VAR_KEYWORD)
 
 
-_FREE = object()  # the ``like`` of keys and hyper-parameters: nothing to compare with
+FREE = object()  # the ``like`` of keys and hyper-parameters: nothing to compare with
 
 
-def _dtype_name(a: Any) -> str:
+def dtype_name(a: Any) -> str:
     return str(a.dtype).removeprefix("torch.")
+
+
+def nodes(tree: Any) -> Iterator[tuple[KeyPath, Any]]:
+    """Every ``(KeyPath, node)`` of a state tree, parents before children, without recursion
+    (so a tree of any depth walks).
+
+    Raises:
+        TypeError: a node that is not None, a Leaf, a dict, a tuple or a list (a model
+            passed where the state tree belongs).
+    """
+    stack = [(KeyPath(), tree)]
+    while stack:
+        kp, t = stack.pop()
+        if isinstance(t, dict):
+            stack.extend((kp + (k,), v) for k, v in reversed(t.items()))
+        elif isinstance(t, (tuple, list)):
+            stack.extend((kp + (i,), v) for i, v in reversed(list(enumerate(t))))
+        elif t is not None and not isinstance(t, Leaf):
+            found = "an array" if hasattr(t, "shape") else f"a {type(t).__name__}"
+            raise TypeError(f"expected a state tree from setup(rule, model), but found {found} "
+                            f"at {kp!r}; pass the state tree, not the model")
+        yield kp, t

@@ -2,28 +2,39 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import zipfile
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 import numpy as np
 
 from optimisers import backends
 from optimisers.checkpoint._format import (
-    _BITS,
-    _JSON,
-    _SIGNED,
-    _STAMP,
-    _STANDARD,
-    _params,
+    BITS,
+    FORMAT,
+    JSON_MEMBER,
+    MAX_DEPTH,
+    SIGNED,
+    STAMP,
+    STANDARD,
+    VERSION,
+    constructor_params,
+    nodes,
 )
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf
 from optimisers.rules import RULES, Rule
 
 
-class _Writer:
+class Writer:
     """Turns a state tree into the JSON document and the list of arrays."""
 
     def __init__(self) -> None:
@@ -33,23 +44,41 @@ class _Writer:
         self.array_ids: dict[int, dict] = {}
         self.keep: list[Any] = []  # holds every array seen, so that ids stay unique
 
-    def node(self, t: Any, kp: KeyPath) -> Any:
-        if t is None:
-            return None
-        if isinstance(t, Leaf):
-            if id(t) not in self.leaf_ids:
-                self.leaf_ids[id(t)] = len(self.leaves)
-                self.leaves.append({"path": str(kp), "rule": self.value(t.rule, kp, "the rule"),
-                                    "frozen": bool(t.frozen),
-                                    "state": self.value(t.state, kp, "the state")})
-            return {"leaf": self.leaf_ids[id(t)]}
-        if isinstance(t, dict):
-            return {"dict": [[self.value(k, kp, "a key"), self.node(v, kp + (k,))]
-                             for k, v in t.items()]}
-        tag = "tuple" if isinstance(t, tuple) else "list"
-        return {tag: [self.node(v, kp + (i,)) for i, v in enumerate(t)]}
+    def tree(self, tree: Any) -> list:
+        """The state tree as a flat list of nodes, parents before children (``nodes[0]`` the
+        root), each container holding its children's indices: no depth limit on either side.
 
-    def value(self, v: Any, kp: KeyPath, where: str) -> Any:
+        Raises:
+            TypeError: ``tree`` is not a state tree (a model passed in its place).
+        """
+        out: list = []
+        pending: list[tuple[Any, int]] = [([None], 0)]  # where each next node's index goes
+        for kp, t in nodes(tree):
+            body, slot = pending.pop()
+            body[slot] = len(out)
+            if isinstance(t, dict):
+                pairs = [[self.value(k, kp, "a key"), None] for k in t]
+                out.append({"dict": pairs})
+                pending.extend((pair, 1) for pair in reversed(pairs))
+            elif isinstance(t, (tuple, list)):
+                items: list = [None] * len(t)
+                out.append({"tuple" if isinstance(t, tuple) else "list": items})
+                pending.extend((items, i) for i in reversed(range(len(t))))
+            else:
+                out.append(None if t is None else {"leaf": self.leaf(t, kp)})
+        return out
+
+    def leaf(self, t: Leaf, kp: KeyPath) -> int:
+        if id(t) not in self.leaf_ids:
+            self.leaf_ids[id(t)] = len(self.leaves)
+            self.leaves.append({"path": str(kp), "rule": self.value(t.rule, kp, "the rule"),
+                                "frozen": bool(t.frozen),
+                                "state": self.value(t.state, kp, "the state")})
+        return self.leaf_ids[id(t)]
+
+    def value(self, v: Any, kp: KeyPath, where: str, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            return self.too_deep(kp, where)
         if v is None or isinstance(v, (bool, str)):
             return v
         if isinstance(v, (np.generic, np.ndarray)) or backends.library(v) is not None:
@@ -62,32 +91,43 @@ class _Writer:
             return {"complex": [repr(v.real), repr(v.imag)]}
         if isinstance(v, (tuple, list)):
             tag = "tuple" if isinstance(v, tuple) else "list"
-            return {tag: [self.value(x, kp, where) for x in v]}
+            return {tag: [self.value(x, kp, where, depth + 1) for x in v]}
         if isinstance(v, dict):
-            return {"dict": [[self.value(k, kp, where), self.value(x, kp, where)]
-                             for k, x in v.items()]}
+            return {"dict": [[self.value(k, kp, where, depth + 1),
+                              self.value(x, kp, where, depth + 1)] for k, x in v.items()]}
         if isinstance(v, Rule):
-            return self.rule(v, kp)
-        dtype = _encode_dtype(v)
-        if dtype is not None:
-            return dtype
+            return self.rule(v, kp, depth)
+        dtype = encode_dtype(v)
+        return dtype if dtype is not None else self.unsaveable(v, kp, where)
+
+    def too_deep(self, kp: KeyPath, where: str) -> Any:
+        raise ValueError(f"cannot save {where} at {kp!r}: it nests tuples, lists, dicts and "
+                         f"rules more than {MAX_DEPTH} levels deep, which load would refuse; "
+                         f"flatten it")
+
+    def unsaveable(self, v: Any, kp: KeyPath, where: str) -> Any:
         raise TypeError(f"cannot save {where} at {kp!r}: it holds a {type(v).__name__} "
                         f"({v!r:.60}), which a checkpoint stores only by pickling; use "
                         f"numbers, strings, tuples, lists, dicts, dtypes, arrays and rules")
 
-    def rule(self, rule: Rule, kp: KeyPath) -> dict:
-        cls, name = type(rule), type(rule).__name__
+    def registered(self, cls: type, kp: KeyPath) -> None:
+        name = cls.__name__
         if RULES.get(name) is not cls:
             raise TypeError(f"cannot save the rule {name} at {kp!r}: optimisers.RULES maps "
                             f"{name!r} to {RULES.get(name)!r}, not to this class, so loading "
                             f"would build a different rule; give the class a unique name")
+
+    def rule(self, rule: Rule, kp: KeyPath, depth: int = 0) -> dict:
+        cls, name = type(rule), type(rule).__name__
+        self.registered(cls, kp)
         fields = {}
-        for p in _params(cls):
+        for p in constructor_params(cls):
             if not hasattr(rule, p.name):
                 raise TypeError(f"cannot save the rule {name} at {kp!r}: its constructor "
                                 f"takes {p.name!r} but the rule has no attribute of that "
                                 f"name; make the rule a dataclass")
-            fields[p.name] = self.value(getattr(rule, p.name), kp, f"{name}.{p.name}")
+            fields[p.name] = self.value(getattr(rule, p.name), kp, f"{name}.{p.name}",
+                                        depth + 1)
         return {"rule": name, "fields": fields}
 
     def array(self, a: Any, kp: KeyPath, where: str) -> dict:
@@ -119,26 +159,26 @@ def _to_numpy(a: Any, lib: str | None, where: str) -> tuple[np.ndarray, str, str
             raise TypeError(f"cannot save {where}: a {t.layout} tensor; make it dense")
         t = t.cpu().resolve_conj().resolve_neg().contiguous()
         name = str(t.dtype).removeprefix("torch.")
-        if name in _STANDARD:
+        if name in STANDARD:
             return t.numpy(), name, None
         size = t.element_size()
-        if size not in _SIGNED:
+        if size not in SIGNED:
             raise TypeError(f"cannot save {where}: tensors of dtype {name}")
         ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
-        return t.view(ints).numpy().view(_BITS[size]), name, np.dtype(_BITS[size]).name
+        return t.view(ints).numpy().view(BITS[size]), name, np.dtype(BITS[size]).name
     arr = np.asarray(a)  # NumPy arrays and scalars, JAX arrays (fetched from the device)
     name = arr.dtype.name
-    if name in _STANDARD:
+    if name in STANDARD:
         return arr, name, None
     kind, size = arr.dtype.kind, arr.dtype.itemsize
-    if kind == "V" and arr.dtype.fields is None and size in _BITS and name.isidentifier():
-        bits = np.ascontiguousarray(arr).view(_BITS[size])
-        return bits, name, np.dtype(_BITS[size]).name
+    if kind == "V" and arr.dtype.fields is None and size in BITS and name.isidentifier():
+        bits = np.ascontiguousarray(arr).view(BITS[size])
+        return bits, name, np.dtype(BITS[size]).name
     raise TypeError(f"cannot save {where}: an array of dtype {arr.dtype}; a checkpoint "
                     f"holds bool, integer, floating and complex arrays")
 
 
-def _encode_dtype(v: Any) -> dict | None:
+def encode_dtype(v: Any) -> dict | None:
     if isinstance(v, np.dtype):
         return {"dtype": v.name, "as": "numpy"}
     if isinstance(v, type) and issubclass(v, np.generic):
@@ -151,29 +191,126 @@ def _encode_dtype(v: Any) -> dict | None:
     return None
 
 
-def _atomic_write(path: str, doc: bytes, arrays: list[np.ndarray]) -> None:
-    """Write the ZIP to a temporary file beside ``path``, fsync it, rename it over ``path``."""
-    folder, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+class Measure(Writer):
+    """A :class:`Writer` that only sizes a tree's document: each array is an upper bound on
+    its record, and nothing is refused (``load`` sizes ``like`` so, to bound the file's)."""
+
+    def array(self, a: Any, kp: KeyPath, where: str) -> dict:
+        return {"array": 2**31, "dtype": "complex128", "shape": [2**31] * len(a.shape),
+                "library": "numpy", "bits": "uint64", "scalar": True, "weak": True}
+
+    def too_deep(self, kp: KeyPath, where: str) -> Any:
+        return None
+
+    def unsaveable(self, v: Any, kp: KeyPath, where: str) -> Any:
+        return "?" * 64
+
+    def rule(self, rule: Rule, kp: KeyPath, depth: int = 0) -> dict:
+        return {"rule": type(rule).__name__, "fields": {
+            p.name: self.value(getattr(rule, p.name, None), kp, "", depth + 1)
+            for p in constructor_params(type(rule))}}
+
+
+def document(writer: Writer, tree: Any) -> str:
+    """The JSON document of a checkpoint of ``tree``, its arrays left in ``writer.arrays``."""
+    doc = {"format": FORMAT, "version": VERSION, "nodes": writer.tree(tree)}
+    doc["leaves"], doc["arrays"] = writer.leaves, len(writer.arrays)
+    return json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+def write_atomic(path: str, doc: bytes, arrays: list[np.ndarray]) -> None:
+    """Write the ZIP to a temporary file beside ``path``, fsync it, rename it over ``path``.
+
+    A symlink at ``path`` is written through (its target is replaced, the link stays);
+    an existing file's permission bits are kept; temporary files of this same target left
+    by a killed ``save`` (no process holds their lock) are removed first.
+    """
+    target = os.path.realpath(path)
+    folder, base = os.path.split(target)
+    _remove_abandoned(folder, base)
+    fd, tmp = _create_temp(folder, base)
     try:
         with os.fdopen(fd, "wb") as f:
+            _keep_mode(f.fileno(), tmp, target)
             with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-                zf.writestr(zipfile.ZipInfo(_JSON, _STAMP), doc)
+                zf.writestr(zipfile.ZipInfo(JSON_MEMBER, STAMP), doc)
                 for i, arr in enumerate(arrays):
-                    info = zipfile.ZipInfo(f"arrays/{i}.npy", _STAMP)
+                    info = zipfile.ZipInfo(f"arrays/{i}.npy", STAMP)
                     with zf.open(info, "w", force_zip64=arr.nbytes > 2**30) as member:
                         np.lib.format.write_array(member, arr, allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
-    try:  # make the rename itself durable; not possible everywhere (Windows)
+    _sync_folder(folder)
+
+
+def _temp_pattern(base: str) -> re.Pattern:
+    return re.compile(rf"\.{re.escape(base)}\.[0-9a-f]{{12}}\.tmp")
+
+
+def _create_temp(folder: str, base: str) -> tuple[int, str]:
+    """A new temporary file beside the target, opened and locked for as long as it is open."""
+    while True:
+        tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o666)
+        if fcntl is None:
+            return fd, tmp
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink > 0:  # not removed by another save between open and lock
+            return fd, tmp
+        os.close(fd)
+
+
+def _remove_abandoned(folder: str, base: str) -> None:
+    """Remove this target's temporary files whose ``save`` died (so none holds its lock)."""
+    pattern = _temp_pattern(base)
+    try:
+        names = [n for n in os.listdir(folder) if pattern.fullmatch(n)]
+    except OSError:
+        return
+    for name in names:
+        tmp = os.path.join(folder, name)
+        try:
+            fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: that save is running
+                os.unlink(tmp)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        if fcntl is None:  # Windows: a file another process has open cannot be removed
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _keep_mode(fd: int, tmp: str, target: str) -> None:
+    """Give the new file the permission bits of the file it replaces, if there is one."""
+    try:
+        mode = os.stat(target).st_mode & 0o7777
+    except FileNotFoundError:
+        return
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, mode)
+    else:
+        os.chmod(tmp, mode)
+
+
+def _sync_folder(folder: str) -> None:
+    """Make the rename itself durable; not possible everywhere (Windows)."""
+    try:
         dfd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(dfd)
