@@ -135,6 +135,12 @@ def test_rebuild_mapping_by_construction_when_item_assignment_is_refused():
         rebuild(NoArgs(), {"a": 2})
 
 
+def test_rebuild_inplace_is_rebuild_for_plain_nodes():
+    xs = [1, 2]
+    out = O.tree.rebuild_(xs, {0: 10})
+    assert out == [10, 2] and out is not xs and xs == [1, 2]
+
+
 def test_rebuild_frozen_dataclass_does_not_rerun_init():
     f = Frozen(np.ones(2), 3)
     n = Frozen.inits

@@ -160,6 +160,8 @@ def _getter(x: Any) -> Any:
         return operator.getitem
     if _ismodule(x):
         return _module_child
+    if sys.modules.get("flax") is not None and backends.ops("flax").isnode(x):
+        return backends.ops("flax").child  # (getattr warns for a Variable's value)
     return getattr
 
 

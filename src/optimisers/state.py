@@ -206,7 +206,7 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, first: Le
         if known is not None:
             known.learn(groups)
         return tree, model
-    model = place(tree, model, lambda leaf, x: new.get(id(leaf), x))
+    model = place(tree, model, lambda leaf, x: new.get(id(leaf), x), inplace)
     # A mutable array updated here may also sit where no Leaf is (a non-trainable
     # child): update_ changes it there too, being in place, so update must as well.
     moved = {id(e.x): new[id(e.leaf)] for e in entries

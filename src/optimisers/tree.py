@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from optimisers import backends
 
 __all__ = [
-    "children", "rebuild", "register", "functor", "trainable", "isnumeric", "isleaf",
+    "children", "rebuild", "rebuild_", "register", "functor", "trainable", "isnumeric", "isleaf",
     "ismutable", "maywrite", "ispositional",
 ]
 
@@ -49,7 +49,8 @@ def children(x: Any) -> dict:
 
     Tuples and lists have keys ``0..n-1``; mappings their own keys; namedtuples,
     dataclasses (equinox modules too) and registered classes their field names; a
-    ``torch.nn.Module`` its parameters, buffers and submodules. Anything else is a leaf.
+    ``torch.nn.Module`` its parameters, buffers and submodules; a flax ``nnx.Module`` its
+    data attributes and an ``nnx.Variable`` its ``"value"``. Anything else is a leaf.
 
     Example:
         >>> children((10, [20]))
@@ -71,6 +72,9 @@ def children(x: Any) -> dict:
         return dict(enumerate(x))
     if isinstance(x, Mapping):
         return dict(x)
+    fx = _flax(x)  # (before dataclasses: nnx modules look like dataclasses)
+    if fx is not None:
+        return fx.children(x)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
     if _ismodule(x):  # (a wrapper such as torch.compile's has the wrapped module's)
@@ -136,6 +140,9 @@ def rebuild(x: T, new_children: Mapping) -> T:
             return _rebuild_mapping(x, old, new_children)
         if _ismodule(x):
             return backends.ops("torch").rebuild_module(x, new_children)
+        fx = _flax(x)
+        if fx is not None:
+            return fx.rebuild(x, new_children)
     y = copy.copy(x)
     for k, v in new_children.items():
         object.__setattr__(y, k, v)
@@ -168,6 +175,23 @@ def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
         raise TypeError(f"cannot rebuild a {type(x).__name__}: a Mapping other than a dict "
                         f"is rebuilt as {type(x).__name__}(dict_of_items), which failed "
                         f"({err}); give it a constructor taking a mapping") from err
+
+
+def rebuild_(x: T, new_children: Mapping) -> T:
+    """rebuild_(x, new_children) -> ``x`` itself with the children replaced, where ``x`` is a
+    cell made to be written (a flax ``nnx.Variable``), else :func:`rebuild`'s new node.
+
+    What ``update_`` uses to put new arrays into a model: it writes into such a cell, so
+    the model changes where the user holds it, as the library's own optimiser would.
+
+    Example:
+        >>> rebuild_([1, 2], {0: 10})
+        [10, 2]
+    """
+    fx = _flax(x)
+    if fx is not None and fx.assign(x, new_children):
+        return x
+    return rebuild(x, new_children)
 
 
 def register(cls: type, children: Iterable[str] | None = None,
@@ -226,6 +250,8 @@ def trainable(x: Any) -> tuple:
     ``DeprecationWarning``. A ``torch.nn.Module`` trains its parameters that have
     ``requires_grad`` and its submodules, never its buffers; an equinox ``StateIndex``
     (where an equinox BatchNorm keeps its running statistics' first values) trains nothing.
+    A flax ``nnx.Variable`` trains its value when it is an ``nnx.Param``, never otherwise
+    (``BatchStat``), and an ``nnx.Module`` trains through its Variables only.
 
     Example:
         >>> class BatchNorm:
@@ -247,11 +273,24 @@ def trainable(x: Any) -> tuple:
     spec = _registered(type(x))
     if spec is not None and spec[1] is not None:
         return spec[1]
+    if sys.modules.get("flax") is not None:  # nnx's Param by kind; a linen variables dict
+        found = backends.ops("flax").trainable(x, kids)
+        if found is not None:
+            return found
     if _ismodule(x):
         return backends.ops("torch").module_trainable(x)
     if _isstateindex(x):
         return ()
     return tuple(kids)
+
+
+def _flax(x: Any) -> Any:
+    """The flax backend when ``x`` is a flax nnx Module or Variable, else ``None``; flax is
+    imported only when the user has imported it."""
+    if sys.modules.get("flax") is None:
+        return None
+    fx = backends.ops("flax")
+    return fx if fx.isnode(x) else None
 
 
 def _isstateindex(x: Any) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optimisers.keypath import KeyPath
-from optimisers.tree import children, isleaf, ismutable, ispositional, rebuild
+from optimisers.tree import children, isleaf, ismutable, ispositional, rebuild, rebuild_
 
 __all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror", "place", "substitute"]
 
@@ -129,14 +129,16 @@ def fleaves(x: Any, exclude: Callable = isleaf) -> list:
     return out
 
 
-def place(t: Any, x: Any, value: Callable[[Any, Any], Any]) -> Any:
+def place(t: Any, x: Any, value: Callable[[Any, Any], Any], inplace: bool = False) -> Any:
     """The model ``x`` with ``value(marker, old)`` put where the mirror tree ``t`` has a marker.
 
     ``t`` is a mirror of ``x`` made by :func:`mirror` (dicts, tuples, lists), holding
     ``None`` where nothing changes and a marker (a Leaf, an index) where ``value``
     decides the new child. Only nodes with a changed child are rebuilt; a mutable node
-    reached by several paths is rebuilt once, so ties of containers survive.
+    reached by several paths is rebuilt once, so ties of containers survive. With
+    ``inplace``, a node made to be written (see :func:`rebuild_`) is written instead.
     """
+    build = rebuild_ if inplace else rebuild
     memo: dict[int, tuple[Any, Any]] = {}
 
     def go(t: Any, x: Any) -> Any:
@@ -152,7 +154,7 @@ def place(t: Any, x: Any, value: Callable[[Any, Any], Any]) -> Any:
             y = go(t[k], kids[k])
             if y is not kids[k]:
                 changed[k] = y
-        out = rebuild(x, changed) if changed else x
+        out = build(x, changed) if changed else x
         if ismutable(x):
             memo[id(x)] = (x, out)
         return out

@@ -1,0 +1,191 @@
+"""flax: nnx Modules and Variables as nodes of the tree protocol, and linen's variables.
+
+An ``nnx.Module`` (any ``nnx.Pytree``: ``nnx.List``, ``nnx.Rngs`` too) is a node whose
+children are its data attributes, keyed as ``nnx.grad`` keys its ``State`` (``nnx.List``
+by position). An ``nnx.Variable`` is a node around its value, under the key ``"value"``;
+it is trainable when it is an ``nnx.Param`` (or a subclass), never otherwise (``BatchStat``,
+``Cache``, ``RngKey``, ...): trainable by kind, as ``nnx.Optimizer(..., wrt=nnx.Param)``.
+A module trains through its Variables only: a bare array among its attributes is left
+alone, as ``nnx.grad`` leaves it. The gradient ``nnx.grad`` returns, an ``nnx.State`` of
+``Param``s, mirrors the model (a Mapping keyed by child names, each ``Param`` an object of
+the model's own class), so ``update_`` reads it as it is.
+
+``update_`` writes a Variable's new value into it (``set_value``), as nnx's own optimiser
+does, so the module is updated in place, also inside ``nnx.jit``; ``update`` copies.
+This module imports flax only when asked about an object of it, which only exists once
+the user has imported flax.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["isnode", "children", "child", "rebuild", "assign", "trainable"]
+
+_VALUE = "value"  # the one child of a Variable
+_LINEN_STATE = ("batch_stats", "cache")  # linen collections that are not parameters
+_KIND: dict[type, str | None] = {}  # type -> "module", "variable" or None
+
+
+def _kind(x: Any) -> str | None:
+    cls = type(x)
+    try:
+        return _KIND[cls]
+    except KeyError:
+        pass
+    nnx = sys.modules.get("flax.nnx")
+    kind = None
+    if nnx is not None:
+        kind = ("variable" if issubclass(cls, nnx.Variable) else
+                "module" if issubclass(cls, nnx.Pytree) else None)
+    if nnx is not None or not cls.__module__.startswith("flax."):
+        _KIND[cls] = kind  # (a flax type met before flax.nnx was imported is asked again)
+    return kind
+
+
+def isnode(x: Any) -> bool:
+    """isnode(x) -> True for an ``nnx.Module`` (any ``nnx.Pytree``) or ``nnx.Variable``.
+
+    Example:
+        >>> from flax import nnx
+        >>> isnode(nnx.Param(1.0)), isnode(nnx.Dropout(0.5)), isnode({"a": 1})
+        (True, True, False)
+    """
+    return _kind(x) is not None
+
+
+def children(x: Any) -> dict:
+    """children(x) -> a Variable's ``{"value": value}``, or a module's data attributes.
+
+    A module's keys are its attribute names, or positions for ``nnx.List``, sorted, as
+    ``nnx.grad`` keys the ``State`` it returns; static attributes (numbers, functions) are
+    left out.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> children(nnx.BatchStat(jnp.zeros(2)))
+        {'value': Array([0., 0.], dtype=float32)}
+        >>> list(children(nnx.Linear(2, 3, rngs=nnx.Rngs(0))))
+        ['bias', 'kernel']
+    """
+    if _kind(x) == "variable":
+        return {_VALUE: x.get_value()}
+    # sorted, as nnx orders them: nnx.grad and nnx.update re-create a module's attributes
+    # in that order, so the order they were assigned in does not last
+    kids = {_key(x, name): v for name, v in vars(x).items() if _isdata(x, name)}
+    return {k: kids[k] for k in sorted(kids)}
+
+
+def child(x: Any, key: Any) -> Any:
+    """child(x, key) -> ``children(x)[key]`` without building the others (a KeyError if absent).
+
+    How a training loop's cached plan reads a flax node: ``getattr`` would warn for a
+    Variable's ``value`` and fail on ``nnx.List``'s positions.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> child(nnx.List([nnx.Param(jnp.ones(1))]), 0)[...]
+        Array([1.], dtype=float32)
+    """
+    if _kind(x) == "variable":
+        if key != _VALUE:
+            raise KeyError(key)
+        return x.get_value()
+    return vars(x)[str(key)]
+
+
+def _isdata(x: Any, name: str) -> bool:
+    """Whether the attribute ``name`` of the nnx object ``x`` holds data (not static)."""
+    if name.startswith("_pytree__"):
+        return False
+    if not type(x)._pytree__is_pytree:  # Module(pytree=False): every attribute counts
+        return True
+    return bool(vars(x)["_pytree__nodes"].get(name, False))
+
+
+def _key(x: Any, name: str) -> Any:
+    return int(name) if type(x)._pytree__has_int_keys and name.isdigit() else name
+
+
+def rebuild(x: Any, new_children: Mapping) -> Any:
+    """rebuild(x, new_children) -> a new Variable or module like ``x``, ``x`` untouched.
+
+    A Variable is copied with its metadata (``Variable.copy``); a module is copied
+    attribute by attribute without running ``__init__``, with a fresh nnx state (as
+    ``jax.tree.unflatten`` makes it), so the copy may be changed where it is made.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> w = nnx.Param(jnp.zeros(2))
+        >>> v = rebuild(w, {"value": jnp.ones(2)})
+        >>> type(v).__name__, v[...], w[...]
+        ('Param', Array([1., 1.], dtype=float32), Array([0., 0.], dtype=float32))
+    """
+    if _kind(x) == "variable":
+        return x.copy(new_children[_VALUE]) if new_children else x
+    y = copy.copy(x)  # its __dict__ copied, without nnx's __setattr__ or __init__
+    state = vars(x)["_pytree__state"]
+    vars(y)["_pytree__state"] = type(state)(state.initializing, state.is_setup)
+    for k, v in new_children.items():
+        vars(y)[str(k)] = v
+    return y
+
+
+def assign(x: Any, new_children: Mapping) -> bool:
+    """assign(x, new_children) -> True when ``x`` is a Variable, now holding the new value.
+
+    What ``update_`` does to a Variable: it is nnx's mutable cell, so the model is updated
+    where the user holds it (inside ``nnx.jit`` too); ``False`` (nothing done) for a module,
+    which ``update_`` never needs to change once its Variables are written.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> w = nnx.Param(jnp.zeros(2))
+        >>> assign(w, {"value": jnp.ones(2)}), w[...]
+        (True, Array([1., 1.], dtype=float32))
+    """
+    if _kind(x) != "variable":
+        return False
+    if new_children:
+        x.set_value(new_children[_VALUE])
+    return True
+
+
+def trainable(x: Any, kids: dict) -> tuple | None:
+    """trainable(x, kids) -> the trainable keys of a flax node, or ``None`` for another.
+
+    A Variable trains its value when it is an ``nnx.Param``; a module trains every child
+    but a bare array. A linen ``variables`` dict (``params`` next to ``batch_stats``) gets
+    a ``UserWarning``: training it whole would train the batch statistics too; pass
+    ``variables["params"]``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> w, s = nnx.Param(jnp.zeros(2)), nnx.BatchStat(jnp.zeros(2))
+        >>> trainable(w, children(w)), trainable(s, children(s)), trainable([1], {0: 1})
+        (('value',), (), None)
+    """
+    kind = _kind(x)
+    if kind == "variable":
+        return (_VALUE,) if isinstance(x, sys.modules["flax.nnx"].Param) else ()
+    if kind == "module":
+        from optimisers.backends import library
+
+        return tuple(k for k, v in kids.items() if library(v) is None)
+    if isinstance(x, Mapping) and "params" in kids and any(c in kids for c in _LINEN_STATE):
+        found = [c for c in _LINEN_STATE if c in kids]
+        warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' "
+                      f"and {found[0]!r}): all of it would be trained, the {found[0]} "
+                      f"too. Pass variables['params'] instead, e.g. "
+                      f"setup(rule, variables['params']), and keep the other collections "
+                      f"for model.apply", UserWarning, stacklevel=4)
+    return None
