@@ -1,8 +1,8 @@
 """Every Python example in README.md runs, and prints what the README says it prints.
 
 A ```python block is run on its own, in a fresh namespace. When a ```text block follows it
-directly, the block's output must equal that text. A block that imports PyTorch or JAX
-is skipped when that library is not installed.
+directly, the block's output must equal that text. A block that imports PyTorch, JAX,
+flax or equinox is skipped when that library is not installed.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_readme_has_examples():
 @pytest.mark.parametrize(("heading", "code", "expected"), BLOCKS,
                          ids=[f"{i}-{h}" for i, (h, _, _) in enumerate(BLOCKS)])
 def test_example_runs(heading, code, expected):
-    for lib in ("torch", "jax"):
+    for lib in ("torch", "jax", "flax", "equinox"):
         if re.search(rf"^\s*(import|from) {lib}\b", code, re.M):
             if importlib.util.find_spec(lib) is None:
                 pytest.skip(f"{lib} is not installed")
