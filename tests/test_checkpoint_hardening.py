@@ -466,6 +466,25 @@ def test_temp_file_of_a_killed_save_is_removed_by_the_next_save(ckpt: Any) -> No
     assert load(ckpt, like=tree)["w"].rule == Descent()
 
 
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_a_save_running_alongside_never_takes_the_other_ones_temporary_file(
+        ckpt: Any, monkeypatch: Any) -> None:
+    """A second save to the same target, running while the first has written its file but
+    not yet renamed it, leaves the first one's temporary file alone (it is still locked)."""
+    real = os.replace
+    first, second = setup(Descent(0.1), model()), setup(Descent(0.2), model())
+
+    def alongside(src: Any, dst: Any) -> None:
+        monkeypatch.setattr(os, "replace", real)
+        save(ckpt, second)  # runs its clean-up of abandoned files now
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", alongside)
+    save(ckpt, first)
+    assert load(ckpt, like=first)["enc"]["w"].rule == Descent(0.1)  # the last rename wins
+    assert temporaries(ckpt.parent) == []
+
+
 @pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
 def test_save_keeps_the_permissions_of_the_file_it_replaces(ckpt: Any) -> None:
     tree = trained(ckpt)

@@ -229,24 +229,29 @@ def write_atomic(path: str, doc: bytes, arrays: list[np.ndarray]) -> None:
     folder, base = os.path.split(target)
     _remove_abandoned(folder, base)
     fd, tmp = _create_temp(folder, base)
+    f = os.fdopen(fd, "wb")
     try:
-        with os.fdopen(fd, "wb") as f:
-            _keep_mode(f.fileno(), tmp, target)
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-                zf.writestr(zipfile.ZipInfo(JSON_MEMBER, STAMP), doc)
-                for i, arr in enumerate(arrays):
-                    info = zipfile.ZipInfo(f"arrays/{i}.npy", STAMP)
-                    with zf.open(info, "w", force_zip64=arr.nbytes > 2**30) as member:
-                        np.lib.format.write_array(member, arr, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        _keep_mode(f.fileno(), tmp, target)
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            zf.writestr(zipfile.ZipInfo(JSON_MEMBER, STAMP), doc)
+            for i, arr in enumerate(arrays):
+                info = zipfile.ZipInfo(f"arrays/{i}.npy", STAMP)
+                with zf.open(info, "w", force_zip64=arr.nbytes > 2**30) as member:
+                    np.lib.format.write_array(member, arr, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+        if fcntl is None:  # Windows renames no open file (and has no lock to keep)
+            f.close()
+        os.replace(tmp, target)  # with the lock held, so no other save takes tmp for abandoned
     except BaseException:
+        f.close()
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+    finally:
+        f.close()
     _sync_folder(folder)
 
 
