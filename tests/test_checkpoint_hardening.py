@@ -375,6 +375,16 @@ def test_value_nested_past_the_limit_is_refused_at_save_and_at_load(ckpt: Any) -
                                          r"would refuse"):
         save(ckpt, setup(Nested(deep), {"w": np.ones(1)}))
     assert not ckpt.exists()
+    deepest: Any = 1
+    for _ in range(120):  # the deepest value that save writes, load reads back
+        try:
+            save(ckpt, setup(Nested([deepest]), {"w": np.ones(1)}))
+        except ValueError:
+            break
+        deepest = [deepest]
+    else:
+        pytest.fail("save wrote a value nested 120 levels deep")
+    assert load(ckpt, like=setup(Nested(), {"w": np.ones(1)}))["w"].rule == Nested(deepest)
     save(ckpt, setup(Nested([[1]]), {"w": np.ones(1)}))
 
     def nest(d: dict) -> None:
