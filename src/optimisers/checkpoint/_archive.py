@@ -49,15 +49,15 @@ def check_members(zf: zipfile.ZipFile) -> None:
         name = info.filename
         if name in seen:
             raise Invalid(f"the checkpoint is damaged: it has two members named {name!r} "
-                           f"(save writes each once; a ZIP appended to, or made by hand)")
+                          f"(save writes each once; a ZIP appended to, or made by hand)")
         seen.add(name)
         if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1:
             raise Invalid(f"the checkpoint's member {name!r} is compressed or encrypted "
-                           f"(method {info.compress_type}); save stores every member as is, "
-                           f"so this file was changed by another tool: re-save it with save")
+                          f"(method {info.compress_type}); save stores every member as is, "
+                          f"so this file was changed by another tool: re-save it with save")
         if info.compress_size != info.file_size:
             raise Invalid(f"the checkpoint is damaged: its member {name!r} is stored in "
-                           f"{info.compress_size} bytes but declares {info.file_size}")
+                          f"{info.compress_size} bytes but declares {info.file_size}")
 
 
 def read_json(zf: zipfile.ZipFile, cap: int) -> bytes:
@@ -66,11 +66,11 @@ def read_json(zf: zipfile.ZipFile, cap: int) -> bytes:
         info = zf.getinfo(JSON_MEMBER)
     except KeyError:
         raise Invalid("the file is a ZIP archive but not an optimisers checkpoint: it "
-                       f"has no {JSON_MEMBER}") from None
+                      f"has no {JSON_MEMBER}") from None
     if info.file_size > cap:
         raise Invalid(f"the checkpoint's {JSON_MEMBER} is {info.file_size} bytes, more than the "
-                       f"{cap} that a tree like `like` can need (4 times like's own document "
-                       f"and 1 MiB); is like the tree of the model that was saved?")
+                      f"{cap} that a tree like `like` can need (4 times like's own document "
+                      f"and 1 MiB); is like the tree of the model that was saved?")
     with zf.open(info) as f:
         data = f.read(cap + 1)
     if len(data) > cap:
@@ -86,13 +86,13 @@ def read_npy(zf: zipfile.ZipFile, idx: int, dtype: np.dtype, shape: tuple,
         info = zf.getinfo(f"arrays/{idx}.npy")
     except KeyError:
         raise Invalid(f"the checkpoint is damaged: array {idx} (at {where}) is missing"
-                       ) from None
+                      ) from None
     count = math.prod(shape)
     nbytes = count * dtype.itemsize
     if not nbytes < info.file_size <= nbytes + _NPY_HEADER:
         raise Invalid(f"the checkpoint is damaged: array {idx} (at {where}) is "
-                       f"{info.file_size} bytes, but its record says {dtype} {shape}, "
-                       f"{nbytes} bytes of data")
+                      f"{info.file_size} bytes, but its record says {dtype} {shape}, "
+                      f"{nbytes} bytes of data")
     with zf.open(info) as f:
         version = np.lib.format.read_magic(f)
         if version not in ((1, 0), (2, 0)):
@@ -104,8 +104,8 @@ def read_npy(zf: zipfile.ZipFile, idx: int, dtype: np.dtype, shape: tuple,
         if got.hasobject or got.newbyteorder("=") != dtype or tuple(got_shape) != shape or (
                 left != count * got.itemsize):
             raise Invalid(f"the checkpoint is damaged: array {idx} (at {where}) holds {got} "
-                           f"{tuple(got_shape)} in {left} bytes, its record says "
-                           f"{dtype} {shape}")
+                          f"{tuple(got_shape)} in {left} bytes, its record says "
+                          f"{dtype} {shape}")
         data = f.read(left)
         if len(data) != left or f.read(1):  # reading to the end checks the CRC
             raise Invalid(f"the checkpoint is damaged: array {idx} (at {where}) is cut short")

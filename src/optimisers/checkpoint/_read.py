@@ -54,7 +54,7 @@ def _list(s: Any) -> list:
 
 def _no_floats(s: str) -> Any:
     raise Invalid(f"the checkpoint is malformed: a bare JSON number {s} (floats are stored "
-                   f"as strings)")
+                  f"as strings)")
 
 
 def _describe(t: Any) -> str:
@@ -87,7 +87,7 @@ def _describe_json(j: Any) -> str:
 def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: str = "") -> Invalid:
     where = f"{kp!r}" + (f", state{sub}" if sub is not None else "")
     return Invalid(f"the checkpoint does not match like at {where}: the file has {file}, "
-                    f"like has {_describe(like)}" + (f"; {hint}" if hint else ""))
+                   f"like has {_describe(like)}" + (f"; {hint}" if hint else ""))
 
 
 def _dtype(j: dict) -> Any:
@@ -99,8 +99,8 @@ def _dtype(j: dict) -> Any:
     module = sys.modules.get(_LIBRARY_DTYPES.get(form, ""))
     if module is None and form in _LIBRARY_DTYPES:
         raise Invalid(f"the checkpoint has a {form} dtype {name!r}, but this process has not "
-                       f"imported {form}; import it before load (load never imports a library "
-                       f"because a file names it)")
+                      f"imported {form}; import it before load (load never imports a library "
+                      f"because a file names it)")
     obj = vars(module).get(name) if module is not None else None  # no module __getattr__
     if obj is not None and encode_dtype(obj) == {"dtype": name, "as": form}:
         return obj
@@ -150,7 +150,7 @@ def _kinds_json(j: Any, kp: KeyPath, depth: int = 0) -> str:
     cls = RULES.get(_str(name))
     if not (isinstance(cls, type) and issubclass(cls, Rule)):
         raise Invalid(f"the checkpoint names the rule {name!r} at {kp!r}, which is not in "
-                       f"optimisers.RULES; define (import) that Rule subclass first")
+                      f"optimisers.RULES; define (import) that Rule subclass first")
     if depth > MAX_DEPTH:
         raise Invalid(f"the checkpoint is malformed: rules nested more than {MAX_DEPTH} deep")
     fields, inner = j.get("fields"), []
@@ -185,11 +185,11 @@ class Reader:
         doc = json.loads(raw.decode("utf-8"), parse_float=_no_floats, parse_constant=_no_floats)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise Invalid(f"the file is not an optimisers checkpoint: its checkpoint.json "
-                           f"lacks \"format\": \"{FORMAT}\"")
+                          f"lacks \"format\": \"{FORMAT}\"")
         self.version = doc.get("version")
         if self.version not in READS:
             raise Invalid(f"the checkpoint has format version {self.version!r}; this version "
-                           f"of optimisers reads versions {READS}: upgrade it")
+                          f"of optimisers reads versions {READS}: upgrade it")
         self.records = _list(doc["leaves"])
         self.nodes = _list(doc["nodes"]) if self.version >= 2 else []
         self.root = 0 if self.version >= 2 else doc["tree"]
@@ -241,7 +241,7 @@ class Reader:
         if not isinstance(ref, int) or isinstance(ref, bool) or not 0 <= ref < len(
                 self.nodes) or ref in self.used:
             raise Invalid(f"the checkpoint is malformed: a node reference {ref!r} at {kp!r} "
-                           f"(each node is referenced once)")
+                          f"(each node is referenced once)")
         self.used.add(ref)
         return self.nodes[ref]
 
@@ -262,22 +262,22 @@ class Reader:
             raise Invalid(f"the checkpoint is malformed: a Leaf reference {i!r} at {kp!r}")
         if id(like) in self.seen and self.seen[id(like)][0] != i:
             raise Invalid(f"the checkpoint does not match like at {kp!r}: like's Leaf there is "
-                           f"shared with {self.seen[id(like)][1]!r}, but the file's Leafs are "
-                           f"separate (a different model, or tied parameters were untied)")
+                          f"shared with {self.seen[id(like)][1]!r}, but the file's Leafs are "
+                          f"separate (a different model, or tied parameters were untied)")
         if i in self.built:
             leaf, first, like_id = self.built[i]
             if like_id != id(like):
                 raise Invalid(f"the checkpoint does not match like at {kp!r}: the file's "
-                               f"Leaf there is shared with {first!r}, but like's Leafs are "
-                               f"separate (a different model, or tied parameters)")
+                              f"Leaf there is shared with {first!r}, but like's Leafs are "
+                              f"separate (a different model, or tied parameters)")
             return leaf
         self.seen[id(like)] = (i, kp)
         rec, place = self.records[i], _first_array(like.state)
         kinds = _kinds_json(rec["rule"], kp)
         if kinds != _kinds(like.rule):
             raise Invalid(f"the checkpoint does not match like at {kp!r}: the file has the "
-                           f"rule {kinds}, like has {_kinds(like.rule)}; make like with "
-                           f"setup using the same rule classes (hyper-parameters may differ)")
+                          f"rule {kinds}, like has {_kinds(like.rule)}; make like with "
+                          f"setup using the same rule classes (hyper-parameters may differ)")
         if not isinstance(rec["frozen"], bool):
             raise Invalid(f"the checkpoint is malformed: frozen={rec['frozen']!r} at {kp!r}")
         leaf = Leaf(like.rule, self.value(rec["state"], like.state, kp, "", place), rec["frozen"])
@@ -291,7 +291,7 @@ class Reader:
         free = like is FREE
         if depth > MAX_DEPTH:
             raise Invalid(f"the checkpoint is malformed: a value at {kp!r} nests more than "
-                           f"{MAX_DEPTH} levels deep (save refuses to write that)")
+                          f"{MAX_DEPTH} levels deep (save refuses to write that)")
         if j is None or isinstance(j, (bool, str, int)):
             out = j
         else:
@@ -341,14 +341,14 @@ class Reader:
         cls = RULES.get(name)
         if not (isinstance(cls, type) and issubclass(cls, Rule)):
             raise Invalid(f"the checkpoint names the rule {name!r} at {kp!r}, which is not in "
-                           f"optimisers.RULES; define (import) that Rule subclass first")
+                          f"optimisers.RULES; define (import) that Rule subclass first")
         params = {p.name: p for p in constructor_params(cls)}
         args, kwargs = [], {}
         for field, v in dict(fields).items():
             p = params.get(field)
             if p is None or p.kind is p.POSITIONAL_ONLY:
                 raise Invalid(f"the checkpoint gives the rule {name} at {kp!r} a field "
-                               f"{field!r}, which {name}'s constructor does not take")
+                              f"{field!r}, which {name}'s constructor does not take")
             v = self.value(v, FREE, kp, place=place, depth=depth + 1)
             if p.kind is p.VAR_POSITIONAL:
                 args.extend(v)
@@ -358,7 +358,7 @@ class Reader:
             return cls(*args, **kwargs)
         except Exception as e:
             raise Invalid(f"the checkpoint's rule {name} at {kp!r} cannot be rebuilt: "
-                           f"{type(e).__name__}: {e}") from e
+                          f"{type(e).__name__}: {e}") from e
 
     def array(self, j: dict, like: Any, kp: KeyPath, sub: str, place: Any) -> Any:
         name, shape, bits = _str(j["dtype"]), tuple(_list(j["shape"])), j.get("bits")
@@ -373,7 +373,7 @@ class Reader:
         if not isinstance(idx, int) or isinstance(idx, bool) or not all(
                 isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
             raise Invalid(f"the checkpoint is malformed: an array reference {idx!r} of shape "
-                           f"{shape!r:.40} at {kp!r}")
+                          f"{shape!r:.40} at {kp!r}")
         owner = id(like) if is_array else FREE if like is FREE else object()
         if idx in self.arrays:
             return self.again(idx, j, owner, f"{kp!r}, state{sub}")
@@ -381,7 +381,7 @@ class Reader:
             bits) if bits in ("uint8", "uint16", "uint32", "uint64") else None
         if stored is None:
             raise Invalid(f"the checkpoint's array at {kp!r}, state{sub} has dtype {name!r}, "
-                           f"which is not a standard NumPy dtype and is not stored as bits")
+                          f"which is not a standard NumPy dtype and is not stored as bits")
         arr = read_npy(self.zf, idx, stored, shape, repr(kp))
         if j.get("scalar") is True and bits is None and not (is_array and backends.library(
                 like) is not None):
@@ -398,8 +398,8 @@ class Reader:
         first, first_owner, first_where, out = self.arrays[idx]
         if j != first or owner != first_owner:
             raise Invalid(f"the checkpoint is malformed: array {idx} is used at {where} and at "
-                           f"{first_where}, but like does not share one array there, or the "
-                           f"records differ ({_describe_json(j)} and {_describe_json(first)})")
+                          f"{first_where}, but like does not share one array there, or the "
+                          f"records differ ({_describe_json(j)} and {_describe_json(first)})")
         return out
 
     def default(self) -> Any:
@@ -418,7 +418,7 @@ def _place(arr: np.ndarray, name: str, bits: Any, ref: Any, kp: KeyPath, sub: st
     same = ref is not None and dtype_name(ref) == name
     if bits is not None and not same:
         raise Invalid(f"the checkpoint's array at {kp!r}, state{sub} has dtype {name}; like "
-                       f"has no array of that dtype there to say what it is")
+                      f"has no array of that dtype there to say what it is")
     if lib == "torch":
         import torch
 
