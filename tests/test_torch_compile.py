@@ -73,6 +73,44 @@ def test_trees_move_between_plain_and_compiled_modules(made_from):
         assert torch.equal(a, b), name
 
 
+def test_compiled_module_steps_by_the_cached_plan(monkeypatch):
+    """After the first step, update_ of a compiled module walks nothing again: the plan
+    learned from the first step reads the wrapped module's children directly."""
+    from optimisers import state
+
+    walks = []
+    gather = state._gather
+    monkeypatch.setattr(state, "_gather", lambda *a: walks.append(1) or gather(*a))
+    plain = make_model()
+    compiled = torch.compile(plain)
+    tree = O.setup(O.Adam(), compiled)
+    for p in plain.parameters():
+        p.grad = torch.ones_like(p)
+    for _ in range(4):
+        O.update_(tree, compiled)
+    assert len(walks) == 1
+
+
+@pytest.mark.parametrize("wrap", ["compiled", "plain"])
+def test_flat_gradient_dicts_of_wrapped_names(wrap):
+    """{name: p.grad for name, p in m.named_parameters()}: of the compiled module (names
+    begin with '_orig_mod.') or of the plain one, both for the compiled module."""
+    ref, ours = make_model(), make_model()
+    compiled = torch.compile(ours)
+    tref, tree = O.setup(O.AdamW(0.01, lambd=0.1), ref), O.setup(O.AdamW(0.01, lambd=0.1),
+                                                                  compiled)
+    named = compiled if wrap == "compiled" else ours
+    assert next(iter(dict(named.named_parameters()))).startswith(
+        "_orig_mod." if wrap == "compiled" else "0.")
+    for step in range(3):
+        backward(ref, step)
+        backward(ours, step)
+        tref, _ = O.update_(tref, ref)
+        tree, _ = O.update_(tree, compiled, {k: p.grad for k, p in named.named_parameters()})
+    for a, b in zip(ref.parameters(), ours.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_pure_update_of_a_compiled_module_returns_a_compiled_module():
     plain = make_model()
     compiled = torch.compile(plain)
@@ -120,6 +158,12 @@ def test_distributed_data_parallel_is_transparent(tmp_path):
             tree, same = O.update_(tree, ddp)
             tref, _ = O.update_(tref, ref)
             assert same is ddp
+        for a, b in zip(ref.parameters(), ours.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+        backward(ddp, 3)  # and with its parameters' names, which begin with 'module.'
+        backward(ref, 3)
+        O.update_(tree, ddp, {k: p.grad for k, p in ddp.named_parameters()})
+        O.update_(tref, ref, {k: p.grad for k, p in ref.named_parameters()})
         for a, b in zip(ref.parameters(), ours.parameters(), strict=True):
             torch.testing.assert_close(a, b)
         with pytest.raises(TypeError, match="DistributedDataParallel.*update_"):

@@ -159,18 +159,10 @@ def _getter(x: Any) -> Any:
     if isinstance(x, (Mapping, list)) or ispositional(x):
         return operator.getitem
     if _ismodule(x):
-        return _module_child
+        return backends.ops("torch").child_getter(x)
     if sys.modules.get("flax") is not None and backends.ops("flax").isnode(x):
         return backends.ops("flax").child  # (getattr warns for a Variable's value)
     return getattr
-
-
-def _module_child(m: Any, k: str) -> Any:
-    """``children(m)[k]`` for a ``torch.nn.Module``, without building all its children."""
-    for found in (m._modules, m._buffers, m._parameters):  # the precedence of children
-        if k in found:
-            return found[k]
-    raise KeyError(k)
 
 
 class _Plan:
@@ -423,6 +415,8 @@ def _path(model: Any, dotted: str) -> tuple | None:
         kids = children(x)
         key = part if part in kids else int(part) if part.isdigit() and int(part) in kids \
             else None
+        if key is None and _ismodule(x) and part == backends.ops("torch").wrapper_name(x):
+            continue  # torch.compile's "_orig_mod.", DDP's "module.": no part of key paths
         if key is None:
             return None
         path.append(key)

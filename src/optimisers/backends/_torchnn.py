@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy as _copy
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -56,6 +56,18 @@ def unwrapped(m: nn.Module) -> nn.Module:
     return m
 
 
+def wrapper_name(x: Any) -> str | None:
+    """wrapper_name(x) -> the attribute under which the wrapper ``x`` holds the module it
+    wraps (``"_orig_mod"``, ``"module"``): a part of the names that ``named_parameters()``
+    gives, which key paths leave out; ``None`` when ``x`` is no wrapper.
+
+    Example:
+        >>> wrapper_name(nn.DataParallel(nn.Linear(2, 1))), wrapper_name(nn.Linear(2, 1))
+        ('module', None)
+    """
+    return _inner_name(type(x)) if isinstance(x, nn.Module) else None
+
+
 def module_children(m: nn.Module) -> dict:
     """module_children(m) -> dict of ``m``'s parameters, buffers and submodules by name;
     for a wrapper, those of the module it wraps.
@@ -66,6 +78,30 @@ def module_children(m: nn.Module) -> dict:
     """
     m = unwrapped(m)
     return {**m._parameters, **m._buffers, **m._modules}
+
+
+def child_getter(m: nn.Module) -> Callable[[nn.Module, str], Any]:
+    """child_getter(m) -> a function ``(module, key) -> module_children(module)[key]`` for
+    modules of ``m``'s class, that builds no dict of all the children (the cached plan of
+    ``update_`` reads a module's children one key at a time, at every step).
+
+    Example:
+        >>> lin = nn.Linear(2, 1)
+        >>> child_getter(lin)(lin, "bias") is lin.bias
+        True
+    """
+    return _child if _inner_name(type(m)) is None else _wrapped_child
+
+
+def _child(m: nn.Module, k: str) -> Any:
+    for found in (m._modules, m._buffers, m._parameters):  # the precedence of children
+        if k in found:
+            return found[k]
+    raise KeyError(k)
+
+
+def _wrapped_child(m: nn.Module, k: str) -> Any:
+    return _child(unwrapped(m), k)
 
 
 def module_trainable(m: nn.Module) -> tuple:
@@ -108,12 +144,12 @@ def rebuild_module(m: nn.Module, new_children: Mapping) -> nn.Module:
     name = _inner_name(type(m))
     if name is None:
         return _rebuilt(m, new_children)
-    inner = rebuild_module(m._modules[name], new_children)
     if isinstance(m, nn.parallel.DistributedDataParallel):
         raise TypeError(
             "cannot make a new DistributedDataParallel with new parameters: its gradient "
             "reducer holds the old ones. Step it in place with update_(tree, ddp_model), "
             "or rebuild the module it wraps (ddp_model.module) and wrap that again")
+    inner = rebuild_module(m._modules[name], new_children)
     if name == "_orig_mod":  # torch.compile's wrapper: compile the new module alike
         return type(m)(inner, m.dynamo_ctx)
     return _rebuilt(m, {name: inner})

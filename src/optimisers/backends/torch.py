@@ -20,12 +20,14 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from optimisers.backends._packs import PAD, Packs
 from optimisers.backends._torchnn import (  # noqa: F401 (nn.Module as a node: tree.py's)
+    child_getter,
     hasmodule,
     module_children,
     module_grads,
     module_trainable,
     rebuild_module,
     unwrapped,
+    wrapper_name,
 )
 
 Array = torch.Tensor
@@ -53,6 +55,11 @@ def _scalar(x: Array, v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
     return float(v)
+
+
+def complement(v: Any) -> Any:
+    """``1 - v`` before any cast: in float64 for a Python number, as optax computes it."""
+    return 1 - v
 
 
 def eps(x: Array, e: float) -> Any:
