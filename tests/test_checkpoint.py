@@ -645,8 +645,8 @@ def test_missing_file_is_file_not_found(tmp_path: Any) -> None:
      r"names the rule 'NoSuchRule' at KeyPath\('enc', 'w'\), which is not in "
      r"optimisers.RULES"),
     (lambda d: d["leaves"][0]["rule"]["fields"].update(eta={"float": "-1.0"}),
-     r"rule Adam at KeyPath\('enc', 'w'\) cannot be rebuilt: ValueError: Adam: the learning "
-     r"rate eta must be >= 0"),
+     r"rule Adam at KeyPath\('enc', 'w'\) cannot be rebuilt: ValueError: Invalid learning "
+     r"rate: -1.0; Adam's learning rate eta must be >= 0"),
     (lambda d: d["leaves"][0]["rule"]["fields"].update(bogus=1),
      r"gives the rule Adam at KeyPath\('enc', 'w'\) a field 'bogus'"),
     (lambda d: d["leaves"][0].update(state={"array": 99, "dtype": "float32", "shape": []}),

@@ -350,7 +350,7 @@ def test_positional_and_keyword_construction():
 @pytest.mark.parametrize("make,match", [
     (lambda: O.Descent(-1.0), "learning rate eta must be >= 0"),
     (lambda: O.Adam(-0.1), "learning rate eta must be >= 0"),
-    (lambda: O.AccumGrad(0), r"AccumGrad\(n\) needs a whole number n >= 1"),
+    (lambda: O.AccumGrad(0), r"Invalid n parameter: 0; AccumGrad's n must be >= 1"),
     (lambda: O.AccumGrad(1.5), "whole number"),
     (lambda: O.OptimiserChain(O.MixedPrecision(O.Adam())), "cannot sit inside an Optimiser"),
 ])

@@ -102,8 +102,9 @@ def _nesterov(r, sig, f, s, c):
 def _moments(r, f, s, c):
     k, j = s(), s()
     b1, b2 = f(r.beta[0]), f(r.beta[1])
-    return k, j, [f"m = {c(b1)} * s{k}[i] + {c(1 - b1)} * g",
-                  f"v = {c(b2)} * s{j}[i] + {c(1 - b2)} * (g * g)",
+    c1, c2 = f(1 - r.beta[0]), f(1 - r.beta[1])  # before the cast, as the rules do
+    return k, j, [f"m = {c(b1)} * s{k}[i] + {c(c1)} * g",
+                  f"v = {c(b2)} * s{j}[i] + {c(c2)} * (g * g)",
                   f"s{k}[i] = m", f"s{j}[i] = v"]
 
 
@@ -132,20 +133,20 @@ def _adamw(r, sig, f, s, c):
 
 def _rmsprop(r, sig, f, s, c):
     k = s()
-    rho = f(r.rho)
-    lines = [f"q = {c(rho)} * s{k}[i] + {c(1 - rho)} * (g * g)", f"s{k}[i] = q"]
+    rho, rest = f(r.rho), f(1 - r.rho)
+    lines = [f"q = {c(rho)} * s{k}[i] + {c(rest)} * (g * g)", f"s{k}[i] = q"]
     if sig[1] is None:
         return lines + [f"g = {c(f(r.eta))} * g / (np.sqrt(q) + {c(_eps(r, f))})"]
     j = s()
-    return lines + [f"l = {c(rho)} * s{j}[i] + {c(1 - rho)} * g", f"s{j}[i] = l",
+    return lines + [f"l = {c(rho)} * s{j}[i] + {c(rest)} * g", f"s{j}[i] = l",
                     f"g = {c(f(r.eta))} * g / (np.sqrt(q - l * l) + {c(_eps(r, f))})"]
 
 
 def _lion(r, sig, f, s, c):
     k = s()
-    b1, b2 = f(r.beta[0]), f(r.beta[1])
-    return [f"m = s{k}[i]", f"d = {c(f(r.eta))} * np.sign({c(b1)} * m + {c(1 - b1)} * g)",
-            f"s{k}[i] = {c(b2)} * m + {c(1 - b2)} * g", "g = d"]
+    b1, b2, c1, c2 = f(r.beta[0]), f(r.beta[1]), f(1 - r.beta[0]), f(1 - r.beta[1])
+    return [f"m = s{k}[i]", f"d = {c(f(r.eta))} * np.sign({c(b1)} * m + {c(c1)} * g)",
+            f"s{k}[i] = {c(b2)} * m + {c(c2)} * g", "g = d"]
 
 
 def _weightdecay(r, sig, f, s, c):

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import operator
 import threading
+import weakref
 from typing import Any
 
 import jax
@@ -388,10 +389,15 @@ class _Spec:
         return f"<{self.n} numbers packed of {self.treedef}>"
 
     def unpack(self, children: list) -> tuple:
-        """``(rule, state)`` from a flat form's children."""
+        """``(rule, state)`` from a flat form's children; traced numbers come with their
+        complements (see :func:`complement`)."""
         if not self.n:
             return jax.tree.unflatten(self.treedef, children)
-        numbers, rest = iter(_unstack(children[0], self.n)), iter(children[1:])
+        values = _unstack(children[0], 2 * self.n)
+        for v, c in zip(values[:self.n], values[self.n:]):
+            if isinstance(v, jax.core.Tracer):
+                _remember(v, c)
+        numbers, rest = iter(values[:self.n]), iter(children[1:])
         return jax.tree.unflatten(self.treedef, [next(numbers) if w else next(rest)
                                                  for w in self.packs])
 
@@ -438,11 +444,41 @@ def _pack(leaf: Any) -> tuple:
     rest = [_dynamic(v) for v, w in zip(flat, packs) if not w]  # a lone number: an array
     traced = any([isinstance(v, jax.core.Tracer) for v in flat])
     if numbers:
+        numbers += [complement(v) for v in numbers]
         rest.insert(0, jnp.stack(numbers) if traced else _STACK(*numbers))
     packed = (spec, *rest)
     if not traced:
         leaf._packed = packed
     return packed
+
+
+# --- complements: 1 - b as precise as optax's and the torch backend's -----------------------
+#
+# Rules use 1 - b (Adam's 1 - beta2, RMSProp's 1 - rho). Computed from b in float32, as a
+# traced hyper-parameter is, it is off by up to half an ulp of b: 1 - float32(0.999) is
+# 1.3e-5 away from 0.001 relative, and Adam drifted from optax.adam. So a Leaf's pack also
+# carries each number's complement, computed from the Python float, and under jit the
+# complement of a number that came from a pack is that packed one.
+
+_COMPLEMENTS: dict[int, tuple[Any, Any]] = {}
+
+
+def _remember(v: Any, c: Any) -> None:
+    """Note that ``c`` is the precise complement of the traced number ``v`` (as long as
+    ``v`` lives)."""
+    key = id(v)
+    _COMPLEMENTS[key] = (weakref.ref(v, lambda _: _COMPLEMENTS.pop(key, None)), c)
+
+
+def complement(v: Any) -> Any:
+    """``1 - v``: in float64 for a Python number, the packed complement for a traced
+    number that came from a Leaf's pack, else computed in ``v``'s dtype."""
+    if type(v) is float:
+        return 1.0 - v
+    kept = _COMPLEMENTS.get(id(v))
+    if kept is not None and kept[0]() is v:
+        return kept[1]
+    return 1 - v
 
 
 def _unstack(packed: Any, n: int) -> list:

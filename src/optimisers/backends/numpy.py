@@ -32,6 +32,11 @@ def hyper(x: Array, *values: float) -> tuple:
     return tuple(t(v) for v in values)
 
 
+def complement(v: Any) -> Any:
+    """``1 - v`` before any cast: in float64 for a Python number, as optax computes it."""
+    return 1 - v
+
+
 def eps(x: Array, e: float) -> Any:
     """An epsilon in ``x``'s real dtype; float16 floors a non-zero one at 1e-7."""
     (e,) = hyper(x, max(e, 1e-7) if e and x.dtype == np.float16 else e)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from optimisers import backends
 from optimisers.rules.base import Rule
+from optimisers.rules.fields import hyperparameter
 
 __all__ = ["RMSProp", "Adam", "RAdam", "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad",
            "NAdam", "AdamW", "AdaBelief", "Lion"]
@@ -37,10 +38,10 @@ class RMSProp(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    rho: float = 0.9
-    epsilon: float = 1e-8
-    centred: bool = False
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    rho: float = hyperparameter(0.9, "[0, 1]")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
+    centred: bool = hyperparameter(False, kind="flag")
 
     def init(self, x):
         xp = backends.of(x)
@@ -75,9 +76,9 @@ class Adam(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    epsilon: float = 1e-8
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -112,9 +113,9 @@ class RAdam(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    epsilon: float = 1e-8
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -156,9 +157,9 @@ class AdaMax(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    epsilon: float = 1e-8
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -190,9 +191,9 @@ class OAdam(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    beta: tuple = (0.5, 0.9)
-    epsilon: float = 1e-8
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.5, 0.9), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -225,8 +226,8 @@ class AdaGrad(Rule):
 
     elementwise = True
 
-    eta: float = 0.1
-    epsilon: float = 1e-8
+    eta: float = hyperparameter(0.1, "[0, inf)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         return backends.of(x).full_like(x, self.epsilon, real_=True)
@@ -255,8 +256,8 @@ class AdaDelta(Rule):
 
     elementwise = True
 
-    rho: float = 0.9
-    epsilon: float = 1e-8
+    rho: float = hyperparameter(0.9, "[0, 1]")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -289,9 +290,9 @@ class AMSGrad(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    epsilon: float = 1e-8
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -326,9 +327,9 @@ class NAdam(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    epsilon: float = 1e-8
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -364,11 +365,11 @@ class AdamW(Rule):
     elementwise = True
     reads_x = True
 
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    lambd: float = 0.0
-    epsilon: float = 1e-8
-    couple: bool = True
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+    lambd: float = hyperparameter(0.0, "[0, inf)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
+    couple: bool = hyperparameter(True, kind="flag")
 
     def init(self, x):
         xp = backends.of(x)
@@ -400,9 +401,9 @@ class AdaBelief(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    epsilon: float = 1e-16
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-16, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -436,8 +437,8 @@ class Lion(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.99)
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.99), "[0, 1]", "[0, 1]")
 
     def init(self, x):
         return backends.of(x).zeros_like(x)

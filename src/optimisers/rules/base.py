@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from optimisers import backends
+from optimisers.rules import fields
 
 __all__ = ["Rule", "RULES", "NewValue", "call", "ngrads"]
 
@@ -104,10 +105,12 @@ class Rule:
         return None
 
     def __post_init__(self) -> None:
-        eta = getattr(self, "eta", 0)
-        if isinstance(eta, (int, float)) and eta < 0:
-            raise ValueError(f"{type(self).__name__}: the learning rate eta must be >= 0, "
-                             f"got {eta}; a negative step would ascend the loss")
+        """Check every hyper-parameter against what its field allows (see
+        :func:`~optimisers.rules.fields.hyperparameter`); a field that declares nothing is
+        not checked, except a learning rate ``eta``, which is never negative. Runs for the
+        constructor, ``dataclasses.replace`` (``adjust``) and checkpoints alike. Values
+        traced under ``jax.jit`` are checked for their kind only."""
+        fields.check(self)
 
 
 _NGRADS: dict[type, float] = {}

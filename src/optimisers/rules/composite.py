@@ -5,7 +5,6 @@ They are ordinary rules whose state is a tuple, built from other rules' states.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +13,7 @@ import numpy as np
 from optimisers import backends
 from optimisers.rules.base import NewValue, Rule, call
 from optimisers.rules.descent import Descent
+from optimisers.rules.fields import hyperparameter
 
 __all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision"]
 
@@ -101,11 +101,7 @@ class AccumGrad(Rule):
 
     elementwise = True
 
-    n: int = 1
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.n, (int, np.integer)) or self.n < 1:
-            raise ValueError(f"AccumGrad(n) needs a whole number n >= 1, got {self.n!r}")
+    n: int = hyperparameter(1, "[1, inf)", kind="whole")
 
     def init(self, x):
         return backends.of(x).zeros_like(x), 1
@@ -146,12 +142,11 @@ class MixedPrecision(Rule):
         (array([0.999], dtype=float16), array([0.999], dtype=float32))
     """
 
-    rule: Rule = dataclasses.field(default_factory=Descent)
-    dtype: Any = np.float32
+    rule: Rule = hyperparameter(default_factory=Descent, kind="rule")
+    dtype: Any = hyperparameter(np.float32, kind="dtype")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rule, Rule):
-            raise TypeError(f"MixedPrecision wraps a rule, got {type(self.rule).__name__}")
+        super().__post_init__()
         if isinstance(self.rule, MixedPrecision):
             raise ValueError("MixedPrecision inside MixedPrecision: use one, with the "
                              "higher dtype")

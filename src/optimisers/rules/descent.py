@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from optimisers import backends
 from optimisers.rules.base import Rule
+from optimisers.rules.fields import hyperparameter
 
 __all__ = ["Descent", "Momentum", "Nesterov", "Rprop"]
 
@@ -22,7 +23,7 @@ class Descent(Rule):
 
     elementwise = True
 
-    eta: float = 0.1
+    eta: float = hyperparameter(0.1, "[0, inf)")
 
     def apply(self, state, x, dx):
         (eta,) = backends.of(x).hyper(x, self.eta)
@@ -48,8 +49,8 @@ class Momentum(Rule):
 
     elementwise = True
 
-    eta: float = 0.01
-    rho: float = 0.9
+    eta: float = hyperparameter(0.01, "[0, inf)")
+    rho: float = hyperparameter(0.9, "[0, 1]")
 
     def init(self, x):
         return backends.of(x).zeros_like(x)
@@ -77,8 +78,8 @@ class Nesterov(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    rho: float = 0.9
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    rho: float = hyperparameter(0.9, "[0, 1]")
 
     def init(self, x):
         return backends.of(x).zeros_like(x)
@@ -111,9 +112,9 @@ class Rprop(Rule):
 
     elementwise = True
 
-    eta: float = 0.001
-    ell: tuple = (0.5, 1.2)
-    gamma: tuple = (1e-6, 50.0)
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    ell: tuple = hyperparameter((0.5, 1.2), "(0, 1)", "(1, inf)")
+    gamma: tuple = hyperparameter((1e-6, 50.0), "[0, inf)", "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)

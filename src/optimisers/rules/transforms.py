@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from optimisers import backends
 from optimisers.rules.base import Rule
+from optimisers.rules.fields import hyperparameter
 
 __all__ = ["WeightDecay", "SignDecay", "ClipGrad", "ClipNorm"]
 
@@ -26,7 +26,7 @@ class WeightDecay(Rule):
     elementwise = True
     reads_x = True
 
-    lambd: float = 5e-4
+    lambd: float = hyperparameter(5e-4, "[0, inf)")
 
     def apply(self, state, x, dx):
         (lambd,) = backends.of(x).hyper(x, self.lambd)
@@ -46,7 +46,7 @@ class SignDecay(Rule):
     elementwise = True
     reads_x = True
 
-    lambd: float = 1e-3
+    lambd: float = hyperparameter(1e-3, "[0, inf)")
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
@@ -69,7 +69,7 @@ class ClipGrad(Rule):
 
     elementwise = True
 
-    delta: float = 10.0
+    delta: float = hyperparameter(10.0, "[0, inf)")
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
@@ -92,9 +92,9 @@ class ClipNorm(Rule):
         array([0.6, 0.8])
     """
 
-    omega: float = 10.0
-    p: float = dataclasses.field(default=2.0, metadata={"static": True})  # not traced by JAX
-    throw: bool = True
+    omega: float = hyperparameter(10.0, "[0, inf)")
+    p: float = hyperparameter(2.0, "[-inf, inf]", static=True)  # not traced by JAX
+    throw: bool = hyperparameter(True, kind="flag")
 
     def raises(self) -> bool:
         return bool(self.throw)

@@ -1,0 +1,302 @@
+"""Hyper-parameter fields: each declares, beside its default, the values it allows.
+
+A rule's field is written ``eta: float = hyperparameter(0.001, "[0, inf)")``: a dataclass
+field whose metadata holds an :class:`Allowed`. :meth:`Rule.__post_init__` calls
+:func:`check`, so every path that constructs a rule validates all of its fields, once, in
+one place: the constructor, ``dataclasses.replace`` (what ``adjust`` and ``adjust_`` do),
+and checkpoints (``load`` constructs the rules it reads). The messages follow
+``torch.optim``'s (``Invalid beta parameter at index 0: 1.5``), then name the rule, the
+field and what it allows.
+
+A number may be a Python ``int`` or ``float``, a NumPy scalar, or an array of NumPy,
+PyTorch or JAX (0-d, or batched as ``jax.vmap`` makes a tree's numbers): every element is
+checked by value. ``bool`` is never a number here (``AccumGrad(True)`` is refused). Values
+traced under ``jax.jit`` cannot be read: their value is not checked, but the rest is (a
+tuple's length, the other fields). A rule rebuilt by JAX from its flat form never runs
+``__post_init__`` (see ``backends/jax.py``), so neither traced nor packed numbers reach
+this check by that path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from optimisers import backends
+
+__all__ = ["Allowed", "Interval", "hyperparameter", "check", "InvalidKind"]
+
+
+class InvalidKind(TypeError, ValueError):
+    """A hyper-parameter of the wrong kind (a string, ``None``, ``True`` for a count).
+
+    A ``TypeError``, and a ``ValueError`` too: ``torch.optim`` refuses bad hyper-parameters
+    with ``ValueError`` and so did this library, so code catching either keeps working.
+
+    Example:
+        >>> issubclass(InvalidKind, TypeError) and issubclass(InvalidKind, ValueError)
+        True
+    """
+
+
+_INTERVAL = re.compile(r"\s*([\[(])\s*([^,\s]+)\s*,\s*([^\]\s)]+)\s*([\])])\s*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """Interval(low, high, closed_low, closed_high): the numbers a hyper-parameter allows.
+
+    Made from its usual notation by :meth:`parse`; an infinite end is allowed only when
+    closed (``"[-inf, inf]"`` allows both infinities, ``"[0, inf)"`` neither). NaN is
+    never allowed.
+
+    Example:
+        >>> i = Interval.parse("[0, 1)")
+        >>> 0.0 in i, 1.0 in i, float("nan") in i, str(i)
+        (True, False, False, 'in [0, 1)')
+        >>> str(Interval.parse("[0, inf)"))
+        '>= 0 and finite'
+    """
+
+    low: float
+    high: float
+    closed_low: bool
+    closed_high: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Interval:
+        """Interval.parse("[0, 1)") -> the interval that text writes."""
+        got = _INTERVAL.fullmatch(text)
+        if got is None:
+            raise ValueError(f"cannot read {text!r} as an interval; write it as \"[0, 1)\", "
+                             f"\"(0, inf)\" or \"[-inf, inf]\"")
+        left, low, high, right = got.groups()
+        return cls(float(low), float(high), left == "[", right == "]")
+
+    def __contains__(self, v: float) -> bool:
+        above = v >= self.low if self.closed_low else v > self.low
+        below = v <= self.high if self.closed_high else v < self.high
+        return bool(above and below)
+
+    def __str__(self) -> str:
+        if self.high == math.inf and not self.closed_high and self.low > -math.inf:
+            return f"{'>=' if self.closed_low else '>'} {_short(self.low)} and finite"
+        return (f"in {'[' if self.closed_low else '('}{_short(self.low)}, "
+                f"{_short(self.high)}{']' if self.closed_high else ')'}")
+
+
+def _short(v: float) -> str:
+    return str(int(v)) if v.is_integer() else str(v)
+
+
+_KINDS = {
+    "number": "a number",
+    "whole": "a whole number",
+    "flag": "True or False",
+    "dtype": "a floating dtype (such as np.float32, torch.bfloat16, jnp.float16)",
+    "rule": "a Rule (such as Adam())",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Allowed:
+    """Allowed(kind, within): what one field of a rule allows.
+
+    ``kind`` is ``"number"``, ``"whole"`` (an ``int``, never a ``bool``), ``"flag"`` (a
+    ``bool``), ``"dtype"`` (a floating dtype of any library) or ``"rule"``. ``within``
+    is ``None`` (any value of the kind), one :class:`Interval` (the value is one number),
+    or a tuple of them (the value is a tuple of that many numbers, each in its interval).
+
+    Example:
+        >>> Allowed("number", (Interval.parse("[0, 1)"),) * 2).requirement("beta")
+        'a tuple of 2 numbers: beta[0] in [0, 1), beta[1] in [0, 1)'
+    """
+
+    kind: str
+    within: Interval | tuple[Interval, ...] | None = None
+
+    def requirement(self, name: str) -> str:
+        """What the field ``name`` must be, in words."""
+        what = _KINDS[self.kind]
+        if isinstance(self.within, tuple):
+            each = ", ".join(f"{name}[{i}] {w}" for i, w in enumerate(self.within))
+            return f"a tuple of {len(self.within)} {what.removeprefix('a ')}s: {each}"
+        return what if self.within is None else f"{what} {self.within}"
+
+    def check(self, rule: str, name: str, value: Any) -> None:
+        """Raise unless ``value`` is allowed for the field ``name`` of the rule ``rule``."""
+        if not isinstance(self.within, tuple):
+            return self._one(rule, name, value, self.within, "")
+        if type(value) is not tuple or len(value) != len(self.within):
+            raise InvalidKind(f"{_invalid(name, value)}; {_subject(rule, name)} must be "
+                              f"{self.requirement(name)}")
+        for i, (v, within) in enumerate(zip(value, self.within)):
+            self._one(rule, name, v, within, i)
+
+    def _one(self, rule: str, name: str, value: Any, within: Interval | None,
+             index: int | str) -> None:
+        numbers = _numbers(value) if self.kind in ("number", "whole") else None
+        if not _fits(self.kind, value, numbers):
+            need = Allowed(self.kind, within).requirement(name)
+            raise InvalidKind(f"{_invalid(name, value, index)} ({type(value).__name__}); "
+                              f"{_subject(rule, name, index)} must be {need}")
+        for v in numbers or ():
+            if v not in within:
+                raise ValueError(f"{_invalid(name, v, index)}; "
+                                 f"{_subject(rule, name, index)} must be {within}")
+
+
+def _numbers(value: Any) -> list | None:
+    """The numbers a hyper-parameter holds; ``None`` when they cannot be read yet (a value
+    traced under ``jax.jit``); ``[]`` when ``value`` is no number at all.
+
+    The one place that decides what counts as a number: a Python ``int`` or ``float``, a
+    NumPy scalar, or an array of a supported library (each of its elements). A new kind of
+    numeric value (a schedule, evaluated per step) is accepted by a case here.
+    """
+    if isinstance(value, (int, float)):
+        return [value]
+    if backends.istraced(value):
+        return None
+    if isinstance(value, np.generic) or backends.library(value) is not None:
+        flat = value.tolist()
+        stack, out = [flat], []
+        while stack:
+            v = stack.pop()
+            if isinstance(v, list):
+                stack.extend(reversed(v))
+            else:
+                out.append(v)
+        return out
+    return []
+
+
+def _fits(kind: str, value: Any, numbers: list | None) -> bool:
+    """Whether ``value`` is of ``kind`` (for numbers: read as ``numbers``)."""
+    if kind in ("number", "whole"):
+        if numbers is None:
+            return True  # traced: its kind is a number's, its value unknown
+        whole = kind == "whole"
+        return bool(numbers) and all(
+            type(v) is int or (not whole and type(v) is float) for v in numbers)
+    if kind == "flag":
+        return isinstance(value, (bool, np.bool_))
+    if kind == "dtype":
+        name = _dtype_name(value)
+        return name is not None and name.startswith(("float", "bfloat"))
+    from optimisers.rules.base import Rule  # (base imports this module)
+
+    return isinstance(value, Rule)
+
+
+def _dtype_name(value: Any) -> str | None:
+    """The name of a NumPy, PyTorch or JAX dtype (or of a dtype's name); ``None`` if none.
+
+    NumPy reads its own and JAX's dtypes and names; another library's dtype prints as
+    ``<library>.<name>`` (``torch.bfloat16``), read by its last part.
+    """
+    if value is None or isinstance(value, (bool, int, float)):
+        return None  # np.dtype(None) is float64: a None is no dtype here
+    try:
+        return np.dtype(value).name
+    except TypeError:
+        return str(value).rpartition(".")[2]
+
+
+def _noun(name: str) -> str:
+    return "learning rate eta" if name == "eta" else name
+
+
+def _subject(rule: str, name: str, index: int | str = "") -> str:
+    """``Adam's beta[0]``: the rule, the field, and the element of a tuple."""
+    return f"{rule}'s {_noun(name)}{f'[{index}]' if index != '' else ''}"
+
+
+def _invalid(name: str, value: Any, index: int | str = "") -> str:
+    what = "learning rate" if name == "eta" else f"{name} parameter"
+    at = f" at index {index}" if index != "" else ""
+    return f"Invalid {what}{at}: {value!r}"
+
+
+_BY_NAME = {"eta": Allowed("number", Interval.parse("[0, inf)"))}
+"""What a field allows when its rule does not declare it (a user's rule): a learning rate
+is never negative."""
+
+
+def hyperparameter(default: Any = dataclasses.MISSING, *within: str, kind: str = "number",
+                   static: bool = False, default_factory: Any = dataclasses.MISSING) -> Any:
+    """hyperparameter(default, *within, kind="number") -> a rule's dataclass field that
+    declares the values it allows.
+
+    Args:
+        default: the default value (or give ``default_factory``).
+        *within: for a number, one interval (``"[0, inf)"``, ``"(0, 1)"``,
+            ``"[-inf, inf]"``); for a tuple of numbers, one interval per element.
+        kind: ``"number"``, ``"whole"``, ``"flag"``, ``"dtype"`` or ``"rule"``.
+        static: whether JAX keeps the field as static data (never traced).
+        default_factory: makes the default, for a mutable or composite one.
+
+    Returns:
+        A ``dataclasses.field`` for the rule's class body; :func:`check` reads it.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> from optimisers import Rule
+        >>> @dataclass(frozen=True)
+        ... class Scale(Rule):
+        ...     eta: float = hyperparameter(0.1, "[0, inf)")
+        ...     beta: tuple = hyperparameter((0.9, 0.99), "[0, 1)", "[0, 1)")
+        >>> Scale(beta=(1.5, 0.9))
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid beta parameter at index 0: 1.5; Scale's beta[0] must be in [0, 1)
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"hyperparameter: kind must be one of {sorted(_KINDS)}, got {kind!r}")
+    if kind == "number" and not within:
+        raise ValueError("hyperparameter: a number needs the interval it lies in, such as "
+                         "\"[0, inf)\"")
+    intervals = tuple(Interval.parse(w) for w in within)
+    allowed = Allowed(kind, intervals if len(intervals) > 1 else
+                      intervals[0] if intervals else None)
+    metadata = {"allowed": allowed, **({"static": True} if static else {})}
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata=metadata)
+
+
+@functools.cache
+def _declared(cls: type) -> tuple[tuple[str, Allowed], ...]:
+    """``cls``'s fields with what each allows (undeclared ones by :data:`_BY_NAME`)."""
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    found = [(f.name, f.metadata.get("allowed", _BY_NAME.get(f.name)))
+             for f in dataclasses.fields(cls)]
+    return tuple((name, allowed) for name, allowed in found if allowed is not None)
+
+
+def check(rule: Any) -> None:
+    """check(rule) -> None, or raises: every declared field of ``rule`` against what it allows.
+
+    Raises:
+        ValueError: a number outside its interval (NaN and infinities included).
+        InvalidKind: a value of the wrong kind, or a tuple of the wrong length (a
+            ``TypeError`` and a ``ValueError``).
+
+    Example:
+        >>> import dataclasses
+        >>> from optimisers import Adam
+        >>> check(Adam())
+        >>> dataclasses.replace(Adam(), epsilon=-1.0)   # as adjust does: checked again
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid epsilon parameter: -1.0; Adam's epsilon must be >= 0 and finite
+    """
+    cls = type(rule)
+    for name, allowed in _declared(cls):
+        allowed.check(cls.__name__, name, getattr(rule, name))
+
