@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 import optimisers as O
+from optimisers.adjust import matches
+from optimisers.leaf import leaves
 
 
 def model():
@@ -95,3 +97,59 @@ def test_adjust_keeps_shared_rules_shared():
     for new in (O.adjust(tree, 0.01), O.adjust_(tree, 0.01)):
         assert new["a"].rule is new["b"].rule and new["a"].rule.eta == 0.01
         assert new["c"].rule is not new["a"].rule and new["c"].rule == new["a"].rule
+
+
+def paths(tree, where):
+    """The dotted paths of the Leafs ``where`` picks, each tied Leaf by its first path."""
+    first = {}
+    for kp, leaf in leaves(tree):
+        first.setdefault(id(leaf), str(kp))
+    return [first[id(leaf)] for leaf in O.select(tree, where)]
+
+
+def test_where_brackets_are_literal_and_an_escaped_dot_is_a_dot_in_a_key():
+    model = {"a[0]": np.ones(1), "a0": np.ones(1), "b.c": np.ones(1), "b": {"c": np.ones(1)},
+             "s*": np.ones(1), "q?": np.ones(1), "back\\": {"x": np.ones(1)}}
+    tree = O.setup(O.Descent(), model)
+    assert paths(tree, "a[0]") == ["a[0]"]  # a glob class before: matched a0
+    assert paths(tree, "a?") == ["a0"]
+    assert paths(tree, "b.c") == ["b.c"] and O.select(tree, "b.c") == [tree["b"]["c"]]
+    assert O.select(tree, r"b\.c") == [tree["b.c"]]  # both before
+    assert O.select(tree, r"s\*") == [tree["s*"]] and O.select(tree, r"q\?") == [tree["q?"]]
+    assert O.select(tree, "back\\\\.x") == [tree["back\\"]["x"]]
+    assert len(O.select(tree, "*c")) == 2  # a star still crosses dots: b.c and b -> c
+    assert not matches("b?c", O.KeyPath("b", "c"))  # ? is one character of a key
+    with pytest.raises(ValueError, match=r"where='b\\\\' ends in a lone backslash; write "):
+        O.select(tree, "b\\")
+
+
+def test_where_a_prefix_of_whole_keys_selects_the_sub_tree():
+    model = {"transformer": {"wte": {"weight": np.ones(2), "bias": np.ones(1)},
+                             "wte2": np.ones(3), "h": [{"w": np.ones(1)} for _ in range(11)]},
+             "head": np.ones(2)}
+    tree = O.setup(O.AdamW(lambd=0.1), model)
+    assert paths(tree, "transformer.wte") == ["transformer.wte.weight", "transformer.wte.bias"]
+    assert paths(tree, "transformer.h.1") == ["transformer.h.1.w"]  # never h.10
+    assert len(O.select(tree, "transformer")) == 14
+    assert paths(tree, "*.h.1?") == ["transformer.h.10.w"]
+    O.adjust_(tree, where="transformer.wte", lambd=0.0)
+    assert [leaf.rule.lambd for leaf in O.select(tree)][:4] == [0.0, 0.0, 0.1, 0.1]
+    O.freeze_(tree, "transformer.h")
+    assert [leaf.frozen for leaf in O.select(tree)] == [False] * 3 + [True] * 11 + [False]
+    assert paths(O.adjust(tree, 0.5, where="head"), "head") == ["head"]
+    with pytest.raises(ValueError, match="where='transformer.wt' matches no Leaf"):
+        O.thaw_(tree, "transformer.wt")
+
+
+def test_where_predicate_of_one_argument_is_a_clear_type_error():
+    tree = O.setup(O.Adam(), model())
+    with pytest.raises(TypeError, match=r"where= takes a predicate of two arguments, \(KeyPath, "
+                                        r"Leaf\) -> bool, but <lambda>\(kp\) cannot take two; "
+                                        r"write it as lambda kp, leaf: \.\.\."):
+        O.freeze_(tree, where=lambda kp: "bias" in str(kp))
+
+    def is_bias(kp, leaf, *rest):
+        return kp[-1] == "bias"
+
+    assert len(O.select(tree, is_bias)) == 2
+    assert not any(leaf.frozen for leaf in O.select(tree))

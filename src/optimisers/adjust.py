@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
+import functools
+import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, leaves
+from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.rules import OptimiserChain, Rule
-from optimisers.state import _map_leaves
 from optimisers.tree import keys_shown
 
-__all__ = ["adjust", "adjust_", "freeze_", "thaw_", "select"]
+__all__ = ["adjust", "adjust_", "freeze_", "thaw_", "select", "matches"]
 
 Where = str | Callable[[KeyPath, Leaf], bool] | None
 
@@ -21,29 +22,26 @@ Where = str | Callable[[KeyPath, Leaf], bool] | None
 def select(tree: Any, where: Where = None) -> list[Leaf]:
     """select(tree, where) -> the distinct Leafs of ``tree`` that ``where`` picks, in walk order.
 
-    ``where`` is ``None`` (every Leaf), a glob over the dotted key path
-    (``"encoder.*"``, ``"*.bias"``, ``"layers.3.*"``), or a predicate
-    ``(KeyPath, Leaf) -> bool``. A tied Leaf is picked when any of its paths is.
+    ``where`` is ``None`` (every Leaf), a glob over the dotted key path (see
+    :func:`matches`: ``"encoder"``, ``"*.bias"``, ``"layers.3"``), or a predicate
+    ``(KeyPath, Leaf) -> bool``. A tied Leaf is picked when any of its paths is. Every
+    ``where=`` of this library (``adjust``, ``adjust_``, ``freeze_``, ``thaw_``) goes
+    through here.
 
     Raises:
-        ValueError: when ``where`` picks no Leaf (a typo, always).
-        TypeError: when ``tree`` is not a state tree.
+        ValueError: when ``where`` picks no Leaf (a typo, always), or a glob ends in a lone
+            backslash.
+        TypeError: when ``tree`` is not a state tree, or ``where`` is a function that
+            cannot take the two arguments ``(KeyPath, Leaf)``.
 
     Example:
         >>> import numpy as np
         >>> from optimisers import Descent, setup
         >>> tree = setup(Descent(), {"enc": {"w": np.ones(2), "bias": np.ones(2)}})
-        >>> len(select(tree, "*.bias")), len(select(tree))
-        (1, 2)
+        >>> len(select(tree, "*.bias")), len(select(tree, "enc")), len(select(tree))
+        (1, 2, 2)
     """
-    if isinstance(where, str):
-        pattern = where
-        match = lambda kp, leaf: fnmatch.fnmatchcase(str(kp), pattern)  # noqa: E731
-    elif callable(where) or where is None:
-        match = where
-    else:
-        raise TypeError(f"where= takes a glob string or a predicate (KeyPath, Leaf) -> bool, "
-                        f"got {type(where).__name__}")
+    match = _matcher(where)
     picked: dict[int, Leaf] = {}
     seen = []
     for kp, leaf in leaves(tree):
@@ -54,6 +52,93 @@ def select(tree: Any, where: Where = None) -> list[Leaf]:
         raise ValueError(f"where={where!r} matches no Leaf; the paths are: "
                          f"{keys_shown(seen, most=6, show=str)}")
     return list(picked.values())
+
+
+def _matcher(where: Where) -> Callable[[KeyPath, Leaf], bool] | None:
+    """``where`` as a predicate ``(KeyPath, Leaf) -> bool`` (``None`` for every Leaf)."""
+    if isinstance(where, str):
+        pattern = _compiled(where)
+        return lambda kp, leaf: pattern.fullmatch(_text(kp)) is not None
+    if where is None:
+        return None
+    if not callable(where):
+        raise TypeError(f"where= takes a glob string or a predicate (KeyPath, Leaf) -> bool, "
+                        f"got {type(where).__name__}")
+    try:
+        signature = inspect.signature(where)
+    except (TypeError, ValueError):  # a builtin without a signature: trusted
+        return where
+    try:
+        signature.bind(KeyPath(), None)
+    except TypeError:
+        name = getattr(where, "__name__", type(where).__name__)
+        raise TypeError(f"where= takes a predicate of two arguments, (KeyPath, Leaf) -> bool, "
+                        f"but {name}{signature} cannot take two; write it as "
+                        f"lambda kp, leaf: ... (str(kp) is the dotted path)") from None
+    return where
+
+
+def matches(pattern: str, kp: KeyPath | tuple) -> bool:
+    r"""matches(pattern, kp) -> whether the ``where=`` glob ``pattern`` picks the key path ``kp``.
+
+    The pattern is matched against ``str(kp)``, the keys joined by dots, key by key:
+
+    - ``*`` matches any run of characters, dots included (``*.bias`` is every bias at any
+      depth), and ``?`` one character of a key;
+    - an unescaped ``.`` matches only the dot between two keys;
+    - a backslash makes the next character literal: ``\.`` is a dot inside a key, ``\*``,
+      ``\?`` and ``\\`` a star, a question mark and a backslash. So the pattern ``b.c`` is
+      the key ``c`` inside ``b``, and ``b\.c`` (``"b\\.c"`` in Python source, or
+      ``r"b\.c"``) the one key ``"b.c"``;
+    - every other character, brackets included, is itself (``a[0]`` is the key ``"a[0]"``).
+
+    A pattern picks a path when it matches the whole path or a prefix of it made of whole
+    keys: ``encoder`` picks every path inside ``encoder`` (and ``layers.1`` those inside
+    ``layers.1``, never those in ``layers.10``).
+
+    Raises:
+        ValueError: when the pattern ends in a lone backslash.
+
+    Example:
+        >>> matches("encoder", KeyPath("encoder", "layers", 0, "weight"))
+        True
+        >>> matches("b.c", KeyPath("b.c")), matches(r"b\.c", KeyPath("b.c"))
+        (False, True)
+        >>> matches("a[0]", KeyPath("a0")), matches("a[0]", KeyPath("a[0]"))
+        (False, True)
+    """
+    return _compiled(pattern).fullmatch(_text(kp)) is not None
+
+
+def _text(kp: KeyPath | tuple) -> str:
+    """The dotted path with each key's backslashes and dots escaped, so that an unescaped
+    dot is always a boundary between keys."""
+    return ".".join(_escape(str(k)) for k in kp)
+
+
+def _escape(key: str) -> str:
+    return key.replace("\\", "\\\\").replace(".", "\\.")
+
+
+_KEY_CHAR = r"(?:\\.|[^\\.])"  # one character of a key: an escaped pair, or any but \ and .
+_ANY_CHARS = r"(?:\\.|[^\\])*"  # a run of characters of keys and the dots between them
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> re.Pattern:
+    """``pattern`` as a regular expression over :func:`_text` (each part consumes whole
+    escaped characters, so it never splits one)."""
+    parts, chars = [], iter(pattern)
+    for c in chars:
+        if c == "\\":
+            literal = next(chars, None)
+            if literal is None:
+                raise ValueError(f"where={pattern!r} ends in a lone backslash; write \\\\ "
+                                 f"for a backslash in a key")
+            parts.append(re.escape(_escape(literal)))
+        else:
+            parts.append({"*": _ANY_CHARS, "?": _KEY_CHAR, ".": r"\."}.get(c, re.escape(c)))
+    return re.compile("".join(parts) + r"(?:\..*)?", re.DOTALL)  # or a prefix of whole keys
 
 
 def _fields(rule: Rule) -> set[str]:
@@ -142,7 +227,7 @@ def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields
             memo[id(leaf)] = Leaf(rule, leaf.state, leaf.frozen)
         return memo[id(leaf)]
 
-    return _map_leaves(renew, tree)
+    return map_leaves(renew, tree)
 
 
 def adjust_(tree: Any, eta: float | None = None, *, where: Where = None, **fields: Any) -> Any:
