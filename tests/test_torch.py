@@ -208,7 +208,8 @@ def test_pure_update_returns_new_module_old_untouched():
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "plain"])
-@pytest.mark.parametrize("rule", [O.Adam(0.1), O.Descent(0.1)], ids=repr)
+@pytest.mark.parametrize("rule", [O.Adam(0.1), O.Descent(0.1),
+                                  O.MixedPrecision(O.Adam(0.1), torch.float64)], ids=repr)
 def test_pure_update_keeps_requires_grad(rule, fuse, monkeypatch):
     """update of leaf tensors that require grad returns leaf tensors that do, so the next
     backward() reaches them; a Parameter stays one; a tensor that did not, does not."""

@@ -109,7 +109,8 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
         leaf, x = e.leaf, e.x
         leaf.state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state)
         if isinstance(d, NewValue):
-            y = backends.of(x).assign(x, d.value) if inplace else d.value
+            xp = backends.of(x)
+            y = xp.assign(x, d.value) if inplace else xp.like(d.value, x)
         elif d is not None:
             y = backends.of(x).subtract(x, d, inplace)
         else:

@@ -153,6 +153,11 @@ def subtract(x: Array, d: Any, inplace: bool) -> Array:
     return jnp.asarray(x - d, dtype=x.dtype)
 
 
+def like(y: Array, x: Array) -> Array:
+    """``y`` as a new value of the parameter ``x``: itself (only PyTorch marks parameters)."""
+    return y
+
+
 def add(a: Array, b: Array) -> Array:
     return a + b
 

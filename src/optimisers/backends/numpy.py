@@ -32,6 +32,11 @@ def hyper(x: Array, *values: float) -> tuple:
     return tuple(t(v) for v in values)
 
 
+def like(y: Array, x: Array) -> Array:
+    """``y`` as a new value of the parameter ``x``: itself (only PyTorch marks parameters)."""
+    return y
+
+
 def complement(v: Any) -> Any:
     """``1 - v`` before any cast: in float64 for a Python number, as optax computes it."""
     return 1 - v
