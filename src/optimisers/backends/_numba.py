@@ -12,6 +12,7 @@ import functools
 import importlib.util
 import itertools
 import operator
+import re
 import threading
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 _AVAILABLE = importlib.util.find_spec("numba") is not None
 _KERNELS: dict[Any, Any] = {}
 _POINTERS: dict[Any, Any] = {}
+_STATE = re.compile(r"\bs(\d+)\[i\]")
 
 
 def available() -> bool:
@@ -51,26 +53,36 @@ def _kernel(dtype: np.dtype) -> Any:
 def scatter_sub(xs: list) -> Any:
     """A function ``f(d)`` doing ``x -= segment of d`` for all ``xs`` in one compiled loop,
     or ``None`` when that is not possible (no numba, or arrays not all C-contiguous,
-    aligned, writable float32 or float64 arrays of one dtype)."""
-    if not _AVAILABLE or not xs:
+    aligned, writable float32 or float64 arrays of one dtype). ``f`` raises
+    ``ValueError`` for a ``d`` whose length is not the arrays' total size."""
+    if not _AVAILABLE or not xs or not _writable(xs, xs[0].dtype):
         return None
     dtype = xs[0].dtype
-    if dtype not in (np.float32, np.float64) or not dtype.isnative or not all(
-            x.dtype == dtype and x.flags.c_contiguous and x.flags.aligned
-            and x.flags.writeable for x in xs):
-        return None
     kernel = _kernel(dtype)
     addresses = np.array([x.__array_interface__["data"][0] for x in xs], dtype=np.intp)
     sizes = np.array([x.size for x in xs], dtype=np.intp)
+    total = int(sizes.sum())
     keep = list(xs)  # the addresses stay valid while these arrays live
 
     def run(d: np.ndarray) -> None:
         if d.dtype != dtype or not d.flags.c_contiguous:
             d = np.ascontiguousarray(d, dtype=dtype)
+        if d.size != total:
+            raise ValueError(f"a step of {d.size} elements for a group of arrays of "
+                             f"{total} in all; step each array with its own gradient")
         kernel(addresses, sizes, d)
         run.keep = keep
 
     return run
+
+
+def _writable(arrays: list, dtype: np.dtype) -> bool:
+    """Whether a kernel may read and write ``arrays`` as ``dtype`` at their addresses:
+    NumPy arrays (not scalars, whose address is a temporary), all of that native
+    float32 or float64 dtype, C-contiguous, aligned and writable."""
+    return dtype in (np.float32, np.float64) and dtype.isnative and all(
+        isinstance(a, np.ndarray) and a.dtype == dtype and a.flags.c_contiguous
+        and a.flags.aligned and a.flags.writeable for a in arrays)
 
 
 # ---------------------------------------------------------------- one-pass group kernels
@@ -240,7 +252,11 @@ def kernel(xa, ga, sizes, rows, C{states}):{lock}
 
 
 def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple = ()) -> Any:
-    """The compiled kernel of :func:`_compile` (made once per source)."""
+    """The compiled kernel of :func:`_compile` (made once per source). ``ValueError``
+    where ``lines`` read other state arrays than the ``nstate`` it is given."""
+    if states_read(lines) != nstate:
+        raise ValueError(f"a kernel given {nstate} state arrays for a rule reading "
+                         f"{states_read(lines)}")
     key = (tuple(lines), tuple(prelude), nstate, parallel, np.dtype(dtype))
     if key not in _ONEPASS:
         import numba
@@ -253,6 +269,13 @@ def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple =
         _ONEPASS[key] = numba.njit(nogil=True, error_model="numpy", parallel=parallel)(
             namespace["kernel"])
     return _ONEPASS[key]
+
+
+def states_read(lines: list) -> int:
+    """How many state arrays snippet ``lines`` read or write (``s0`` to ``s{n-1}``, each
+    used): a kernel must be given exactly these."""
+    used = {int(k) for k in _STATE.findall("\n".join(lines))}
+    return len(used) if used == set(range(len(used))) else -1
 
 
 PARALLEL_FROM = 1 << 18
@@ -313,8 +336,9 @@ class _Pieces:
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict,
             scalars: Any = None) -> Any:
     """A function ``step(grads, sig)`` running the whole group's update in one compiled
-    pass, or ``None`` where that is not possible (no numba, an unsupported rule,
-    dtype or layout); then the caller takes the vectorised NumPy path.
+    pass, or ``None`` where that is not possible (no numba, an unsupported rule, dtype
+    or layout, or state arrays that do not fit their parameters: see :func:`fits`);
+    then the caller takes the vectorised NumPy path.
 
     The kernel reads each gradient at its address. Many small gradients are first
     concatenated (one call, where reading 2,000 addresses costs more), unless they are
@@ -324,54 +348,90 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict,
     if "onepass" in cache:
         return cache["onepass"]
     cache["onepass"] = None
-    if not _AVAILABLE or not _supported(rule):
+    if not _AVAILABLE or not _supported(rule) or not xs:
         return None
     dtype = xs[0].dtype
-    every = [*xs, *(a for member in arrays for a in member)]
-    if dtype not in (np.float32, np.float64) or not all(
-            a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned
-            and a.flags.writeable for a in every):
+    lines = _lines(rule, sig, dtype, [])
+    if not fits(xs, arrays, dtype, states_read(lines)):
         return None
-    nstate = len(arrays[0])
-    # many small arrays: concatenating the gradients (one call) beats reading addresses
-    flat_g = len(xs) > 64 and sum(x.size for x in xs) < 16384 * len(xs)
-    parallel = sum(x.size for x in xs) >= PARALLEL_FROM
-    kernel = build(_lines(rule, sig, dtype, []), nstate, parallel, dtype)
-    pieces = _Pieces([x.size for x in xs], parallel)
-    rows = np.zeros(pieces.sizes.size, dtype=np.intp)  # every piece reads the one row
-    xa = pieces.addresses(xs)
-    sa = [pieces.addresses([member[k] for member in arrays]) for k in range(nstate)]
-    flat_offsets = pieces.starts * xs[0].itemsize
-    last: list = [None, None]  # the last step's gradient arrays; their own addresses
+    cache["onepass"] = _OnePass(rule, xs, arrays, lines, scalars)
+    return cache["onepass"]
 
-    def step(grads: list, sig: Any) -> None:
+
+def fits(xs: list, arrays: list, dtype: Any, nstate: int) -> bool:
+    """Whether a kernel reading ``nstate`` state arrays may run on parameters ``xs`` with
+    states ``arrays`` (one list per parameter) at their addresses: every array is one the
+    kernel may write as ``dtype`` (:func:`_writable`), each parameter has exactly
+    ``nstate`` state arrays, and each of those has its parameter's size. A kernel indexes
+    every array by its parameter's size, so nothing else may reach it."""
+    return (nstate >= 0 and len(arrays) == len(xs)
+            and all(len(member) == nstate for member in arrays)
+            and _writable([*xs, *(a for member in arrays for a in member)], np.dtype(dtype))
+            and all(a.size == x.size for x, member in zip(xs, arrays) for a in member))
+
+
+_SIZE = operator.attrgetter("size")
+
+
+class _OnePass:
+    """A group's one-pass step (:func:`onepass`): the kernel, the addresses of the
+    group's parameters and states, and the last step's gradient arrays and addresses."""
+
+    def __init__(self, rule: Any, xs: list, arrays: list, lines: list, scalars: Any) -> None:
+        self.rule, self.dtype, self.scalars = rule, xs[0].dtype, scalars
+        self.nstate = states_read(lines)
+        self.lines, self.sizes = lines, [x.size for x in xs]
+        # many small arrays: concatenating the gradients (one call) beats reading addresses
+        self.flat_g = len(xs) > 64 and sum(self.sizes) < 16384 * len(xs)
+        self.parallel = sum(self.sizes) >= PARALLEL_FROM
+        self.kernel = build(lines, self.nstate, self.parallel, self.dtype)
+        self.pieces = pieces = _Pieces(self.sizes, self.parallel)
+        self.rows = np.zeros(pieces.sizes.size, dtype=np.intp)  # every piece: the one row
+        self.xa = pieces.addresses(xs)
+        self.sa = [pieces.addresses([member[k] for member in arrays])
+                   for k in range(self.nstate)]
+        self.flat_offsets = pieces.starts * xs[0].itemsize
+        self.last: list = [None, None]  # the last step's gradient arrays; own addresses
+        self.keep: tuple = (xs, arrays)  # the addresses stay valid while these live
+
+    def __call__(self, grads: list, sig: Any) -> None:
         consts: list = []
-        _lines(rule, sig, dtype, consts, scalars)
-        c = np.array([consts], dtype=dtype)
-        seen, own = last  # the last step's gradient arrays, and their own addresses
+        _lines(self.rule, sig, self.dtype, consts, self.scalars)
+        c = np.array([consts], dtype=self.dtype)
+        ga, keep, own = self._gradients(grads)
+        kernel = self.kernel
+        if self.parallel and MUTEX is None:  # else the kernel holds MUTEX itself
+            with _PARALLEL:
+                kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)
+        else:
+            kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)
+        self.last[:] = grads, own
+        self.keep = (*self.keep[:2], keep)
+
+    def _gradients(self, grads: list) -> tuple:
+        """``(addresses, arrays, own)``: each piece's gradient address, the arrays that
+        hold that memory, and the addresses to reuse if the same arrays come next step.
+        ``ValueError`` for a gradient whose size is not its parameter's."""
+        seen, own = self.last  # the last step's gradient arrays, and their own addresses
         same = seen is not None and len(seen) == len(grads) and all(
             map(operator.is_, grads, seen))
-        if same and own is not None:  # the same gradient buffers as last step
-            ga, keep = own, grads
-        elif flat_g and not same:
-            keep = np.concatenate(grads, axis=None)
-            ga, own = keep.__array_interface__["data"][0] + flat_offsets, None
-        elif all(type(g) is np.ndarray and g.flags.c_contiguous for g in grads):
-            ga = own = pieces.addresses(grads)
-            keep = grads
-        else:  # only an ndarray's own memory has a lasting address (not a NumPy scalar's)
-            keep = [np.ascontiguousarray(g) for g in grads]
-            ga, own = pieces.addresses(keep), None
-        if parallel and MUTEX is None:  # else the kernel holds MUTEX itself
-            with _PARALLEL:
-                kernel(xa, ga, pieces.sizes, rows, c, *sa)
-        else:
-            kernel(xa, ga, pieces.sizes, rows, c, *sa)
-        last[:] = grads, own
-        step.keep = (xs, arrays, keep)  # the addresses stay valid while these live
-
-    cache["onepass"] = step
-    return step
+        if same and own is not None:  # the same (checked, held) buffers as last step
+            return own, grads, own
+        if list(map(_SIZE, grads)) != self.sizes:
+            raise ValueError(f"gradients of sizes {list(map(_SIZE, grads))} for parameters "
+                             f"of sizes {self.sizes}; give each parameter a gradient of "
+                             f"its own shape")
+        dtype = self.dtype
+        if self.flat_g and not same:
+            keep = np.concatenate(grads, axis=None).astype(dtype, copy=False)
+            return keep.__array_interface__["data"][0] + self.flat_offsets, keep, None
+        if all(type(g) is np.ndarray and g.dtype == dtype and g.flags.c_contiguous
+               for g in grads):
+            own = self.pieces.addresses(grads)
+            return own, grads, own
+        # only an ndarray's own memory has a lasting address (not a NumPy scalar's)
+        keep = [np.ascontiguousarray(g, dtype=dtype) for g in grads]
+        return self.pieces.addresses(keep), keep, None
 
 
 def _lines(rule: Any, sig: Any, dtype: Any, consts: list, scalars: Any = None) -> list:

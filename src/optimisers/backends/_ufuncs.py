@@ -148,20 +148,22 @@ def _program(lines: list, nstate: int) -> tuple[Any, int]:
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     """A function ``step(grads, sig)`` stepping a group of large arrays piece by piece in
-    place, or ``None`` (an unsupported rule, dtype or layout, or mostly small arrays,
-    which the concatenating path serves better)."""
+    place, or ``None`` (an unsupported rule, dtype or layout, state arrays that do not fit
+    their parameters, or mostly small arrays, which the concatenating path serves better).
+    ``step`` raises ``ValueError``, before writing anything, for a gradient whose size is
+    not its parameter's."""
     if "ufuncs" in cache:
         return cache["ufuncs"]
     cache["ufuncs"] = None
-    dtype = xs[0].dtype
-    every = [*xs, *(a for member in arrays for a in member)]
-    if (not _numba._supported(rule) or dtype not in (np.float32, np.float64)
-            or sum(x.size for x in xs) < LARGE * len(xs)
-            or not all(a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
-                       for a in every)):
+    if not _numba._supported(rule) or not xs:
         return None
-    nstate = len(arrays[0])
-    piece, nscratch = _program(_numba._lines(rule, sig, dtype, []), nstate)
+    dtype = xs[0].dtype
+    lines = _numba._lines(rule, sig, dtype, [])
+    nstate = _numba.states_read(lines)
+    if (sum(x.size for x in xs) < LARGE * len(xs)
+            or not _numba.fits(xs, arrays, dtype, nstate)):
+        return None
+    piece, nscratch = _program(lines, nstate)
     flat = [[a.reshape(-1) for a in (x, *member)] for x, member in zip(xs, arrays)]
 
     def run(work: list) -> None:
@@ -175,10 +177,16 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
         consts: list = []
         _numba._lines(rule, sig, dtype, consts)
         c = list(np.array(consts, dtype=dtype))
+        if len(grads) != len(flat):
+            raise ValueError(f"{len(grads)} gradients for a group of {len(flat)} parameters")
         work = []
         for arrays_, g in zip(flat, grads):
             g = np.ascontiguousarray(g, dtype=dtype).reshape(-1)
             n = g.size
+            if n != arrays_[0].size:
+                raise ValueError(f"a gradient of {n} elements for a parameter of "
+                                 f"{arrays_[0].size}; give each parameter a gradient of "
+                                 f"its own shape")
             work += [(arrays_, g, lo, min(lo + PIECE, n), c) for lo in range(0, n, PIECE)]
         parallel(run, work)
 

@@ -255,15 +255,15 @@ def _call(key: tuple, members: list) -> list | None:
     rule = jax.tree.unflatten(rdef, syms[:nrule])
     it = iter(syms[nrule:])
     sig = jax.tree.unflatten(sdef, [_ARRAY if m else next(it) for m in marks])
-    prelude, lines = _numba.symbolic(rule, sig, dtype)
-    try:
+    nstate = sum(marks)
+    try:  # a state unlike the rule's own (built by hand) fails here, or reads other arrays
+        prelude, lines = _numba.symbolic(rule, sig, dtype)
         after = _numba.advance(rule, sig)
-    except KeyError:
+    except (KeyError, IndexError, TypeError):
         return None
     news = [s for s in _numba._flat(after) if isinstance(s, _numba.Sym)]
-    nstate = sum(marks)
-    if len(news) != nraw - nrule:  # a counter made or dropped: not a step we mirror
-        return None
+    if len(news) != nraw - nrule or _numba.states_read(lines) != nstate:
+        return None  # a counter made or dropped, or arrays the kernel would not index
     try:
         name = _target(key, prelude, lines, nstate, nraw, news, dtype)
     except Exception as err:  # noqa: BLE001 (an optional fast path: never fatal)

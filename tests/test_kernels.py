@@ -1,0 +1,126 @@
+"""The compiled kernels' last line of defence (``backends/_numba.py``, ``_ufuncs.py``,
+``_xla.py``): they refuse any array they would index by a size they did not check."""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+import optimisers as O
+from optimisers import fused
+from optimisers.backends import _numba, _ufuncs
+
+HAVE_NUMBA = _numba.available()
+needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+
+
+# ------------------------------------------------- no kernel indexes by an unchecked size
+
+def group(rule, shapes, dtype=np.float32):
+    """``(sig, xs, arrays)`` of a group of fresh Leafs of ``rule`` (as fused.Group has)."""
+    xs = [np.ones(shape, dtype) for shape in shapes]
+    arrays, sig = [], None
+    for x in xs:
+        out: list = []
+        sig = fused.signature(rule.init(x), out)
+        arrays.append(out)
+    return sig, xs, arrays
+
+
+MISFITS = {
+    "longer state": lambda xs, arrays: arrays[1].__setitem__(0, np.zeros(70, np.float32)),
+    "shorter state": lambda xs, arrays: arrays[0].__setitem__(1, np.zeros(3, np.float32)),
+    "float64 state": lambda xs, arrays: arrays[0].__setitem__(0, np.zeros(64)),
+    "scalar state": lambda xs, arrays: arrays[1].__setitem__(1, np.float32(0)),
+    "missing state": lambda xs, arrays: arrays[1].pop(),
+    "extra state": lambda xs, arrays: arrays[0].append(np.zeros(64, np.float32)),
+}
+
+
+@pytest.mark.parametrize("misfit", MISFITS)
+@pytest.mark.parametrize("builder", [
+    pytest.param(_numba.onepass, marks=needs_numba, id="numba"),
+    pytest.param(_ufuncs.onepass, id="ufuncs")])
+def test_one_pass_steps_refuse_states_that_do_not_fit(builder, misfit, monkeypatch):
+    """Each state array must have its parameter's size and the kernel's dtype, and each
+    parameter as many state arrays as the rule reads: else no kernel (the caller takes
+    the plain path). Before: the kernel indexed the state by its parameter's size."""
+    monkeypatch.setattr(_ufuncs, "LARGE", 1)
+    sig, xs, arrays = group(O.Adam(), [(8, 8), (64,)])
+    assert builder(O.Adam(), sig, xs, arrays, {}) is not None
+    MISFITS[misfit](xs, arrays)
+    assert builder(O.Adam(), sig, xs, arrays, {}) is None
+
+
+@pytest.mark.parametrize("builder", [
+    pytest.param(_numba.onepass, marks=needs_numba, id="numba"),
+    pytest.param(_ufuncs.onepass, id="ufuncs")])
+@pytest.mark.parametrize("many", [False, True], ids=["few", "many"])
+def test_one_pass_steps_refuse_gradients_that_do_not_fit(builder, many, monkeypatch):
+    """A gradient of another size is a ValueError before anything is written, whether
+    the gradients are read in place or concatenated first (many small arrays)."""
+    monkeypatch.setattr(_ufuncs, "LARGE", 1)
+    sig, xs, arrays = group(O.Momentum(), [(4, 4)] * (100 if many else 2))
+    step = builder(O.Momentum(), sig, xs, arrays, {})
+    assert step is not None
+    before = [a.copy() for a in (*xs, *(s for member in arrays for s in member))]
+    for grads in ([np.ones(16, np.float32)] * (len(xs) - 1) + [np.ones(17, np.float32)],
+                  [np.ones(16, np.float32)] * (len(xs) - 1)):
+        with pytest.raises(ValueError, match="gradient"):
+            step(grads, sig)
+    after = [*xs, *(s for member in arrays for s in member)]
+    assert all((a == b).all() for a, b in zip(before, after))
+    step([np.ones(16, np.float32)] * len(xs), sig)
+    assert (xs[0] == np.float32(1 - 0.01)).all()
+
+
+@needs_numba
+def test_scatter_sub_refuses_a_step_of_another_length():
+    xs = [np.ones(3), np.ones(4)]
+    kernel = _numba.scatter_sub(xs)
+    with pytest.raises(ValueError, match="7"):
+        kernel(np.ones(8))
+    assert all((x == 1).all() for x in xs)
+    kernel(np.arange(7.0))
+    assert xs[1].tolist() == [-2.0, -3.0, -4.0, -5.0]
+    assert _numba.scatter_sub([np.ones(3), np.float64(1.0)]) is None
+
+
+@needs_numba
+def test_a_kernel_is_built_only_for_the_states_its_rule_reads():
+    lines = _numba._lines(O.Adam(), (fused._ARRAY, fused._ARRAY, (0.9, 0.999)), np.float32, [])
+    assert _numba.states_read(lines) == 2
+    with pytest.raises(ValueError, match="1 state arrays for a rule reading 2"):
+        _numba.build(lines, 1, False, np.float32)
+
+
+@needs_numba
+def test_xla_call_refuses_a_state_that_does_not_fit():
+    """Under jit, a Leaf whose first moment is a 0-d array (a state built by hand) is left
+    to the plain path, quietly. Before: the kernel was built for the states that fit and
+    failed to compile (a warning, and the kind of group marked unusable)."""
+    jax = pytest.importorskip("jax")
+    from optimisers.backends import _xla
+    from optimisers.backends import jax as jax_backend  # noqa: F401 (rules: pytrees)
+
+    if jax.default_backend() != "cpu" or not _xla._usable():
+        pytest.skip("the custom call runs on the CPU with jax.ffi only")
+    n = _xla.LARGE
+
+    def entries(x, g, m, v):
+        return [types.SimpleNamespace(x=x, grads=(g,), leaf=O.Leaf(O.Adam(), (m, v, (0.9, 0.999))))
+                for _ in range(2)]
+
+    def step(x, g, m, v):
+        found = entries(x, g, m, v)
+        rest, done = _xla.fuse(found)
+        assert rest == found and done == []
+        return x
+
+    ones = jax.numpy.ones(n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jax.jit(step)(ones, ones, jax.numpy.zeros(()), ones)
