@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from optimisers.leaf import leaves
 from optimisers import fused
 from optimisers.backends import _numba
+from optimisers.leaf import leaves
 
 NUMPY_PATHS = ["numba", "parallel", "no-numba", "plain"]
 
