@@ -12,10 +12,18 @@ __all__ = ["RMSProp", "Adam", "RAdam", "AdaMax", "OAdam", "AdaGrad", "AdaDelta",
            "NAdam", "AdamW", "AdaBelief", "Lion"]
 
 
-def _adam_moments(xp, state_m, state_v, dx, b1, b2):
-    m = xp.assign(state_m, b1 * state_m + (1 - b1) * dx)
-    v = xp.assign(state_v, b2 * state_v + (1 - b2) * xp.abs2(dx))
+def _adam_moments(xp, state_m, state_v, dx, b1, b2, c1, c2):
+    """Adam's moments, ``c = 1 - b`` given (see :func:`_decays`)."""
+    m = xp.assign(state_m, b1 * state_m + c1 * dx)
+    v = xp.assign(state_v, b2 * state_v + c2 * xp.abs2(dx))
     return m, v
+
+
+def _decays(xp, x, *decays):
+    """Each decay ``b`` and then each complement ``1 - b``, in ``x``'s dtype, the
+    complements computed before the cast (in float64 from a Python number), as optax and
+    torch.optim do: ``1 - float32(0.999)`` is 1.3e-5 off ``0.001``, relatively."""
+    return xp.hyper(x, *decays, *map(xp.complement, decays))
 
 
 def _bias(bt: tuple, beta: tuple) -> tuple:
@@ -49,13 +57,14 @@ class RMSProp(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, rho = xp.hyper(x, self.eta, self.rho)
+        (eta,) = xp.hyper(x, self.eta)
+        rho, c = _decays(xp, x, self.rho)
         eps = xp.eps(x, self.epsilon)
         q, l = state
-        q = xp.assign(q, rho * q + (1 - rho) * xp.abs2(dx))
+        q = xp.assign(q, rho * q + c * xp.abs2(dx))
         if l is None:
             return (q, l), eta * dx / (xp.sqrt(q) + eps)
-        l = xp.assign(l, rho * l + (1 - rho) * dx)
+        l = xp.assign(l, rho * l + c * dx)
         return (q, l), eta * dx / (xp.sqrt(q - xp.abs2(l)) + eps)
 
 
@@ -86,10 +95,11 @@ class Adam(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         d = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
         return (m, v, _bias(bt, self.beta)), d
 
@@ -123,11 +133,12 @@ class RAdam(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt, t = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2)
-        rinf = 2 / (1 - self.beta[1]) - 1
+        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        rinf = 2 / xp.complement(self.beta[1]) - 1
         r = rinf - 2 * t * bt[1] / (1 - bt[1])
         traced = backends.istraced(r)  # under jax.jit: compute both branches, then select
         if traced or r > 4:
@@ -167,10 +178,11 @@ class AdaMax(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, u, bt = state
-        m = xp.assign(m, b1 * m + (1 - b1) * dx)
+        m = xp.assign(m, b1 * m + c1 * dx)
         u = xp.assign(u, xp.maximum(b2 * u, xp.abs(dx)))
         return (m, u, _bias(bt, self.beta)), eta / (1 - bt[0]) * m / (u + eps)
 
@@ -201,10 +213,11 @@ class OAdam(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, term, bt = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         new = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
         d = 2 * new - term
         term = xp.assign(term, new)
@@ -265,12 +278,12 @@ class AdaDelta(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        (rho,) = xp.hyper(x, self.rho)
+        rho, c = _decays(xp, x, self.rho)
         eps = xp.eps(x, self.epsilon)
         acc, dacc = state
-        acc = xp.assign(acc, rho * acc + (1 - rho) * xp.abs2(dx))
+        acc = xp.assign(acc, rho * acc + c * xp.abs2(dx))
         d = dx * xp.sqrt(dacc + eps) / xp.sqrt(acc + eps)
-        dacc = xp.assign(dacc, rho * dacc + (1 - rho) * xp.abs2(d))
+        dacc = xp.assign(dacc, rho * dacc + c * xp.abs2(d))
         return (acc, dacc), d
 
 
@@ -301,10 +314,11 @@ class AMSGrad(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, vhat = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         vhat = xp.assign(vhat, xp.maximum(vhat, v))
         return (m, v, vhat), eta * m / (xp.sqrt(vhat) + eps)
 
@@ -337,12 +351,13 @@ class NAdam(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2)
-        c1, c2 = xp.hyper(x, 1 - self.beta[0] * bt[0], 1 - bt[0])
-        d = eta * (b1 * m / c1 + (1 - b1) * dx / c2) / (xp.sqrt(v / (1 - bt[1])) + eps)
+        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        k1, k2 = xp.hyper(x, 1 - self.beta[0] * bt[0], 1 - bt[0])
+        d = eta * (b1 * m / k1 + c1 * dx / k2) / (xp.sqrt(v / (1 - bt[1])) + eps)
         return (m, v, _bias(bt, self.beta)), d
 
 
@@ -377,10 +392,11 @@ class AdamW(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2, lambd = xp.hyper(x, self.eta, *self.beta, self.lambd)
+        eta, lambd = xp.hyper(x, self.eta, self.lambd)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2)
+        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         a = m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
         d = eta * (a + lambd * x) if self.couple else eta * a + lambd * x
         return (m, v, _bias(bt, self.beta)), d
@@ -411,11 +427,12 @@ class AdaBelief(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, s, bt = state
-        m = xp.assign(m, b1 * m + (1 - b1) * dx)
-        s = xp.assign(s, b2 * s + (1 - b2) * xp.abs2(dx - m) + eps)
+        m = xp.assign(m, b1 * m + c1 * dx)
+        s = xp.assign(s, b2 * s + c2 * xp.abs2(dx - m) + eps)
         d = eta * m / (1 - bt[0]) / (xp.sqrt(s / (1 - bt[1])) + eps)
         return (m, s, _bias(bt, self.beta)), d
 
@@ -445,7 +462,8 @@ class Lion(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        eta, b1, b2 = xp.hyper(x, self.eta, *self.beta)
-        d = eta * xp.sign(b1 * state + (1 - b1) * dx)
-        m = xp.assign(state, b2 * state + (1 - b2) * dx)
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        d = eta * xp.sign(b1 * state + c1 * dx)
+        m = xp.assign(state, b2 * state + c2 * dx)
         return m, d
