@@ -140,6 +140,8 @@ class Allowed:
 
     def _one(self, rule: str, name: str, value: Any, within: Interval | None,
              index: int | str) -> None:
+        if type(value) is float and self.kind == "number" and value in within:
+            return  # the common case, kept fast: a rule is made at every adjust
         numbers = _numbers(value) if self.kind in ("number", "whole") else None
         if not _fits(self.kind, value, numbers):
             need = Allowed(self.kind, within).requirement(name)
