@@ -3,7 +3,11 @@ library is installed, so a NumPy-only install collects and passes the rest."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import os
+import shutil
+import tempfile
 
 
 def _missing(name: str) -> bool:
@@ -15,3 +19,11 @@ def _missing(name: str) -> bool:
 
 collect_ignore = [f"src/optimisers/backends/{lib}.py" for lib in ("torch", "jax")
                   if _missing(lib)]
+
+if _missing("numba"):
+    collect_ignore.append("src/optimisers/backends/_jit.py")
+
+if "OPTIMISERS_CACHE_DIR" not in os.environ:  # compiled kernels: not in the user's cache
+    _KERNELS = tempfile.mkdtemp(prefix="optimisers-kernels-")
+    os.environ["OPTIMISERS_CACHE_DIR"] = _KERNELS
+    atexit.register(shutil.rmtree, _KERNELS, ignore_errors=True)

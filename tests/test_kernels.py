@@ -1,8 +1,14 @@
-"""The compiled kernels' last line of defence (``backends/_numba.py``, ``_ufuncs.py``,
-``_xla.py``): they refuse any array they would index by a size they did not check."""
+"""The compiled kernels as a process meets them (``backends/_jit.py``, ``_numba.py``,
+``_ufuncs.py``, ``_xla.py``): they load from the disk cache in a new process instead of
+compiling, and refuse any array they would index by a size they did not check."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import types
 import warnings
 
@@ -11,10 +17,109 @@ import pytest
 
 import optimisers as O
 from optimisers import fused
-from optimisers.backends import _numba, _ufuncs
+from optimisers.backends import _jit, _numba, _ufuncs
 
 HAVE_NUMBA = _numba.available()
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True)
+def kernel_cache(tmp_path, monkeypatch):
+    """Kernels compiled by these tests go to a temporary cache directory."""
+    monkeypatch.setenv(_jit.ENV, str(tmp_path / "kernels"))
+    return tmp_path / "kernels"
+
+
+def run_script(source: str, *args: str, env: dict | None = None, timeout: float = 240) -> str:
+    """Run ``source`` in a new Python process; its stdout. A hang, a kill or a failure
+    fails the test (with the process's output) instead of the test run."""
+    try:
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args],
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the process did not finish in {timeout} s:\n{err.stdout}\n{err.stderr}")
+    assert done.returncode == 0, f"exit status {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+_FIRST_STEPS = """
+import json, sys
+import numpy as np
+from numba.core import event
+import optimisers as O
+
+compiles = []
+
+
+class Count(event.Listener):
+    def on_start(self, ev):
+        compiles.append(ev.data["dispatcher"].py_func.__name__)
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", Count())
+rng = np.random.default_rng(0)
+models = {"parallel": [rng.normal(size=1 << 18).astype(np.float32) for _ in range(2)],
+          "small": [rng.normal(size=8) for _ in range(100)]}
+for rule in (O.Adam(), O.AdaGrad()):  # a one-pass kernel; scatter_sub
+    for model in models.values():
+        tree = O.setup(rule, model)
+        O.update_(tree, model, [np.ones_like(x) for x in model])
+if sys.argv[1] == "jax":  # the XLA custom call, its handler and helpers
+    import jax
+    import jax.numpy as jnp
+    model = [jnp.ones(1 << 16), jnp.ones(1 << 16)]
+    jax.jit(O.update)(O.setup(O.Adam(), model), model, [jnp.ones(1 << 16)] * 2)
+print(json.dumps(compiles))
+"""
+
+
+@needs_numba
+@pytest.mark.parametrize("library", ["numpy", "jax"])
+def test_a_second_process_compiles_no_kernel(library, kernel_cache):
+    """The first process compiles its kernels into the cache directory; a second one's
+    first steps load them and compile nothing. Before: every process compiled."""
+    if library == "jax":
+        jax = pytest.importorskip("jax")
+        if jax.default_backend() != "cpu":
+            pytest.skip("the custom call runs on the CPU only")
+    first = json.loads(run_script(_FIRST_STEPS, library))
+    second = json.loads(run_script(_FIRST_STEPS, library))
+    assert "kernel" in first and "scatter_sub" in first
+    if library == "jax":
+        assert "run" in first  # (a numba cfunc, the handler, reports no compile event)
+    assert second == []
+    assert any(name.startswith("kernel_") for name in os.listdir(kernel_cache))
+
+
+@needs_numba
+def test_cache_directory_is_chosen_by_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(_jit.ENV, "")
+    assert _jit.cache_dir() is None
+    monkeypatch.setenv(_jit.ENV, str(tmp_path / "here"))
+    assert _jit.cache_dir() == str(tmp_path / "here")
+    monkeypatch.delenv(_jit.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _jit.cache_dir() == str(tmp_path / "xdg" / "optimisers")
+
+
+@needs_numba
+def test_a_cached_kernel_is_named_by_everything_it_depends_on(kernel_cache):
+    """The same source compiled with other options or other globals is another file:
+    numba's own cache index would not tell them apart."""
+    source = "def f(a):\n    for i in range(a.size):\n        a[i] += K\n"
+    made = [_jit.compiled(source, "f", {"K": k}, **options)
+            for k, options in [(1.0, {}), (2.0, {}), (1.0, {"nogil": True})]]
+    for k, f in zip((1.0, 2.0, 1.0), made):
+        a = np.zeros(3)
+        f(a)
+        assert a.tolist() == [k] * 3
+    assert len([p for p in os.listdir(kernel_cache) if p.endswith(".py")]) == 3
+    with pytest.raises(TypeError, match="'g'.*tag"):
+        _jit.compiled(source, "f", {"K": 1.0, "g": object()})
 
 
 # ------------------------------------------------- no kernel indexes by an unchecked size

@@ -13,10 +13,11 @@ import importlib.util
 import itertools
 import operator
 import re
-import threading
 from typing import Any
 
 import numpy as np
+
+from optimisers.backends import _jit
 
 _AVAILABLE = importlib.util.find_spec("numba") is not None
 _KERNELS: dict[Any, Any] = {}
@@ -29,25 +30,26 @@ def available() -> bool:
     return _AVAILABLE
 
 
+_SCATTER_SUB = """
+def scatter_sub(addresses, sizes, d):
+    start = 0
+    for j in range(addresses.size):
+        n = sizes[j]
+        x = numba.carray(as_pointer(addresses[j]), (n,))
+        for i in range(n):
+            x[i] -= d[start + i]
+        start += n
+"""
+
+
 def _kernel(dtype: np.dtype) -> Any:
-    if dtype in _KERNELS:
-        return _KERNELS[dtype]
-    import numba
+    if dtype not in _KERNELS:
+        import numba
 
-    as_pointer = _pointer(dtype)
-
-    @numba.njit(nogil=True, error_model="numpy")
-    def scatter_sub(addresses, sizes, d):
-        start = 0
-        for j in range(addresses.size):
-            n = sizes[j]
-            x = numba.carray(as_pointer(addresses[j]), (n,))
-            for i in range(n):
-                x[i] -= d[start + i]
-            start += n
-
-    _KERNELS[dtype] = scatter_sub
-    return scatter_sub
+        _KERNELS[dtype] = _jit.compiled(
+            _SCATTER_SUB, "scatter_sub", {"numba": numba, "as_pointer": _pointer(dtype)},
+            nogil=True, error_model="numpy")
+    return _KERNELS[dtype]
 
 
 def scatter_sub(xs: list) -> Any:
@@ -195,29 +197,6 @@ def _supported(rule: Any) -> bool:
 
 
 _ONEPASS: dict[tuple, Any] = {}
-_PARALLEL = threading.Lock()
-
-
-def _mutex() -> Any:
-    """``(lock, unlock, address)`` of one process-wide pthread mutex, which parallel
-    kernels hold while they run: numba's default thread pool must not be entered by two
-    threads at once, and a kernel may be called from an XLA thread (``_xla.py``), where
-    no Python lock can be taken. ``None`` where there is no pthread library."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None)
-        lock, unlock = libc.pthread_mutex_lock, libc.pthread_mutex_unlock
-    except (OSError, AttributeError, TypeError):
-        return None
-    for f in (lock, unlock):
-        f.argtypes, f.restype = [ctypes.c_void_p], ctypes.c_int
-    memory = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER
-    _mutex.memory = memory  # kept alive with the module
-    return lock, unlock, ctypes.addressof(memory)
-
-
-MUTEX = _mutex() if _AVAILABLE else None
 
 
 def _compile(source_lines: list, nstate: int, parallel: bool, prelude: tuple = ()) -> str:
@@ -226,15 +205,16 @@ def _compile(source_lines: list, nstate: int, parallel: bool, prelude: tuple = (
     (states), and reads its constants from row ``rows[j]`` of ``C`` (one row for a
     NumPy group; a row of raw hyper-parameters per Leaf for a JAX group, turned into
     constants by the ``prelude`` lines). Pieces run in parallel (``prange``) when
-    ``parallel``, holding :data:`MUTEX` where there is one."""
+    ``parallel``, holding the process-wide mutex (``_jit.mutex_calls``) where there is
+    one."""
     states = "".join(f", sa{k}" for k in range(nstate))
     views = "".join(f"\n        s{k} = numba.carray(as_pointer(sa{k}[j]), (n,))"
                     for k in range(nstate))
     pre = "".join(f"\n        {line}" for line in prelude)
     body = "\n".join("            " + line for line in source_lines)
     loop = "numba.prange" if parallel else "range"
-    held = parallel and MUTEX is not None
-    lock, unlock = ("\n    lock(MUTEX)", "\n    unlock(MUTEX)") if held else ("", "")
+    held = parallel and _jit.MUTEX
+    lock, unlock = ("\n    lock()", "\n    unlock()") if held else ("", "")
     src = f'''
 def kernel(xa, ga, sizes, rows, C{states}):{lock}
     for j in {loop}(sizes.size):
@@ -252,7 +232,8 @@ def kernel(xa, ga, sizes, rows, C{states}):{lock}
 
 
 def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple = ()) -> Any:
-    """The compiled kernel of :func:`_compile` (made once per source). ``ValueError``
+    """The compiled kernel of :func:`_compile` (made once per source, and loaded from the
+    disk cache where an earlier process compiled it: ``_jit.compiled``). ``ValueError``
     where ``lines`` read other state arrays than the ``nstate`` it is given."""
     if states_read(lines) != nstate:
         raise ValueError(f"a kernel given {nstate} state arrays for a rule reading "
@@ -262,12 +243,11 @@ def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple =
         import numba
 
         namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
-        if MUTEX is not None:
-            namespace.update(lock=MUTEX[0], unlock=MUTEX[1], MUTEX=MUTEX[2])
+        if parallel and _jit.MUTEX:
+            namespace["lock"], namespace["unlock"] = _jit.mutex_calls()
         source = _compile(lines, nstate, parallel, prelude)
-        exec(compile(source, "<optimisers one-pass kernel>", "exec"), namespace)
-        _ONEPASS[key] = numba.njit(nogil=True, error_model="numpy", parallel=parallel)(
-            namespace["kernel"])
+        _ONEPASS[key] = _jit.compiled(source, "kernel", namespace, nogil=True,
+                                      error_model="numpy", parallel=parallel)
     return _ONEPASS[key]
 
 
@@ -284,6 +264,28 @@ into pieces of ``PIECE`` elements; smaller ones on one (starting threads costs m
 PIECE = 1 << 18
 
 
+_CUT = """
+def cut(sizes, step):
+    n = 0
+    for size in sizes:
+        n += max(1, (size + step - 1) // step) if step else 1
+    table = np.empty((4, n), np.intp)
+    p = start = 0
+    for j in range(sizes.size):
+        width = step if step else max(sizes[j], 1)
+        lo = 0
+        while True:
+            table[0, p], table[1, p], table[2, p] = j, lo, start + lo
+            table[3, p] = min(width, sizes[j] - lo)
+            p += 1
+            lo += width
+            if lo >= sizes[j]:
+                break
+        start += sizes[j]
+    return table
+"""
+
+
 @functools.cache
 def cutter() -> Any:
     """``cut(sizes, step)``, compiled: arrays of ``sizes`` elements cut into a kernel's
@@ -291,29 +293,7 @@ def cutter() -> Any:
     Returns a ``(4, pieces)`` table: each piece's array, its first element there, its
     first element in the arrays' concatenation, and its length. :class:`_Pieces` cuts
     with it, and so does the XLA handler (``_xla``), at run time."""
-    import numba
-
-    @numba.njit(nogil=True)
-    def cut(sizes, step):
-        n = 0
-        for size in sizes:
-            n += max(1, (size + step - 1) // step) if step else 1
-        table = np.empty((4, n), np.intp)
-        p = start = 0
-        for j in range(sizes.size):
-            width = step if step else max(sizes[j], 1)
-            lo = 0
-            while True:
-                table[0, p], table[1, p], table[2, p] = j, lo, start + lo
-                table[3, p] = min(width, sizes[j] - lo)
-                p += 1
-                lo += width
-                if lo >= sizes[j]:
-                    break
-            start += sizes[j]
-        return table
-
-    return cut
+    return _jit.compiled(_CUT, "cut", {"np": np}, nogil=True)
 
 
 class _Pieces:
@@ -400,8 +380,8 @@ class _OnePass:
         c = np.array([consts], dtype=self.dtype)
         ga, keep, own = self._gradients(grads)
         kernel = self.kernel
-        if self.parallel and MUTEX is None:  # else the kernel holds MUTEX itself
-            with _PARALLEL:
+        if self.parallel and not _jit.MUTEX:  # else the kernel holds the mutex itself
+            with _jit.LOCK:
                 kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)
         else:
             kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)
@@ -557,5 +537,5 @@ def _pointer(dtype: Any) -> Any:
                 return builder.inttoptr(args[0], context.get_value_type(pointer))
             return pointer(types.intp), codegen
 
-        _POINTERS[dtype] = as_pointer
+        _POINTERS[dtype] = _jit.tag(as_pointer, f"pointer to {dtype.str}")
     return _POINTERS[dtype]

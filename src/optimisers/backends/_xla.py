@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from optimisers.backends import _numba
+from optimisers.backends import _jit, _numba
 from optimisers.fused import _ARRAY
 
 LARGE = 1 << 15
@@ -103,30 +103,34 @@ def handler(frame):
 '''
 
 
+_SCALARS = """
+def get(buffer):  # a 0-d float32 or float64 operand, as float64
+    b = numba.carray(i64(buffer), (6,))
+    if (b[2] & 0xffffffff) == F32:
+        return np.float64(numba.carray(f32(b[3]), (1,))[0])
+    return numba.carray(f64(b[3]), (1,))[0]
+
+
+def put(buffer, value):  # a 0-d float32 or float64 result
+    b = numba.carray(i64(buffer), (6,))
+    if (b[2] & 0xffffffff) == F32:
+        numba.carray(f32(b[3]), (1,))[0] = np.float32(value)
+    else:
+        numba.carray(f64(b[3]), (1,))[0] = value
+"""
+
+
 @functools.cache
 def _helpers() -> dict:
-    """The names the handler's source uses, made once."""
+    """The names the handler's source uses, made once (loaded from the disk cache where
+    an earlier process compiled them, as the kernels are: ``_jit.compiled``)."""
     import numba
 
-    i64, i32 = _numba._pointer(np.int64), _numba._pointer(np.int32)
-    f32, f64 = _numba._pointer(np.float32), _numba._pointer(np.float64)
-
-    @numba.njit(nogil=True)
-    def get(buffer):  # a 0-d float32 or float64 operand, as float64
-        b = numba.carray(i64(buffer), (6,))
-        if (b[2] & 0xffffffff) == _F32:
-            return np.float64(numba.carray(f32(b[3]), (1,))[0])
-        return numba.carray(f64(b[3]), (1,))[0]
-
-    @numba.njit(nogil=True)
-    def put(buffer, value):  # a 0-d float32 or float64 result
-        b = numba.carray(i64(buffer), (6,))
-        if (b[2] & 0xffffffff) == _F32:
-            numba.carray(f32(b[3]), (1,))[0] = np.float32(value)
-        else:
-            numba.carray(f64(b[3]), (1,))[0] = value
-
-    return dict(numba=numba, np=np, i64=i64, i32=i32, get=get, put=put, cut=_numba.cutter())
+    pointers = {name: _numba._pointer(t) for name, t in (
+        ("i64", np.int64), ("i32", np.int32), ("f32", np.float32), ("f64", np.float64))}
+    scope = dict(pointers, numba=numba, np=np, F32=_F32)
+    get, put = (_jit.compiled(_SCALARS, name, scope, nogil=True) for name in ("get", "put"))
+    return dict(pointers, numba=numba, np=np, get=get, put=put, cut=_numba.cutter())
 
 
 def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
@@ -135,10 +139,8 @@ def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
     if key in _TARGETS:
         return _TARGETS[key]
     import jax
-    import numba
-    from numba import types
 
-    parallel = _numba.MUTEX is not None  # the kernel holds the mutex while in parallel
+    parallel = _jit.MUTEX  # the kernel holds the mutex while in parallel
     raw = tuple(f"P{q} = np.{np.dtype(dtype).name}(c[{q}])" for q in range(nraw))
     kernel = _numba.build(lines, nstate, parallel, dtype, raw + tuple(prelude))
     body = "".join(f"        P{q} = P[j, {q}]\n" for q in range(nraw))
@@ -149,10 +151,9 @@ def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
     namespace = dict(_helpers(), kernel=kernel, NOUT=1 + nstate + len(news),
                      NSTATE=nstate, NRAW=nraw, PIECE=_numba.PIECE, PARALLEL=parallel,
                      ITEMSIZE=np.dtype(dtype).itemsize)
-    exec(compile(source, "<optimisers XLA handler>", "exec"), namespace)  # noqa: S102
-    run = numba.njit(nogil=True, error_model="numpy")(namespace["run"])
-    namespace["run"] = run
-    handler = numba.cfunc(types.intp(types.intp), nogil=True)(namespace["handler"])
+    namespace["run"] = _jit.compiled(source, "run", namespace, nogil=True,
+                                     error_model="numpy")
+    handler = _jit.compiled(source, "handler", namespace, cfunc="intp(intp)", nogil=True)
     name = f"optimisers_onepass_{next(_NAMES)}"
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler.address), platform="cpu")
     _HANDLERS.append(handler)
