@@ -1,6 +1,7 @@
 """The compiled kernels as a process meets them (``backends/_jit.py``, ``_numba.py``,
-``_ufuncs.py``, ``_xla.py``): they load from the disk cache in a new process instead of
-compiling, and refuse any array they would index by a size they did not check."""
+``_ufuncs.py``, ``_xla.py``): they survive ``fork``, load from the disk cache in a new
+process instead of compiling, and refuse any array they would index by a size they did
+not check. Whatever may hang or kill a process runs in a subprocess with a time limit."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from optimisers.backends import _jit, _numba, _ufuncs
 
 HAVE_NUMBA = _numba.available()
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +43,169 @@ def run_script(source: str, *args: str, env: dict | None = None, timeout: float 
         pytest.fail(f"the process did not finish in {timeout} s:\n{err.stdout}\n{err.stderr}")
     assert done.returncode == 0, f"exit status {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+# Each child runs under a deadline: the parent kills what is left and reports it, so that
+# no hung child outlives the test.
+_COMMON = """
+import os, sys, threading, time
+import numpy as np
+import optimisers as O
+from optimisers.backends import _jit, _numba
+
+if sys.argv[1] == "numpy":  # the thread pool of the NumPy path instead of numba's
+    _numba._AVAILABLE = False
+N = 1 << 19  # two of these: the parallel kernel, or the NumPy path's pool of threads
+
+
+def model(value=1.0):
+    return {"w": np.full(N, value, np.float32), "b": np.full(N, -value, np.float32)}
+
+
+GRADS = {"w": np.full(N, 0.25, np.float32), "b": np.linspace(-1, 1, N, dtype=np.float32)}
+
+
+def fork(child):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            code = child()
+        except BaseException as err:
+            print("child failed:", repr(err), flush=True)
+            code = 3
+        os._exit(code)
+    return pid
+
+
+def wait(pids, limit=90.0):
+    deadline, codes = time.monotonic() + limit, {}
+    while len(codes) < len(pids) and time.monotonic() < deadline:
+        for pid in set(pids) - set(codes):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    for pid in set(pids) - set(codes):
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        codes[pid] = "hung"
+    return [codes[p] for p in pids]
+"""
+
+_THREAD_AND_CHILDREN = _COMMON + """
+m = model()
+tree = O.setup(O.Adam(), m)
+O.update_(tree, m, GRADS)  # a parallel step before any fork
+stop = threading.Event()
+
+
+def steps():
+    while not stop.is_set():
+        O.update_(tree, m, GRADS)
+
+
+def child():
+    m2 = model(2.0)
+    tree2 = O.setup(O.Adam(), m2)
+    for _ in range(3):
+        O.update_(tree2, m2, GRADS)
+    return 0 if np.isfinite(m2["w"]).all() and (m2["w"] < 2).all() else 4
+
+
+thread = threading.Thread(target=steps)
+thread.start()
+pids = []
+for _ in range(3):
+    time.sleep(0.05)
+    pids.append(fork(child))
+stop.set()
+thread.join()
+print(wait(pids))
+"""
+
+LAYERS = [pytest.param("numba", "", id="numba"),
+          pytest.param("numba", "workqueue", id="numba-workqueue"),
+          pytest.param("numpy", "", id="numpy")]
+
+
+@needs_fork
+@pytest.mark.parametrize("path,layer", LAYERS)
+def test_forked_children_step_while_a_thread_steps_in_the_parent(path, layer):
+    """Three children forked while a thread steps a large model (in the parallel kernel,
+    holding its mutex, most of the time) each step a large model of their own: with
+    numba's default layer (GNU OpenMP where TBB is missing), a fork-safe one, and the
+    NumPy path's thread pool. Before: killed by GNU OpenMP, or blocked for ever."""
+    if path == "numba" and not HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    env = {"NUMBA_THREADING_LAYER": layer} if layer else {}
+    assert run_script(_THREAD_AND_CHILDREN, path, env=env).split() == ["[0,", "0,", "0]"]
+
+
+_AFTER_A_PARALLEL_STEP = _COMMON + """
+m = model()
+tree = O.setup(O.Adam(), m)
+O.update_(tree, m, GRADS)  # starts the thread pool (GNU OpenMP: the child may not use it)
+out = sys.argv[2]
+
+
+def child():  # steps the parent's tree, with the group (and kernel) the parent made
+    O.update_(tree, m, GRADS)
+    np.save(out, m["w"] + m["b"])
+    return 0
+
+
+codes = wait([fork(child)])
+O.update_(tree, m, GRADS)
+same = codes == [0] and (np.load(out) == m["w"] + m["b"]).all()
+print(codes, "same" if same else "differs")
+"""
+
+
+@needs_fork
+@pytest.mark.parametrize("path,layer", LAYERS)
+def test_child_forked_after_a_parallel_step(path, layer, tmp_path):
+    """A child forked after a parallel step takes the next step of the parent's tree and
+    gets the very bits the parent then gets. Before: killed by GNU OpenMP."""
+    if path == "numba" and not HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    env = {"NUMBA_THREADING_LAYER": layer} if layer else {}
+    out = run_script(_AFTER_A_PARALLEL_STEP, path, str(tmp_path / "child.npy"), env=env)
+    assert out.split() == ["[0]", "same"]
+
+
+_HELD = _COMMON + """
+m = model()
+tree = O.setup(O.Adam(), m)
+O.update_(tree, m, GRADS)
+held = threading.Event()
+
+
+def hold():  # as a parallel kernel does while it runs
+    _jit._PTHREAD.lock(_jit._PTHREAD.memory)
+    held.set()
+    time.sleep(0.5)
+    _jit._PTHREAD.unlock(_jit._PTHREAD.memory)
+
+
+thread = threading.Thread(target=hold)
+thread.start()
+held.wait()
+pid = fork(lambda: (O.update_(tree, m, GRADS), 0)[1])
+thread.join()
+print(wait([pid]))
+"""
+
+
+@needs_fork
+@needs_numba
+def test_fork_while_a_thread_holds_the_kernel_mutex():
+    """The process forks while another thread holds the parallel kernels' mutex; the
+    child's parallel step (on a fork-safe threading layer) must not block on it. Before:
+    the child inherited the mutex locked and hung."""
+    if not _jit.MUTEX:
+        pytest.skip("no pthread mutex here")
+    out = run_script(_HELD, "numba", env={"NUMBA_THREADING_LAYER": "workqueue"})
+    assert out.split() == ["[0]"]
 
 
 _FIRST_STEPS = """

@@ -1,5 +1,5 @@
 """How the generated numba kernels (``_numba.py``, ``_xla.py``) are compiled and run in a
-process: cached on disk, and kept one at a time on the thread pool.
+process: cached on disk, kept one at a time on the thread pool, and usable after ``fork``.
 
 Disk cache. numba caches only functions defined in a real source file, and these kernels
 are generated source. :func:`compiled` writes each source once to a file named by a hash
@@ -13,6 +13,15 @@ the mutex below is found by symbol name when the code is loaded.
 The mutex. numba's thread pool must not be entered by two threads at once, and a kernel
 may be called from an XLA thread, where no Python lock can be taken: parallel kernels
 hold one process-wide pthread mutex while they run (:func:`mutex_calls`).
+
+Fork. A child inherits the mutex in the state the parent's threads left it, and a child
+of a process that ran GNU OpenMP is killed by its first parallel region. So ``fork``
+waits for a running kernel to finish (the child's arrays then hold whole steps), the
+child starts with the mutex unlocked, and where the parent's threading layer cannot
+survive ``fork`` (GNU OpenMP, numba's default where TBB is missing) the child runs the
+serial kernels (:data:`SERIAL`). The threading layer stays the user's or numba's choice:
+numba's fork-safe ``workqueue`` layer must not be entered by two threads at once, which
+code outside this library may do.
 """
 
 from __future__ import annotations
@@ -21,15 +30,20 @@ import ctypes
 import functools
 import hashlib
 import os
+import sys
 import tempfile
 import threading
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 ENV = "OPTIMISERS_CACHE_DIR"
 """The environment variable naming the kernel cache directory (empty: no disk cache)."""
+
+SERIAL = False
+"""Whether parallel kernels must run serially here: true in a child forked from a process
+whose threading layer does not survive ``fork``."""
 
 LOCK = threading.Lock()
 """Held around a parallel kernel where there is no pthread mutex (:data:`MUTEX` false)."""
@@ -149,9 +163,17 @@ def _written(source: str, digest: str) -> str | None:
 
 # ------------------------------------------------------------------------------ the mutex
 
-def _pthread() -> tuple | None:
-    """``(memory, init, lock, unlock)``: an initialised pthread mutex and the libc
-    functions on it; ``None`` where there is no pthread library."""
+class _Pthread(NamedTuple):
+    """An initialised pthread mutex and the libc functions on it."""
+
+    memory: Any
+    init: Any
+    lock: Any
+    unlock: Any
+
+
+def _pthread() -> _Pthread | None:
+    """The process-wide mutex; ``None`` where there is no pthread library."""
     try:
         libc = ctypes.CDLL(None)
         init, lock, unlock = (libc.pthread_mutex_init, libc.pthread_mutex_lock,
@@ -166,7 +188,7 @@ def _pthread() -> tuple | None:
     memory = ctypes.create_string_buffer(128)  # pthread_mutex_t: 40 bytes on Linux, 64 macOS
     if init(memory, None) != 0:
         return None
-    return memory, init, lock, unlock
+    return _Pthread(memory, init, lock, unlock)
 
 
 _PTHREAD = _pthread()
@@ -194,9 +216,9 @@ def mutex_calls() -> tuple[Any, Any]:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    memory, _, lock, unlock = _PTHREAD
-    for symbol, address in zip(_SYMBOLS, (ctypes.addressof(memory), *(
-            ctypes.cast(f, ctypes.c_void_p).value for f in (lock, unlock)))):
+    mutex = _PTHREAD
+    for symbol, address in zip(_SYMBOLS, (ctypes.addressof(mutex.memory), *(
+            ctypes.cast(f, ctypes.c_void_p).value for f in (mutex.lock, mutex.unlock)))):
         llvm.add_symbol(symbol, address)
 
     def calling(symbol: str) -> Any:
@@ -216,3 +238,44 @@ def mutex_calls() -> tuple[Any, Any]:
         return tag(call, f"call {symbol}")
 
     return calling(_SYMBOLS[1]), calling(_SYMBOLS[2])
+
+
+# ------------------------------------------------------------------------------- fork
+
+def _forksafe_threads() -> bool:
+    """Whether this process's numba thread pool, if started, works in a forked child:
+    TBB, workqueue and Intel OpenMP do; GNU OpenMP kills the child's first parallel region.
+    """
+    numba = sys.modules.get("numba")
+    if numba is None:
+        return True
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no pool started: the child starts its own
+        return True
+    omp = sys.modules.get("numba.np.ufunc.omppool")
+    return layer != "omp" or getattr(omp, "openmp_vendor", "GNU") != "GNU"
+
+
+def _before_fork() -> None:
+    if _PTHREAD is not None:  # wait for a running kernel: the child sees whole steps
+        _PTHREAD.lock(_PTHREAD.memory)
+
+
+def _after_fork_in_parent() -> None:
+    if _PTHREAD is not None:
+        _PTHREAD.unlock(_PTHREAD.memory)
+
+
+def _after_fork_in_child() -> None:
+    global SERIAL, LOCK
+    LOCK = threading.Lock()
+    if _PTHREAD is not None:
+        ctypes.memset(_PTHREAD.memory, 0, ctypes.sizeof(_PTHREAD.memory))
+        _PTHREAD.init(_PTHREAD.memory, None)
+    SERIAL = SERIAL or not _forksafe_threads()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

@@ -363,7 +363,7 @@ class _OnePass:
         self.lines, self.sizes = lines, [x.size for x in xs]
         # many small arrays: concatenating the gradients (one call) beats reading addresses
         self.flat_g = len(xs) > 64 and sum(self.sizes) < 16384 * len(xs)
-        self.parallel = sum(self.sizes) >= PARALLEL_FROM
+        self.parallel = sum(self.sizes) >= PARALLEL_FROM and not _jit.SERIAL
         self.kernel = build(lines, self.nstate, self.parallel, self.dtype)
         self.pieces = pieces = _Pieces(self.sizes, self.parallel)
         self.rows = np.zeros(pieces.sizes.size, dtype=np.intp)  # every piece: the one row
@@ -380,6 +380,8 @@ class _OnePass:
         c = np.array([consts], dtype=self.dtype)
         ga, keep, own = self._gradients(grads)
         kernel = self.kernel
+        if self.parallel and _jit.SERIAL:  # made before a fork; the child's pool is unusable
+            kernel = build(self.lines, self.nstate, False, self.dtype)
         if self.parallel and not _jit.MUTEX:  # else the kernel holds the mutex itself
             with _jit.LOCK:
                 kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)

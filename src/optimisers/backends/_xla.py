@@ -140,7 +140,7 @@ def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
         return _TARGETS[key]
     import jax
 
-    parallel = _jit.MUTEX  # the kernel holds the mutex while in parallel
+    parallel = _jit.MUTEX and not _jit.SERIAL  # in parallel it holds the mutex
     raw = tuple(f"P{q} = np.{np.dtype(dtype).name}(c[{q}])" for q in range(nraw))
     kernel = _numba.build(lines, nstate, parallel, dtype, raw + tuple(prelude))
     body = "".join(f"        P{q} = P[j, {q}]\n" for q in range(nraw))
