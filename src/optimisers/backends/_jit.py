@@ -58,7 +58,8 @@ def cache_dir() -> str | None:
     ``$OPTIMISERS_CACHE_DIR`` where it is set (set it empty for no disk cache), else
     ``optimisers`` in the user's cache directory (``$XDG_CACHE_HOME``, or ``~/.cache``).
     ``None`` where that directory cannot be made or written: kernels are then compiled
-    in every process.
+    in every process. Whoever can write there can change the code that runs (as with
+    numba's own cache): a directory made here is private to the user.
 
     >>> folder = cache_dir()
     >>> folder is None or os.path.isdir(folder)
@@ -71,7 +72,7 @@ def cache_dir() -> str | None:
     if not path:
         return None
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError:
         return None
     return path if os.access(path, os.W_OK) else None
