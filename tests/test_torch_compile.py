@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+# torch's own DDP and inductor modules call a deprecated torch.jit API on import
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 nn = torch.nn
 
 import optimisers as O  # noqa: E402
