@@ -13,19 +13,12 @@ nn = torch.nn
 
 import optimisers as O  # noqa: E402
 from optimisers import backends  # noqa: E402
+from test_torch import backward  # noqa: E402
 
 
 def make_model(seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2))
-
-
-def backward(model: nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    x, y = torch.randn(16, 4, generator=g), torch.randn(16, 2, generator=g)
-    for p in model.parameters():
-        p.grad = None
-    ((model(x) - y) ** 2).mean().backward()
 
 
 def structure(tree):

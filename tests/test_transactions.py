@@ -91,39 +91,33 @@ def big_model(n=4, size=1 << 16):
     return [np.zeros(size, np.float32) for _ in range(n)]
 
 
-def test_one_tree_stepped_from_two_threads_loses_no_step():
-    model = big_model()
-    tree = O.setup(O.Descent(1.0), model)
-    grads = [np.ones_like(x) for x in model]
+def in_two_threads(step, times):
+    """``step()`` ``times`` times in each of two threads started together."""
     start = threading.Barrier(2)
 
     def run():
         start.wait()
-        for _ in range(50):
-            O.update_(tree, model, grads)
+        for _ in range(times):
+            step()
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def test_one_tree_stepped_from_two_threads_loses_no_step():
+    model = big_model()
+    tree = O.setup(O.Descent(1.0), model)
+    in_two_threads(lambda: O.update_(tree, model, [np.ones_like(x) for x in model]), 50)
     assert all((x == -100).all() for x in model)
 
 
 def test_one_adam_tree_stepped_from_two_threads_counts_every_step():
     model = big_model()
     tree = O.setup(O.Adam(0.1), model)
-    grads = [np.ones_like(x) for x in model]
-
-    def run():
-        for _ in range(25):
-            O.update_(tree, model, grads)
-
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_two_threads(lambda: O.update_(tree, model, [np.ones_like(x) for x in model]), 25)
     bt = {leaf.state[2] for _, leaf in leaves(tree)}
     assert bt == {(0.9 ** 51, 0.999 ** 51)} or np.allclose(list(bt)[0], (0.9 ** 51, 0.999 ** 51))
 
