@@ -376,10 +376,12 @@ class _Spec:
     by identity first.
     """
 
-    __slots__ = ("treedef", "packs", "n", "_hash", "_keys")
+    __slots__ = ("treedef", "packs", "n", "rule_n", "_hash", "_keys")
 
     def __init__(self, treedef: Any, packs: tuple) -> None:
         self.treedef, self.packs, self.n = treedef, packs, sum(packs)
+        # the rule's numbers come first, and travel with their complements
+        self.rule_n = sum(packs[:treedef.children()[0].num_leaves]) if self.n else 0
         self._hash = hash((treedef, packs))
         self._keys = None
 
@@ -398,8 +400,8 @@ class _Spec:
         complements (see :func:`complement`)."""
         if not self.n:
             return jax.tree.unflatten(self.treedef, children)
-        values = _unstack(children[0], 2 * self.n)
-        for v, c in zip(values[:self.n], values[self.n:]):
+        values = _unstack(children[0], self.n + self.rule_n)
+        for v, c in zip(values[:self.rule_n], values[self.n:]):
             if isinstance(v, jax.core.Tracer):
                 _remember(v, c)
         numbers, rest = iter(values[:self.n]), iter(children[1:])
@@ -449,7 +451,7 @@ def _pack(leaf: Any) -> tuple:
     rest = [_dynamic(v) for v, w in zip(flat, packs) if not w]  # a lone number: an array
     traced = any([isinstance(v, jax.core.Tracer) for v in flat])
     if numbers:
-        numbers += [complement(v) for v in numbers]
+        numbers += [complement(v) for v in numbers[:spec.rule_n]]
         rest.insert(0, jnp.stack(numbers) if traced else _STACK(*numbers))
     packed = (spec, *rest)
     if not traced:
@@ -462,7 +464,8 @@ def _pack(leaf: Any) -> tuple:
 # Rules use 1 - b (Adam's 1 - beta2, RMSProp's 1 - rho). Computed from b in float32, as a
 # traced hyper-parameter is, it is off by up to half an ulp of b: 1 - float32(0.999) is
 # 1.3e-5 away from 0.001 relative, and Adam drifted from optax.adam. So a Leaf's pack also
-# carries each number's complement, computed from the Python float, and under jit the
+# carries the complement of each number of its rule (hyper-parameters: not the state's
+# counters, which change at every step), computed from the Python float, and under jit the
 # complement of a number that came from a pack is that packed one.
 
 _COMPLEMENTS: dict[int, tuple[Any, Any]] = {}
