@@ -122,13 +122,13 @@ def test_whole_group_step_falls_back_whenever_anything_changed(rule, path, monke
     """update_ steps a training loop's single group of every Leaf straight from the
     gradients (no per-Leaf entries); each change between steps must be noticed."""
     fast = []
-    original = O.gather._Plan.whole
+    original = O.plan.Plan.whole
 
     def spy(self, per_tree):
         fast.append(original(self, per_tree))
         return fast[-1]
 
-    monkeypatch.setattr(O.gather._Plan, "whole", spy)
+    monkeypatch.setattr(O.plan.Plan, "whole", spy)
 
     def run(fuse):
         with monkeypatch.context() as m:
@@ -229,7 +229,7 @@ def test_one_pass_kernels_are_used_for_the_common_rules(rule, compiled):
         g = {k: np.ones(8, np.float32) for k in model}
         for _ in range(2):
             tree, model = O.update_(tree, model, g)
-        (group,) = O.gather._first_leaf(tree)._plan.groups
+        (group,) = O.plan.first_leaf(tree)._plan.groups
         assert (group.cache["onepass"] is not None) == compiled
 
 

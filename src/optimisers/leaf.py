@@ -220,7 +220,7 @@ def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]
         for k, v in enumerate(tree):
             yield from leaves(v, kp + (k,))
     elif tree is not None:
-        raise _not_a_tree(tree, kp)
+        raise not_a_tree(tree, kp)
 
 
 def map_leaves(f: Callable[[Leaf], Any], tree: Any, kp: KeyPath = KeyPath()) -> Any:
@@ -246,10 +246,10 @@ def map_leaves(f: Callable[[Leaf], Any], tree: Any, kp: KeyPath = KeyPath()) -> 
         return type(tree)(map_leaves(f, v, kp + (i,)) for i, v in enumerate(tree))
     if tree is None:
         return tree
-    raise _not_a_tree(tree, kp)
+    raise not_a_tree(tree, kp)
 
 
-def _not_a_tree(t: Any, kp: KeyPath) -> TypeError:
+def not_a_tree(t: Any, kp: KeyPath) -> TypeError:
     found = "an array" if backends.library(t) else f"a {type(t).__name__}"
     return TypeError(f"expected a state tree from setup(rule, model), but found {found} at "
                      f"{kp!r}; pass the state tree first: update(tree, model, grads)")

@@ -19,17 +19,10 @@ from typing import Any
 
 from optimisers import backends, fused
 from optimisers.backends._compiler import untraced
-from optimisers.gather import (
-    _DOTGRAD,
-    _Entry,
-    _first_leaf,
-    _gather,
-    _module_grads,
-    _Plan,
-    nest_dotted,
-)
+from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves
+from optimisers.plan import Plan, first_leaf
 from optimisers.rules import NewValue, Rule, call
 from optimisers.tree import isleaf, ismutable, isnumeric, maywrite, trainable
 from optimisers.walk import fmap, mirror, place, substitute, walk
@@ -120,7 +113,7 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     return new, groups
 
 
-def _share(e: _Entry, new: dict, inplace: bool) -> None:
+def _share(e: Entry, new: dict, inplace: bool) -> None:
     """A tie that the tree declares but the model does not share (other arrays at other
     paths): those arrays get the stepped one's values, in place where they may be
     written, else the one result is placed at every path."""
@@ -132,7 +125,7 @@ def _share(e: _Entry, new: dict, inplace: bool) -> None:
         new[id(e.leaf)] = y
 
 
-def _check_fit(e: _Entry) -> None:
+def _check_fit(e: Entry) -> None:
     """A ValueError, before anything is written, when the Leaf's state was not made for
     its parameter (the parameter was resized or replaced after ``setup``): a step would
     read and write the state by the parameter's size."""
@@ -146,7 +139,7 @@ def _check_fit(e: _Entry) -> None:
             f"reinit(tree, model, where={str(e.paths[0])!r})")
 
 
-def _apply(e: _Entry, state: Any) -> tuple[Any, Any]:
+def _apply(e: Entry, state: Any) -> tuple[Any, Any]:
     """``(new_state, step)`` of one entry's rule; an error names the entry's path."""
     try:
         return call(e.leaf.rule, state, e.x, tuple(e.grads))
@@ -175,9 +168,9 @@ def _lock_of(first: Leaf | None) -> Any:
 
 
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
-    if grads is not _DOTGRAD:
+    if grads is not DOTGRAD:
         grads = tuple(nest_dotted(g, model) for g in grads)
-    first = _first_leaf(tree) if inplace else None
+    first = first_leaf(tree) if inplace else None
     with _lock_of(first):
         return _locked_update(tree, model, grads, inplace, first)
 
@@ -190,11 +183,9 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, first: Le
         return tree, model  # the usual training loop: one fused group, all checked
     entries = known.entries(per_tree) if per_tree is not None else None
     if entries is None:
-        if grads is _DOTGRAD:
-            grads = (_module_grads(model),)
-        plan: dict[int, _Entry] = {}
-        _gather(tree, model, grads, KeyPath(), plan)
-        entries = list(plan.values())
+        if grads is DOTGRAD:
+            grads = (module_grads(model),)
+        entries = gather(tree, model, grads)
     with backends.nograd():  # PyTorch: no autograd graph through the step
         new, groups = _step(entries, inplace, known.groups if known is not None else None)
     for e in entries:
@@ -203,7 +194,7 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, first: Le
     if not new:
         if first is not None and (known is None or known.tree is not tree
                                   or known.model is not model):
-            known = first._plan = _Plan(tree, model)  # the next step reuses what it learned
+            known = first._plan = Plan(tree, model)  # the next step reuses what it learned
         if known is not None:
             known.learn(groups)
         return tree, model
@@ -310,5 +301,5 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
         (array([0.9, 1.9]), True)
     """
     if grads is _NOGRAD:
-        return _update(tree, model, _DOTGRAD, inplace=True)
+        return _update(tree, model, DOTGRAD, inplace=True)
     return _update(tree, model, (grads, *higher), inplace=True)

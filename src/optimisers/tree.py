@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 import sys
 import types
 import warnings
@@ -90,6 +91,36 @@ def isleaf(x: Any) -> bool:
         (True, False, True)
     """
     return not children(x)
+
+
+def child_getter(x: Any) -> Any:
+    """child_getter(x) -> how to read one child of ``x`` by key, ``get(x, key)``, without
+    building all its children (as :func:`children` does), for nodes of ``x``'s type.
+
+    Example:
+        >>> import operator
+        >>> child_getter({"a": 1}) is operator.getitem
+        True
+    """
+    if isinstance(x, (Mapping, list)) or ispositional(x):
+        return operator.getitem
+    if _ismodule(x):
+        return backends.ops("torch").child_getter(x)
+    if sys.modules.get("flax") is not None and backends.ops("flax").isnode(x):
+        return backends.ops("flax").child  # (getattr warns for a Variable's value)
+    return getattr
+
+
+def wrapper_name(x: Any) -> str | None:
+    """wrapper_name(x) -> the attribute under which a transparent wrapper holds the node it
+    wraps (torch.compile's ``"_orig_mod"``, DDP's ``"module"``), which key paths leave
+    out; ``None`` for any other node.
+
+    Example:
+        >>> wrapper_name({"a": 1}) is None
+        True
+    """
+    return backends.ops("torch").wrapper_name(x) if _ismodule(x) else None
 
 
 def ispositional(x: Any) -> bool:

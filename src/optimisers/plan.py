@@ -1,0 +1,253 @@
+"""The steady-state cache of ``update_``: what one gather learned about a (tree, model)
+pair, checked by identity at the next step and reused.
+
+A training loop calls ``update_`` again and again with the same tree and model. The first
+call gathers (``gather.py``); :class:`Plan` keeps the edges it walked, the arrays at each
+slot and the fused groups that ran, so that the next call costs a few identity checks per
+node and array, reads the gradients by precomputed keys, and, when one group holds every
+Leaf, steps it at once (:meth:`Plan.whole`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from optimisers import backends
+from optimisers.fused import in_group
+from optimisers.gather import DOTGRAD, Entry, add, grad_array
+from optimisers.keypath import KeyPath
+from optimisers.leaf import Leaf, writes
+from optimisers.tree import child_getter, children
+
+__all__ = ["Plan", "first_leaf"]
+
+
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+
+
+_FROZEN, _RULE, _STATE = (operator.attrgetter(a) for a in ("frozen", "rule", "state"))
+
+
+def first_leaf(t: Any) -> Leaf | None:
+    """The first Leaf of a state tree in walk order (where ``update_`` keeps its plan),
+    or ``None``."""
+    while not isinstance(t, Leaf):
+        if isinstance(t, dict):
+            t = next((v for v in t.values() if v is not None), None)
+        elif isinstance(t, (tuple, list)):
+            t = next((v for v in t if v is not None), None)
+        else:
+            return None
+    return t
+
+
+class Plan:
+    """What a slow gather learned about one (tree, model) pair, checked and reused.
+
+    ``update_`` on the same tree and model, the usual training loop, then costs a few
+    identity checks per node and per array instead of a walk through the tree protocol:
+    the tree and model edges are compared by identity (so any replaced child, added key
+    or new array sends the step back to the slow, fully validating gather, which also
+    gives the precise errors), and gradients are read by precomputed keys.
+    """
+
+    __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
+                 "groups", "group", "firsts", "columns", "seen")
+
+    def __init__(self, tree: Any, model: Any) -> None:
+        self.tree, self.model = tree, model
+        self.groups: list = []  # the fused groups of the last step (see fused.Group)
+        self.group = None  # the one group of every Leaf, if that is what the last step ran
+        self.seen = -1  # leaf.writes() after this plan's last step
+        self.edges: list = []  # (fetch, keys, children) per node of tree and model
+        self.sizes: list = []  # (container, len) for containers that may grow
+        self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
+        self.prog = self._compile(tree, model, KeyPath())
+        self.specs = [(backends.of(x).gradtype(x), x.shape, x.dtype)
+                      for _, x, _ in self.slots]
+        self.columns = tuple(map(list, zip(*self.specs))) if self.specs else ([], [], [])
+        self.tied = len({id(leaf) for leaf, _, _ in self.slots}) < len(self.slots)
+        # For update_(tree, module): which slots read a parameter's .grad, as
+        # module_grads does (the first path to each tensor); None for other models.
+        self.firsts = None
+        if "torch" in sys.modules and backends.ops("torch").hasmodule(model):
+            seen: set[int] = set()
+            self.firsts = [id(x) not in seen and not seen.add(id(x))
+                           for _, x, _ in self.slots]
+
+    def _compile(self, t: Any, x: Any, kp: KeyPath) -> Any:
+        if isinstance(t, Leaf):
+            self.slots.append((t, x, kp))
+            return len(self.slots) - 1
+        kids, get = children(x), child_getter(x)
+        self.sizes.append((t, len(t)))
+        if isinstance(x, (dict, list)):
+            self.sizes.append((x, len(x)))
+        keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
+        used = tuple(k for k in keys if t[k] is not None)
+        self._edges(t, operator.getitem, keys, [t[k] for k in keys])
+        self._edges(x, get, used, [kids[k] for k in used])
+        leaf_keys, leaf_slots, nodes = [], [], []
+        for k in used:
+            sub = self._compile(t[k], kids[k], kp + (k,))
+            if type(sub) is int:
+                leaf_keys.append(k)
+                leaf_slots.append(sub)
+            else:
+                nodes.append((k, sub))
+        positional = isinstance(x, (tuple, list))
+        # a list or tuple of arrays, each a Leaf: its gradients land in out[lo:lo + n]
+        span = leaf_slots[0] if leaf_slots and leaf_slots == list(
+            range(leaf_slots[0], leaf_slots[0] + len(leaf_slots))) else None
+        whole = span is not None and positional and leaf_keys == list(range(len(kids)))
+        # the leaf gradients of a node read by one C call: from a gradient of the model's
+        # own type, and from a dict
+        many = len(leaf_keys) > 1
+        items = operator.itemgetter(*leaf_keys) if many else None
+        pick = (items if get is operator.getitem else
+                operator.attrgetter(*leaf_keys) if many and get is getattr and all(
+                    isinstance(k, str) and "." not in k for k in leaf_keys) else None)
+        return (type(x), get, tuple(leaf_keys), tuple(leaf_slots), tuple(nodes),
+                frozenset(kids), positional, len(kids), span if whole else None,
+                pick, items, span)
+
+    def _edges(self, node: Any, get: Any, keys: tuple, kids: list) -> None:
+        """Note ``node``'s children at ``keys``; a whole list or tuple is compared as it
+        is (its length is checked with :attr:`sizes`), without a lookup per key."""
+        if isinstance(node, (list, tuple)) and keys == tuple(range(len(node))):
+            self.edges.append((None, node, kids))
+        else:
+            self.edges.append((node.__getitem__ if get is operator.getitem
+                               else functools.partial(get, node), keys, kids))
+
+    def learn(self, groups: list) -> None:
+        """Keep the fused groups of the last step; note a single group of every Leaf."""
+        self.groups = groups
+        self.seen = writes()  # every Leaf is as this step left it (see whole)
+        one = groups[0] if len(groups) == 1 else None
+        self.group = one if (
+            one is not None and one.write and not self.tied and not one.rule.raises()
+            and len(one.leaves) == len(self.slots)
+            and all(map(operator.is_, one.leaves, (leaf for leaf, _, _ in self.slots)))
+        ) else None
+
+    def whole(self, per_tree: list) -> bool:
+        """Step the single group of every Leaf (see :meth:`learn`) when each has a plain
+        gradient and its Leaf is as the group left it; ``False`` (nothing done) if not."""
+        group = self.group
+        if group is None or len(per_tree) != 1:
+            return False
+        gs, leaves = per_tree[0], group.leaves
+        txs, shapes, dtypes = self.columns
+        # the checks of entries() and fused.Group.holds, a column at a time; the Leafs'
+        # only when some Leaf was written since this plan's last step
+        if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
+                or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
+                or group.moved()
+                or self.seen != writes() and (
+                    any(map(_FROZEN, leaves))
+                    or not all(map(operator.is_, map(_RULE, leaves),
+                                   itertools.repeat(group.rule)))
+                    or not all(map(operator.is_, map(_STATE, leaves), group.states)))):
+            return False
+        with backends.nograd():
+            try:
+                group.run(gs, {})
+            except (ValueError, TypeError, ArithmeticError) as err:
+                err.add_note(in_group([kp for _, _, kp in self.slots], group.rule))
+                raise
+        self.seen = writes()
+        return True
+
+    def read(self, tree: Any, model: Any, grads: tuple) -> list | None:
+        """Each gradient tree's gradients listed by slot, or ``None`` when anything
+        differs from what was learned."""
+        if tree is not self.tree or model is not self.model:
+            return None
+        try:
+            for fetch, keys, kids in self.edges:
+                if not all(map(operator.is_, keys if fetch is None else map(fetch, keys),
+                               kids)):
+                    return None
+        except (KeyError, IndexError, AttributeError):  # a child was removed
+            return None
+        for c, n in self.sizes:
+            if len(c) != n:
+                return None
+        if grads is DOTGRAD:
+            if self.firsts is None:
+                return None
+            return [[x.grad if first and x.is_leaf else None
+                     for (_, x, _), first in zip(self.slots, self.firsts)]]
+        per_tree = []
+        for g in grads:
+            out = [None] * len(self.slots)
+            if type(self.prog) is int:
+                out[0] = g
+            elif not _read(self.prog, g, out):
+                return None
+            per_tree.append(out)
+        return per_tree
+
+    def entries(self, per_tree: list) -> list:
+        """The entries of a step, from each gradient tree's gradients listed by slot."""
+        if len(per_tree) == 1 and not self.tied:  # the common case, kept tight
+            entries = []
+            for (leaf, x, kp), (tx, sx, dx), g in zip(self.slots, self.specs, per_tree[0]):
+                if g is None:
+                    continue
+                if type(g) is not tx or g.shape != sx or g.dtype != dx:
+                    g = grad_array(g, x, kp)
+                if not leaf.frozen:
+                    entries.append(Entry(leaf, x, [g], kp))
+            return entries
+        plan: dict[int, Entry] = {}
+        for i, ((leaf, x, kp), (tx, sx, dx)) in enumerate(zip(self.slots, self.specs)):
+            gs = [out[i] for out in per_tree]
+            if gs[0] is None:
+                continue
+            gs = [g if g is None or type(g) is tx and g.shape == sx and g.dtype == dx
+                  else grad_array(g, x, kp) for g in gs]
+            if not leaf.frozen:
+                add(plan, leaf, x, gs, kp)
+        return list(plan.values())
+
+
+def _read(prog: tuple, g: Any, out: list) -> bool:
+    """Read the gradients of a compiled node into ``out``; ``False`` if ``g`` looks
+    unlike what was learned (the slow gather then says exactly what is wrong)."""
+    if g is None:
+        return True
+    cls, get, leaf_keys, leaf_slots, nodes, known, positional, n, lo, pick, items, span = prog
+    if lo is not None and type(g) is cls:  # a list or tuple of arrays, as learned
+        if len(g) != n:
+            return False
+        out[lo:lo + n] = g
+        return True
+    if isinstance(g, Mapping):
+        if not g.keys() <= known:
+            return False
+        fetch = g.get
+        try:
+            values = items(g) if items is not None else map(fetch, leaf_keys)
+        except KeyError:  # a key left out: no gradient there
+            values = map(fetch, leaf_keys)
+    elif type(g) is not cls or positional and len(g) != n:
+        return False
+    else:
+        fetch = g.__getitem__ if get is operator.getitem else functools.partial(get, g)
+        values = pick(g) if pick is not None else map(fetch, leaf_keys)
+    if span is not None:
+        out[span:span + len(leaf_keys)] = values
+    else:
+        for slot, v in zip(leaf_slots, values):
+            out[slot] = v
+    for k, sub in nodes:
+        if not _read(sub, fetch(k), out):
+            return False
+    return True
