@@ -65,7 +65,7 @@ class _Node(tuple):
     """A tuple in a state signature that holds arrays below it (rebuilt per Leaf)."""
 
 
-_ARRAY = object()  # where a state holds an array
+ARRAY = object()  # where a state holds an array
 
 
 def signature(state: Any, out: list) -> Any:
@@ -80,13 +80,13 @@ def signature(state: Any, out: list) -> Any:
         return _Node(parts) if len(out) > n else state
     if backends.library(state) is not None:
         out.append(state)
-        return _ARRAY
+        return ARRAY
     return state
 
 
 def _fill(sig: Any, arrays: Any) -> Any:
     """The state with signature ``sig``, its arrays taken in order from the iterator."""
-    if sig is _ARRAY:
+    if sig is ARRAY:
         return next(arrays)
     if type(sig) is _Node:
         return tuple(_fill(s, arrays) for s in sig)
@@ -104,7 +104,7 @@ def _builder(sig: Any) -> tuple[Any, list]:
     scalars: list = []
 
     def expr(s: Any, arrays: list) -> str:
-        if s is _ARRAY:
+        if s is ARRAY:
             arrays.append(None)
             return f"a[{len(arrays) - 1}]"
         if type(s) is _Node:

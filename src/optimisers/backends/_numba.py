@@ -495,14 +495,14 @@ def symbolic(rule: Any, sig: Any, dtype: Any) -> tuple[list, list]:
 
 
 def _bias_advance(rule: Any, sig: Any) -> Any:
-    from optimisers.rules.adaptive import _bias
+    from optimisers.rules.adaptive import bias_powers
 
-    return (sig[0], sig[1], _bias(sig[2], rule.beta))
+    return (sig[0], sig[1], bias_powers(sig[2], rule.beta))
 
 
 ADVANCES = {"Adam": _bias_advance, "AdamW": _bias_advance}
 """How each snippet rule with non-array state moves it in a step: as its ``apply`` does
-(Adam's bias corrections, by the rule module's own ``_bias``)."""
+(Adam's bias corrections, by the rule module's own ``bias_powers``)."""
 
 
 def advance(rule: Any, sig: Any) -> Any:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from optimisers.backends import _jit, _numba
-from optimisers.fused import _ARRAY
+from optimisers.fused import ARRAY
 
 LARGE = 1 << 15
 """Arrays of at least this many elements take the custom call; smaller ones the plain
@@ -255,7 +255,7 @@ def _call(key: tuple, members: list) -> list | None:
     syms = [_numba.Sym(f"P{q}", dtype) for q in range(nraw)]
     rule = jax.tree.unflatten(rdef, syms[:nrule])
     it = iter(syms[nrule:])
-    sig = jax.tree.unflatten(sdef, [_ARRAY if m else next(it) for m in marks])
+    sig = jax.tree.unflatten(sdef, [ARRAY if m else next(it) for m in marks])
     nstate = sum(marks)
     try:  # a state unlike the rule's own (built by hand) fails here, or reads other arrays
         prelude, lines = _numba.symbolic(rule, sig, dtype)

@@ -26,7 +26,14 @@ def _decays(xp, x, *decays):
     return xp.hyper(x, *decays, *map(xp.complement, decays))
 
 
-def _bias(bt: tuple, beta: tuple) -> tuple:
+def bias_powers(bt: tuple, beta: tuple) -> tuple:
+    """bias_powers(bt, beta) -> ``(b1^(t+1), b2^(t+1))`` from ``bt = (b1^t, b2^t)``: the
+    Adam family's bias-correction powers after one more step.
+
+    Example:
+        >>> bias_powers((0.9, 0.999), (0.9, 0.999))
+        (0.81, 0.998001)
+    """
     return (bt[0] * beta[0], bt[1] * beta[1])
 
 
@@ -101,7 +108,7 @@ class Adam(Rule):
         m, v, bt = state
         m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         d = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
-        return (m, v, _bias(bt, self.beta)), d
+        return (m, v, bias_powers(bt, self.beta)), d
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,7 @@ class RAdam(Rule):
                 d = xp.where(r > 4, d, eta * m / (1 - bt[0]))
         else:
             d = eta * m / (1 - bt[0])
-        return (m, v, _bias(bt, self.beta), t + 1), d
+        return (m, v, bias_powers(bt, self.beta), t + 1), d
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,7 @@ class AdaMax(Rule):
         m, u, bt = state
         m = xp.assign(m, b1 * m + c1 * dx)
         u = xp.assign(u, xp.maximum(b2 * u, xp.abs(dx)))
-        return (m, u, _bias(bt, self.beta)), eta / (1 - bt[0]) * m / (u + eps)
+        return (m, u, bias_powers(bt, self.beta)), eta / (1 - bt[0]) * m / (u + eps)
 
 
 @dataclass(frozen=True)
@@ -221,7 +228,7 @@ class OAdam(Rule):
         new = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
         d = 2 * new - term
         term = xp.assign(term, new)
-        return (m, v, term, _bias(bt, self.beta)), d
+        return (m, v, term, bias_powers(bt, self.beta)), d
 
 
 @dataclass(frozen=True)
@@ -358,7 +365,7 @@ class NAdam(Rule):
         m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         k1, k2 = xp.hyper(x, 1 - self.beta[0] * bt[0], 1 - bt[0])
         d = eta * (b1 * m / k1 + c1 * dx / k2) / (xp.sqrt(v / (1 - bt[1])) + eps)
-        return (m, v, _bias(bt, self.beta)), d
+        return (m, v, bias_powers(bt, self.beta)), d
 
 
 @dataclass(frozen=True)
@@ -399,7 +406,7 @@ class AdamW(Rule):
         m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         a = m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
         d = eta * (a + lambd * x) if self.couple else eta * a + lambd * x
-        return (m, v, _bias(bt, self.beta)), d
+        return (m, v, bias_powers(bt, self.beta)), d
 
 
 @dataclass(frozen=True)
@@ -434,7 +441,7 @@ class AdaBelief(Rule):
         m = xp.assign(m, b1 * m + c1 * dx)
         s = xp.assign(s, b2 * s + c2 * xp.abs2(dx - m) + eps)
         d = eta * m / (1 - bt[0]) / (xp.sqrt(s / (1 - bt[1])) + eps)
-        return (m, s, _bias(bt, self.beta)), d
+        return (m, s, bias_powers(bt, self.beta)), d
 
 
 @dataclass(frozen=True)
