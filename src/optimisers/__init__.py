@@ -5,9 +5,6 @@
 any nesting of containers, dataclasses and registered classes.
 """
 
-import sys as _sys
-
-from optimisers import backends as _backends
 from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_
 from optimisers.checkpoint import load, save
 from optimisers.destructure import Restructure, destructure, trainables
@@ -68,6 +65,3 @@ __all__ = [
     "maywrite", "rebuild", "register", "reinit", "save", "select", "setup", "summary", "thaw_",
     "trainable", "trainables", "update", "update_",
 ]
-
-if "jax" in _sys.modules:  # JAX came first: rules and Leafs are pytrees from the start
-    _backends.ops("jax")  # (else from the first JAX array that optimisers sees)

@@ -303,3 +303,6 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
     if grads is _NOGRAD:
         return _update(tree, model, DOTGRAD, inplace=True)
     return _update(tree, model, (grads, *higher), inplace=True)
+
+
+backends.registry.load_imported()  # JAX imported first: rules and Leafs are pytrees already

@@ -6,75 +6,13 @@ imports neither PyTorch nor JAX: a backend is imported the first time one of its
 is seen, and an array of a library is only seen once the user has imported it.
 """
 
-from __future__ import annotations
+from optimisers.backends.registry import (
+    issubclass_ndarray,
+    istraced,
+    library,
+    nograd,
+    of,
+    ops,
+)
 
-import contextlib
-import importlib
-import sys
-from types import ModuleType
-from typing import Any
-
-_ROOTS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax"}
-_LOADED: dict[str, ModuleType] = {}
-_BY_TYPE: dict[type, str | None] = {}
-
-
-def library(x: Any) -> str | None:
-    """The name of the backend for the array ``x`` (``"numpy"``, ``"torch"``, ``"jax"``),
-    or ``None`` when ``x`` is not an array of a supported library."""
-    cls = type(x)
-    try:
-        return _BY_TYPE[cls]
-    except KeyError:
-        pass
-    root = _ROOTS.get(cls.__module__.partition(".")[0])
-    if root == "numpy" and cls.__name__ != "ndarray" and not issubclass_ndarray(cls):
-        root = None  # a NumPy scalar (np.float32(1.0)) is a number, not an array
-    if root == "torch" and not _istensor(cls):
-        root = None  # torch.dtype, torch.device, nn.Module: not arrays
-    if root == "jax" and not hasattr(x, "shape") or root == "jax" and isinstance(x, type):
-        root = None
-    _BY_TYPE[cls] = root
-    return root
-
-
-def issubclass_ndarray(cls: type) -> bool:
-    import numpy
-
-    return issubclass(cls, numpy.ndarray)
-
-
-def _istensor(cls: type) -> bool:
-    import torch
-
-    return issubclass(cls, torch.Tensor)
-
-
-def ops(lib: str) -> ModuleType:
-    """The backend module for the library named ``lib``."""
-    try:
-        return _LOADED[lib]
-    except KeyError:
-        mod = _LOADED[lib] = importlib.import_module(f"optimisers.backends.{lib}")
-        return mod
-
-
-def of(x: Any) -> ModuleType:
-    """The backend module for the array ``x``."""
-    lib = library(x)
-    if lib is None:
-        raise TypeError(f"expected an array of NumPy, PyTorch or JAX, got {type(x).__name__}")
-    return ops(lib)
-
-
-def nograd() -> contextlib.AbstractContextManager:
-    """``torch.no_grad()`` when PyTorch is loaded, else a context that does nothing."""
-    torch = sys.modules.get("torch")
-    return torch.no_grad() if torch is not None else contextlib.nullcontext()
-
-
-def istraced(v: Any) -> bool:
-    """Whether ``v`` is a JAX tracer (a value unknown until run, under ``jax.jit``): rules
-    then choose with ``where`` instead of a Python ``if``."""
-    jax = sys.modules.get("jax")
-    return jax is not None and isinstance(v, jax.core.Tracer)
+__all__ = ["library", "ops", "of", "nograd", "istraced", "issubclass_ndarray"]
