@@ -361,7 +361,7 @@ def test_scatter_sub_refuses_a_step_of_another_length():
 
 @needs_numba
 def test_a_kernel_is_built_only_for_the_states_its_rule_reads():
-    lines = _numba._lines(O.Adam(), (fused._ARRAY, fused._ARRAY, (0.9, 0.999)), np.float32, [])
+    lines = _numba._lines(O.Adam(), (fused.ARRAY, fused.ARRAY, (0.9, 0.999)), np.float32, [])
     assert _numba.states_read(lines) == 2
     with pytest.raises(ValueError, match="1 state arrays for a rule reading 2"):
         _numba.build(lines, 1, False, np.float32)
