@@ -251,38 +251,8 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
     new: dict[int, Any] = {}
     ran: list[Group] = []
     if known:
-        byleaf = {id(e.leaf): e for e in entries}
-        for group in known:
-            members = [byleaf.get(id(leaf)) for leaf in group.leaves]
-            if group.holds(members):
-                _run(group, members, new)
-                ran.append(group)
-                for leaf in group.leaves:
-                    del byleaf[id(leaf)]
-        entries = list(byleaf.values())
-    fresh: dict[tuple, list] = {}
-    rest = []
-    calls: dict[Any, list] = {}  # backends that step whole groups as one call (JAX)
-    for e in entries:
-        rule, x = e.leaf.rule, e.x
-        lib = backends.library(x)
-        xp = backends.ops(lib) if lib is not None else None
-        if len(e.grads) != 1 or not fusible(rule)[0]:
-            rest.append(e)
-            continue
-        if hasattr(xp, "fuse"):
-            calls.setdefault(xp, []).append(e)
-            continue
-        if not hasattr(xp, "flatcat"):
-            rest.append(e)
-            continue
-        arrays: list = []
-        sig = signature(e.leaf.state, arrays)
-        key = (rule, sig, type(x), x.dtype, xp.device(x), inplace and xp.maywrite(x))
-        try:
-            fresh.setdefault(key, []).append((e, arrays))
-        except TypeError:  # an unhashable scalar in the state: no group
-            rest.append(e)
+        entries = _run_known(known, entries, new, ran)
+    fresh, rest, calls = _sort(entries, inplace)
     for (rule, sig, *_, write), members in fresh.items():
         if len(members) < MIN_GROUP:
             rest.extend(e for e, _ in members)
@@ -297,6 +267,46 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
             leaf.state = state
             new[id(leaf)] = y
     return rest, new, ran
+
+
+def _run_known(known: list, entries: list, new: dict, ran: list) -> list:
+    """Run each of the ``known`` groups that still holds its entries; the entries left."""
+    byleaf = {id(e.leaf): e for e in entries}
+    for group in known:
+        members = [byleaf.get(id(leaf)) for leaf in group.leaves]
+        if group.holds(members):
+            _run(group, members, new)
+            ran.append(group)
+            for leaf in group.leaves:
+                del byleaf[id(leaf)]
+    return list(byleaf.values())
+
+
+def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
+    """``(fresh, rest, calls)``: the entries by the group they may form (with their state
+    arrays), those for the plain path, and those for backends that step whole groups as
+    one call (JAX), by backend."""
+    fresh: dict[tuple, list] = {}
+    rest: list = []
+    calls: dict[Any, list] = {}
+    for e in entries:
+        rule, x = e.leaf.rule, e.x
+        lib = backends.library(x)
+        xp = backends.ops(lib) if lib is not None else None
+        if len(e.grads) != 1 or not fusible(rule)[0] or not (
+                hasattr(xp, "fuse") or hasattr(xp, "flatcat")):
+            rest.append(e)
+        elif hasattr(xp, "fuse"):
+            calls.setdefault(xp, []).append(e)
+        else:
+            arrays: list = []
+            sig = signature(e.leaf.state, arrays)
+            key = (rule, sig, type(x), x.dtype, xp.device(x), inplace and xp.maywrite(x))
+            try:
+                fresh.setdefault(key, []).append((e, arrays))
+            except TypeError:  # an unhashable scalar in the state: no group
+                rest.append(e)
+    return fresh, rest, calls
 
 
 def _run(group: Group, members: list, new: dict) -> None:

@@ -167,18 +167,8 @@ class Plan:
     def read(self, tree: Any, model: Any, grads: tuple) -> list | None:
         """Each gradient tree's gradients listed by slot, or ``None`` when anything
         differs from what was learned."""
-        if tree is not self.tree or model is not self.model:
+        if tree is not self.tree or model is not self.model or not self._unchanged():
             return None
-        try:
-            for fetch, keys, kids in self.edges:
-                if not all(map(operator.is_, keys if fetch is None else map(fetch, keys),
-                               kids)):
-                    return None
-        except (KeyError, IndexError, AttributeError):  # a child was removed
-            return None
-        for c, n in self.sizes:
-            if len(c) != n:
-                return None
         if grads is DOTGRAD:
             if self.firsts is None:
                 return None
@@ -193,6 +183,17 @@ class Plan:
                 return None
             per_tree.append(out)
         return per_tree
+
+    def _unchanged(self) -> bool:
+        """Whether every node of the tree and the model still has the children it had."""
+        try:
+            for fetch, keys, kids in self.edges:
+                if not all(map(operator.is_, keys if fetch is None else map(fetch, keys),
+                               kids)):
+                    return False
+        except (KeyError, IndexError, AttributeError):  # a child was removed
+            return False
+        return all(len(c) == n for c, n in self.sizes)
 
     def entries(self, per_tree: list) -> list:
         """The entries of a step, from each gradient tree's gradients listed by slot."""
@@ -229,19 +230,10 @@ def _read(prog: tuple, g: Any, out: list) -> bool:
             return False
         out[lo:lo + n] = g
         return True
-    if isinstance(g, Mapping):
-        if not g.keys() <= known:
-            return False
-        fetch = g.get
-        try:
-            values = items(g) if items is not None else map(fetch, leaf_keys)
-        except KeyError:  # a key left out: no gradient there
-            values = map(fetch, leaf_keys)
-    elif type(g) is not cls or positional and len(g) != n:
+    found = _values(prog, g)
+    if found is None:
         return False
-    else:
-        fetch = g.__getitem__ if get is operator.getitem else functools.partial(get, g)
-        values = pick(g) if pick is not None else map(fetch, leaf_keys)
+    fetch, values = found
     if span is not None:
         out[span:span + len(leaf_keys)] = values
     else:
@@ -251,3 +243,20 @@ def _read(prog: tuple, g: Any, out: list) -> bool:
         if not _read(sub, fetch(k), out):
             return False
     return True
+
+
+def _values(prog: tuple, g: Any) -> tuple | None:
+    """``(fetch, values)``: how to read ``g``'s children by key, and the gradients of the
+    node's leaf keys; ``None`` if ``g`` is not of the learned kind."""
+    cls, get, leaf_keys, _, _, known, positional, n, _, pick, items, _ = prog
+    if isinstance(g, Mapping):
+        if not g.keys() <= known:
+            return None
+        try:
+            return g.get, items(g) if items is not None else map(g.get, leaf_keys)
+        except KeyError:  # a key left out: no gradient there
+            return g.get, map(g.get, leaf_keys)
+    if type(g) is not cls or positional and len(g) != n:
+        return None
+    fetch = g.__getitem__ if get is operator.getitem else functools.partial(get, g)
+    return fetch, pick(g) if pick is not None else map(fetch, leaf_keys)

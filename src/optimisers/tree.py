@@ -159,25 +159,32 @@ def rebuild(x: T, new_children: Mapping) -> T:
     if not new_children:
         return x
     if _registered(type(x)) is None:
-        if isinstance(x, tuple):
-            vals = [new_children.get(k, v) for k, v in old.items()]
-            return type(x)(*vals) if _isnamedtuple(x) else type(x)(vals)
-        if isinstance(x, list):
-            y = copy.copy(x)
-            for k, v in new_children.items():
-                y[k] = v
+        y = _rebuild_known(x, old, new_children)
+        if y is not None:
             return y
-        if isinstance(x, Mapping):
-            return _rebuild_mapping(x, old, new_children)
-        if _ismodule(x):
-            return backends.ops("torch").rebuild_module(x, new_children)
-        fx = _flax(x)
-        if fx is not None:
-            return fx.rebuild(x, new_children)
     y = copy.copy(x)
     for k, v in new_children.items():
         object.__setattr__(y, k, v)
     return y
+
+
+def _rebuild_known(x: Any, old: dict, new_children: Mapping) -> Any:
+    """:func:`rebuild` for the node kinds the protocol knows by type (tuples, lists,
+    mappings, modules of the array libraries); ``None`` for any other object."""
+    if isinstance(x, tuple):
+        vals = [new_children.get(k, v) for k, v in old.items()]
+        return type(x)(*vals) if _isnamedtuple(x) else type(x)(vals)
+    if isinstance(x, list):
+        y = copy.copy(x)
+        for k, v in new_children.items():
+            y[k] = v
+        return y
+    if isinstance(x, Mapping):
+        return _rebuild_mapping(x, old, new_children)
+    if _ismodule(x):
+        return backends.ops("torch").rebuild_module(x, new_children)
+    fx = _flax(x)
+    return fx.rebuild(x, new_children) if fx is not None else None
 
 
 def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
