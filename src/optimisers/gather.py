@@ -10,7 +10,6 @@ identity instead of walking again.
 from __future__ import annotations
 
 import numbers
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -212,7 +211,8 @@ DOTGRAD = ()  # as the gradients of _update: each parameter's .grad (see update_
 
 def module_grads(model: Any) -> Any:
     """The gradient tree of a PyTorch model's ``.grad``s; a TypeError for other models."""
-    if "torch" in sys.modules and backends.ops("torch").hasmodule(model):
-        return backends.ops("torch").module_grads(model)
+    lib = backends.carries_grads(model)
+    if lib is not None:
+        return backends.ops(lib).module_grads(model)
     raise TypeError("update_(tree, model, grads) needs the gradients; only a "
                     "torch.nn.Module model may leave them out (its .grad is read)")

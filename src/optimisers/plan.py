@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,7 +74,7 @@ class Plan:
         # For update_(tree, module): which slots read a parameter's .grad, as
         # module_grads does (the first path to each tensor); None for other models.
         self.firsts = None
-        if "torch" in sys.modules and backends.ops("torch").hasmodule(model):
+        if backends.carries_grads(model) is not None:
             seen: set[int] = set()
             self.firsts = [id(x) not in seen and not seen.add(id(x))
                            for _, x, _ in self.slots]

@@ -7,6 +7,8 @@ is seen, and an array of a library is only seen once the user has imported it.
 """
 
 from optimisers.backends.registry import (
+    carries_grads,
+    dtype_library,
     issubclass_ndarray,
     istraced,
     library,
@@ -15,4 +17,5 @@ from optimisers.backends.registry import (
     ops,
 )
 
-__all__ = ["library", "ops", "of", "nograd", "istraced", "issubclass_ndarray"]
+__all__ = ["library", "ops", "of", "nograd", "istraced", "issubclass_ndarray", "dtype_library",
+           "carries_grads"]

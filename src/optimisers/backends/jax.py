@@ -531,3 +531,41 @@ def _register_all() -> None:
 
 
 _register_all()
+
+
+def host(a: Array, at: str) -> tuple[np.ndarray, str]:
+    """host(a, at) -> ``(values, dtype name)``: the array fetched from its device as
+    NumPy, for a checkpoint (bfloat16 as ml_dtypes', whose bits the checkpoint stores).
+
+    Example:
+        >>> host(jnp.ones(2), "a state")
+        (array([1., 1.], dtype=float32), 'float32')
+    """
+    arr = np.asarray(a)
+    return arr, arr.dtype.name
+
+
+def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
+    """from_host(arr, ref, bits, weak) -> the host values ``arr`` as a JAX array placed as
+    ``ref`` is (its sharding); with ``bits``, ``arr`` holds the bits of ``ref``'s dtype;
+    ``weak``, a 0-d value weakly typed, as ``jnp.asarray(0.9)`` and ``jit`` make them.
+
+    Example:
+        >>> from_host(np.array(0.5, np.float32), jnp.zeros(()), bits=False, weak=True).weak_type
+        True
+    """
+    out = arr.view(ref.dtype) if bits else arr
+    if weak and out.shape == ():
+        value = jnp.asarray(out.item())
+        out = value if value.dtype == out.dtype else out
+    return jax.device_put(out, ref.sharding)
+
+
+def dtype_name_of(v: Any) -> str:
+    """dtype_name_of(v) -> the name of a JAX scalar type.
+
+    Example:
+        >>> dtype_name_of(jnp.bfloat16)
+        'bfloat16'
+    """
+    return np.dtype(v).name

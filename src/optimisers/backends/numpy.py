@@ -306,3 +306,27 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
                for a in every) or not g.flags.c_contiguous or g.size != x.size:
         return None
     return x.reshape(-1), g.reshape(-1), [a.reshape(-1) for a in arrays]
+
+
+def host(a: Any, at: str) -> tuple[Array, str]:
+    """host(a, at) -> ``(values, dtype name)``: ``a``'s values as a NumPy array on the
+    host, for a checkpoint. A dtype NumPy lacks comes as the array it has (ml_dtypes'
+    bfloat16, say); the checkpoint stores its bits.
+
+    Example:
+        >>> host(np.float32(2.5), "a value")
+        (array(2.5, dtype=float32), 'float32')
+    """
+    arr = np.asarray(a)
+    return arr, arr.dtype.name
+
+
+def from_host(arr: Array, ref: Any, bits: bool, weak: bool = False) -> Array:
+    """from_host(arr, ref, bits) -> the host values ``arr`` as an array like ``ref``: itself,
+    or, when ``arr`` holds the bits of a dtype NumPy lacks, viewed as ``ref``'s dtype.
+
+    Example:
+        >>> from_host(np.array([0, 16256], np.uint16), np.zeros(2, np.float16), bits=True)
+        array([0.   , 1.875], dtype=float16)
+    """
+    return arr.view(ref.dtype) if bits else arr

@@ -74,6 +74,41 @@ def istraced(v: Any) -> bool:
     return jax is not None and isinstance(v, jax.core.Tracer)
 
 
+def dtype_library(v: Any) -> str | None:
+    """dtype_library(v) -> the library whose dtype object ``v`` is (``"torch"`` for
+    ``torch.float32``, ``"jax"`` for ``jnp.float32``), without importing any; ``None`` for
+    anything else (NumPy's own dtypes included).
+
+    Example:
+        >>> import numpy as np
+        >>> dtype_library(np.float32) is None
+        True
+    """
+    root = _ROOTS.get(type(v).__module__.partition(".")[0])
+    if root == "torch" and type(v).__name__ == "dtype":
+        return root
+    if root == "jax" and isinstance(v, type) and hasattr(v, "dtype"):
+        return root
+    return None
+
+
+_CARRIERS = ("torch",)  # libraries whose parameters carry their gradients (.grad)
+
+
+def carries_grads(model: Any) -> str | None:
+    """carries_grads(model) -> the library whose parameters in ``model`` carry their own
+    gradients (``"torch"``: each parameter's ``.grad``), or ``None``.
+
+    Example:
+        >>> carries_grads({"w": 1.0}) is None
+        True
+    """
+    for lib in _CARRIERS:
+        if lib in sys.modules and ops(lib).hasmodule(model):
+            return lib
+    return None
+
+
 _EAGER = ("jax",)  # backends whose types must be registered before the first array is seen
 
 

@@ -542,3 +542,57 @@ def untraced(fn: Callable) -> Callable:
     if found is None:
         found = _UNTRACED[fn] = torch.compiler.disable(fn, recursive=True)
     return found
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def host(a: Array, at: str) -> tuple[np.ndarray, str]:
+    """host(a, at) -> ``(values, dtype name)``: the tensor's values as a NumPy array on
+    the host, for a checkpoint; a dtype NumPy lacks (bfloat16, float8) as its bits, an
+    unsigned integer array of its item size.
+
+    Raises:
+        TypeError: for a sparse tensor, or a dtype of an unusual item size.
+
+    Example:
+        >>> host(torch.ones(2, dtype=torch.bfloat16), "a state")
+        (array([16256, 16256], dtype=uint16), 'bfloat16')
+    """
+    t = a.detach()
+    if t.layout is not torch.strided:
+        raise TypeError(f"cannot save {at}: a {t.layout} tensor; make it dense")
+    t = t.cpu().resolve_conj().resolve_neg().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    try:
+        return t.numpy(), name
+    except TypeError:  # a dtype NumPy lacks
+        size = t.element_size()
+        if size not in _BITS:
+            raise TypeError(f"cannot save {at}: tensors of dtype {name}") from None
+        return t.view(_BITS[size]).numpy().view(_UNSIGNED[size]), name
+
+
+def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
+    """from_host(arr, ref, bits) -> the host values ``arr`` as a tensor on ``ref``'s device;
+    with ``bits``, ``arr`` holds the bits of ``ref``'s dtype.
+
+    Example:
+        >>> from_host(np.array([16256], np.uint16), torch.zeros(1, dtype=torch.bfloat16), True)
+        tensor([1.], dtype=torch.bfloat16)
+    """
+    if not bits:
+        return torch.from_numpy(arr).to(device=ref.device)
+    signed = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[arr.dtype.itemsize]
+    return torch.from_numpy(arr.view(signed)).view(ref.dtype).to(device=ref.device)
+
+
+def dtype_name_of(v: Any) -> str:
+    """dtype_name_of(v) -> the name of a torch dtype object.
+
+    Example:
+        >>> dtype_name_of(torch.bfloat16)
+        'bfloat16'
+    """
+    return str(v).removeprefix("torch.")

@@ -17,7 +17,6 @@ from optimisers.checkpoint._format import (
     JSON_BASE,
     MAX_DEPTH,
     READS,
-    SIGNED,
     STANDARD,
     TYPES,
     Invalid,
@@ -419,19 +418,4 @@ def _place(arr: np.ndarray, name: str, bits: Any, ref: Any, kp: KeyPath, sub: st
     if bits is not None and not same:
         raise Invalid(f"the checkpoint's array at {kp!r}, state{sub} has dtype {name}; like "
                       f"has no array of that dtype there to say what it is")
-    if lib == "torch":
-        import torch
-
-        if bits is None:
-            return torch.from_numpy(arr).to(device=ref.device)
-        t = torch.from_numpy(arr.view(SIGNED[arr.dtype.itemsize])).view(ref.dtype)
-        return t.to(device=ref.device)
-    out = arr if bits is None else arr.view(ref.dtype)
-    if lib == "jax":
-        import jax
-
-        if weak and out.shape == ():  # as jnp.asarray(0.9): weakly typed, like under jit
-            value = jax.numpy.asarray(out.item())
-            out = value if value.dtype == out.dtype else out
-        return jax.device_put(out, ref.sharding)
-    return out
+    return backends.ops(lib).from_host(arr, ref, bits is not None, weak)

@@ -22,7 +22,6 @@ from optimisers.checkpoint._format import (
     FORMAT,
     JSON_MEMBER,
     MAX_DEPTH,
-    SIGNED,
     STAMP,
     STANDARD,
     VERSION,
@@ -150,31 +149,17 @@ class Writer:
 
 
 def _to_numpy(a: Any, lib: str | None, where: str) -> tuple[np.ndarray, str, str | None]:
-    """``(array, dtype name, bits dtype name or None)`` for an array of any library."""
-    if lib == "torch":
-        import torch
-
-        t = a.detach()
-        if t.layout is not torch.strided:
-            raise TypeError(f"cannot save {where}: a {t.layout} tensor; make it dense")
-        t = t.cpu().resolve_conj().resolve_neg().contiguous()
-        name = str(t.dtype).removeprefix("torch.")
-        if name in STANDARD:
-            return t.numpy(), name, None
-        size = t.element_size()
-        if size not in SIGNED:
-            raise TypeError(f"cannot save {where}: tensors of dtype {name}")
-        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
-        return t.view(ints).numpy().view(BITS[size]), name, np.dtype(BITS[size]).name
-    arr = np.asarray(a)  # NumPy arrays and scalars, JAX arrays (fetched from the device)
-    name = arr.dtype.name
+    """``(array, dtype name, bits dtype name or None)`` for an array of any library: its
+    backend's host values, a dtype NumPy lacks stored as its bits."""
+    arr, name = backends.ops(lib or "numpy").host(a, where)
     if name in STANDARD:
         return arr, name, None
     kind, size = arr.dtype.kind, arr.dtype.itemsize
-    if kind == "V" and arr.dtype.fields is None and size in BITS and name.isidentifier():
+    if (kind == "u" or kind == "V" and arr.dtype.fields is None) and size in BITS \
+            and name.isidentifier():
         bits = np.ascontiguousarray(arr).view(BITS[size])
         return bits, name, np.dtype(BITS[size]).name
-    raise TypeError(f"cannot save {where}: an array of dtype {arr.dtype}; a checkpoint "
+    raise TypeError(f"cannot save {where}: an array of dtype {name}; a checkpoint "
                     f"holds bool, integer, floating and complex arrays")
 
 
@@ -183,11 +168,9 @@ def encode_dtype(v: Any) -> dict | None:
         return {"dtype": v.name, "as": "numpy"}
     if isinstance(v, type) and issubclass(v, np.generic):
         return {"dtype": np.dtype(v).name, "as": "type"}
-    mod = type(v).__module__.partition(".")[0]
-    if mod == "torch" and type(v).__name__ == "dtype":
-        return {"dtype": str(v).removeprefix("torch."), "as": "torch"}
-    if mod == "jax" and isinstance(v, type) and hasattr(v, "dtype"):
-        return {"dtype": np.dtype(v).name, "as": "jax"}
+    lib = backends.dtype_library(v)
+    if lib is not None:
+        return {"dtype": backends.ops(lib).dtype_name_of(v), "as": lib}
     return None
 
 
