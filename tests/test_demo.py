@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+import optimisers
 from optimisers import __main__ as cli
 from optimisers import demo, fmap, isnumeric
 
@@ -138,7 +139,8 @@ def test_torch_backend(capsys):
 def test_jax_backend(capsys, monkeypatch):
     pytest.importorskip("jax")
     # Each rule compiles its own step: two rules here (the NumPy test checks them all).
-    monkeypatch.setattr(demo, "COMPARED", [demo.Adam(0.005), demo.Lion(0.001)])
+    monkeypatch.setattr(demo.comparison, "COMPARED",
+                        [optimisers.Adam(0.005), optimisers.Lion(0.001)])
     out = run_demo(capsys, "--backend", "jax")
     check_output(out, tied=False, rules=["Adam(", "Lion("])
     assert "backend jax (gradients by jax.grad" in out
@@ -231,7 +233,7 @@ def test_version_and_no_command(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])
     assert e.value.code == 0
-    assert capsys.readouterr().out.strip() == demo.optimisers.__version__
+    assert capsys.readouterr().out.strip() == optimisers.__version__
     assert cli.main([]) == 0
     assert "demo" in capsys.readouterr().out
 
@@ -255,4 +257,4 @@ def test_console_script():
     if script is None:
         pytest.skip("the package is not installed: no optimisers command on PATH")
     done = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.strip() == demo.optimisers.__version__
+    assert done.returncode == 0 and done.stdout.strip() == optimisers.__version__
