@@ -18,6 +18,19 @@ def test_dotted_names_become_nested_dicts():
     assert nest_dotted(nested, model) is nested  # nothing to do: the very object
 
 
+def test_dotted_and_plain_keys_merge_without_writing_the_callers_dicts():
+    model = {"enc": [np.ones(2), np.ones(2)]}
+    for order in ("dotted first", "plain first"):
+        user = {0: 1}
+        g = {"enc.1": 2, "enc": user} if order == "dotted first" else {"enc": user, "enc.1": 2}
+        assert nest_dotted(g, model) == {"enc": {0: 1, 1: 2}}
+        assert user == {0: 1}  # copied before the merge, never written
+    with pytest.raises(ValueError, match="already given by another key"):
+        nest_dotted({"enc.1": 2, "enc": {1: 3}}, model)
+    with pytest.raises(ValueError, match="runs into the gradient given for 'enc'"):
+        nest_dotted({"enc": [1, 2], "enc.1": 2}, model)
+
+
 def test_dotted_name_that_leads_nowhere_is_the_gathers_error():
     model = {"enc": [np.ones(2)]}
     tree = O.setup(O.Descent(), model)

@@ -234,14 +234,14 @@ FUZZ = textwrap.dedent("""
     rng = np.random.default_rng(int(sys.argv[2]))
     if lib == "torch":
         import torch
-        def arr(n): return torch.tensor(rng.normal(size=n), dtype=torch.float32)
+        def arr(n): return torch.tensor(rng.normal(size=n or ()), dtype=torch.float32)
         def copy(a): return a.clone()
         def equal(a, b): return a.shape == b.shape and bool(torch.equal(a, b))
     else:
-        def arr(n): return rng.normal(size=n).astype(np.float32)
+        def arr(n): return np.asarray(rng.normal(size=n or ()), np.float32)
         def copy(a): return a.copy()
         def equal(a, b): return a.shape == b.shape and np.array_equal(a, b)
-    sizes = [5, 64, 300, 5000, 1 << 18]
+    sizes = [0, 5, 64, 300, 5000, 1 << 18]  # 0: a 0-d parameter
     rules = [O.Adam(0.01), O.AdamW(0.01, lambd=0.1), O.Momentum(0.01), O.Lion(0.01),
              O.OptimiserChain(O.ClipGrad(1.0), O.Descent(0.1))]
     for trial in range(12):
@@ -253,11 +253,17 @@ FUZZ = textwrap.dedent("""
             if step > 1 and rng.random() < 0.5:
                 k = f"p{int(rng.integers(n))}"
                 m = int(rng.choice(sizes))
-                if rng.random() < 0.5 and lib == "torch":
+                r = rng.random()
+                if lib == "torch" and r < 0.3:
                     model[k].data = arr(m)  # the same tensor, new memory
+                elif lib == "torch" and r < 0.5 and model[k].numel() > 1:
+                    model[k].data = model[k].data[: model[k].numel() // 2]  # same address
+                elif r < 0.6:
+                    model[k] = arr(m).reshape(-1, 1) if m else arr(m)  # another ndim
                 else:
                     model[k] = arr(m)
-            grads = {k: arr(v.shape[0]) for k, v in model.items()}
+            grads = {k: arr(int(np.prod(v.shape))).reshape(tuple(v.shape)) for k, v in
+                     model.items()}
             fits = all(leaf.state is None or all(
                 getattr(a, "shape", v.shape) == v.shape for a in O.fleaves(leaf.state))
                 for (_, leaf), v in zip(leaves(tree), model.values()))
@@ -290,3 +296,61 @@ def test_fuzz_random_resizes_never_crash(lib, seed):
     done = subprocess.run([sys.executable, "-c", FUZZ, lib, str(seed)], capture_output=True,
                           text=True, timeout=300, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+ZERO_D = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import optimisers as O
+    lib, n = sys.argv[1], int(sys.argv[2])
+    if lib == "torch":
+        import torch
+        arr, ones = (lambda *s: torch.zeros(s)), torch.ones_like
+    elif lib == "jax":
+        import jax.numpy as jnp
+        arr, ones = (lambda *s: jnp.zeros(s)), jnp.ones_like
+    else:
+        arr, ones = (lambda *s: np.zeros(s, np.float32)), np.ones_like
+    model = {"s": arr(), "w": arr(3), "v": arr(3)}
+    tree = O.setup(O.Adam(0.1), model)
+    grads = lambda: {k: ones(v) for k, v in model.items()}
+    tree, model = O.update_(tree, model, grads())
+    model["s"] = arr(n)  # a scalar parameter made a vector
+    try:
+        O.update_(tree, model, grads())
+    except ValueError as err:
+        print("ValueError" if "KeyPath('s') holds state of shape ()" in str(err) else err)
+""")
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("n", [5, 1000])
+def test_a_scalar_parameter_resized_after_setup(lib, n):
+    """A 0-d parameter's state is 0-d arrays too: they are state, not numbers, and must fit
+    (before, torch's fused Adam wrote past them and corrupted the heap). In a subprocess."""
+    done = subprocess.run([sys.executable, "-c", ZERO_D, lib, str(n)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ValueError", (
+        done.stdout[-1000:] + done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("how", ["transpose", "slice"])
+def test_torch_view_at_the_same_address_is_noticed(how, torch_path):
+    """``p.data = p.data.t()`` or a slice keeps the tensor and its address: the cached
+    group must notice the shape or strides, never step it in the old layout."""
+    torch.manual_seed(0)
+    model = [torch.randn(6, 6) for _ in range(3)]
+    tree = O.setup(O.Descent(1.0), model)
+    grads = [torch.ones(6, 6) for _ in model]
+    for _ in range(2):
+        tree, model = O.update_(tree, model, grads)
+    if how == "transpose":
+        before = model[1].clone()
+        model[1].data = model[1].data.t()
+        g = torch.arange(36.0).reshape(6, 6)
+        tree, model = O.update_(tree, model, [grads[0], g, grads[2]])
+        torch.testing.assert_close(model[1], before.t() - g, rtol=0, atol=0)
+    else:
+        model[1].data = model[1].data[:3]
+        with pytest.raises(ValueError, match=r"KeyPath\(1\)"):
+            O.update_(tree, model, grads)

@@ -157,3 +157,39 @@ def test_a_child_forked_while_a_thread_steps_the_tree_can_step_it():
     done = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "child 0" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_tree_whose_first_child_holds_no_leaf_is_locked_and_planned(monkeypatch):
+    """The tree's lock and plan live on its first Leaf, found depth first: a leading
+    sub-tree without Leafs (a config) hid it, and steps from two threads were lost."""
+    from optimisers import plan
+
+    model = {"cfg": {"n": 3}, "w": big_model(2)}
+    tree = O.setup(O.Adam(0.1), model)
+    assert plan.first_leaf(tree) is tree["w"][0]
+    in_two_threads(lambda: O.update_(tree, model, {"w": [np.ones_like(x) for x in model["w"]]}),
+                   25)
+    assert np.allclose(tree["w"][0].state[2], (0.9 ** 51, 0.999 ** 51))
+
+
+FORKED_MAKING = textwrap.dedent("""
+    import os, numpy as np
+    import optimisers as O
+    from optimisers import state
+    model = [np.ones(3)]
+    tree = O.setup(O.Descent(0.1), model)
+    state._LOCKING[0].acquire()  # as if another thread were making a tree's lock
+    pid = os.fork()
+    if pid == 0:
+        O.update_(tree, model, [np.ones(3)])  # makes this tree's lock: must not wait
+        os._exit(0 if np.allclose(model[0], 0.9) else 3)
+    _, status = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(status))
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_lock_was_being_made_can_step():
+    done = subprocess.run([sys.executable, "-c", FORKED_MAKING], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "child 0" in done.stdout, done.stderr[-2000:]

@@ -175,19 +175,36 @@ def nest_dotted(g: Any, model: Any) -> Any:
     if all(type(k) is not str or k in kids or "." not in k for k in g):
         return g
     out: dict = {}
+    ours: set[int] = {id(out)}  # the dicts made here, which may be written
     for key, v in g.items():
         path = _path(model, key) if type(key) is str and key not in kids else None
-        if path is None:
-            out[key] = v
-            continue
-        node = out
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"gradient key {key!r} runs into another gradient given "
-                                 f"for {k!r}; give each parameter's gradient once")
-        node[path[-1]] = v
+        _put(out, path or (key,), v, key, ours)
     return out
+
+
+def _put(node: dict, path: tuple, v: Any, key: Any, ours: set) -> None:
+    """Put gradient ``v`` (given under ``key``) at ``path`` below ``node``, merging with
+    what other keys gave there; a mapping the caller gave is copied before it is merged
+    into, never written."""
+    for k in path[:-1]:
+        sub = node.get(k)
+        if sub is None or isinstance(sub, Mapping) and id(sub) not in ours:
+            fresh = dict(sub) if sub is not None else {}
+            ours.add(id(fresh))
+            node[k] = sub = fresh
+        elif id(sub) not in ours:
+            raise ValueError(f"gradient key {key!r} runs into the gradient given for {k!r}; "
+                             f"give each parameter's gradient once")
+        node = sub
+    last = path[-1]
+    if last not in node:
+        node[last] = v
+    elif isinstance(v, Mapping) and id(node[last]) in ours:
+        for k, w in v.items():  # a plain key's mapping, where dotted keys went first
+            _put(node[last], (k,), w, key, ours)
+    else:
+        raise ValueError(f"gradient key {key!r} gives a gradient already given by another "
+                         f"key; give each parameter's gradient once")
 
 
 def _path(model: Any, dotted: str) -> tuple | None:

@@ -35,14 +35,16 @@ _FROZEN, _RULE, _STATE = (operator.attrgetter(a) for a in ("frozen", "rule", "st
 def first_leaf(t: Any) -> Leaf | None:
     """The first Leaf of a state tree in walk order (where ``update_`` keeps its plan),
     or ``None``."""
-    while not isinstance(t, Leaf):
+    stack = [t]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, Leaf):
+            return t
         if isinstance(t, dict):
-            t = next((v for v in t.values() if v is not None), None)
+            stack.extend(reversed(t.values()))
         elif isinstance(t, (tuple, list)):
-            t = next((v for v in t if v is not None), None)
-        else:
-            return None
-    return t
+            stack.extend(reversed(t))
+    return None
 
 
 class Plan:
@@ -198,20 +200,20 @@ class Plan:
         """The entries of a step, from each gradient tree's gradients listed by slot."""
         if len(per_tree) == 1 and not self.tied:  # the common case, kept tight
             entries = []
-            for (leaf, x, kp), (tx, sx, dx), g in zip(self.slots, self.specs, per_tree[0]):
+            for (leaf, x, kp), (tx, _, _), g in zip(self.slots, self.specs, per_tree[0]):
                 if g is None:
                     continue
-                if type(g) is not tx or g.shape != sx or g.dtype != dx:
-                    g = grad_array(g, x, kp)
+                if type(g) is not tx or g.shape != x.shape or g.dtype != x.dtype:
+                    g = grad_array(g, x, kp)  # (x's own: it may have changed in place)
                 if not leaf.frozen:
                     entries.append(Entry(leaf, x, [g], kp))
             return entries
         plan: dict[int, Entry] = {}
-        for i, ((leaf, x, kp), (tx, sx, dx)) in enumerate(zip(self.slots, self.specs)):
+        for i, ((leaf, x, kp), (tx, _, _)) in enumerate(zip(self.slots, self.specs)):
             gs = [out[i] for out in per_tree]
             if gs[0] is None:
                 continue
-            gs = [g if g is None or type(g) is tx and g.shape == sx and g.dtype == dx
+            gs = [g if g is None or type(g) is tx and g.shape == x.shape and g.dtype == x.dtype
                   else grad_array(g, x, kp) for g in gs]
             if not leaf.frozen:
                 add(plan, leaf, x, gs, kp)

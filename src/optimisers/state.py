@@ -147,9 +147,16 @@ def _apply(e: Entry, state: Any) -> tuple[Any, Any]:
         raise type(err)(f"{err} (in {e.leaf.rule!r} at {e.paths[0]!r})") from err
 
 
-_LOCKING = threading.Lock()
+_LOCKING = [threading.Lock()]  # guards making a tree's lock; made anew in a forked child
 _FORKS = [0]  # how many forks this process descends from: a child makes its locks anew
-os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+def _forked() -> None:
+    _FORKS[0] += 1
+    _LOCKING[0] = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _lock_of(first: Leaf | None) -> Any:
@@ -160,7 +167,7 @@ def _lock_of(first: Leaf | None) -> Any:
         return contextlib.nullcontext()
     kept = first._lock
     if kept is None or kept[0] != _FORKS[0]:
-        with _LOCKING:
+        with _LOCKING[0]:
             kept = first._lock
             if kept is None or kept[0] != _FORKS[0]:
                 kept = first._lock = (_FORKS[0], threading.RLock())

@@ -151,8 +151,9 @@ class NewValue:
 
 
 def _arrays(state: Any) -> list:
-    """The arrays in a state (0-d ones are numbers: bias corrections, counters), its
-    tuple, list and dict parts walked."""
+    """The arrays in a state, its tuple, list and dict parts walked. A weakly typed 0-d
+    array is a number (JAX carries bias corrections and counters so under ``jit``); any
+    other array, 0-d too, is state that must fit its parameter."""
     stack, found = [state], []
     while stack:
         s = stack.pop()
@@ -160,6 +161,7 @@ def _arrays(state: Any) -> list:
             stack.extend(s)
         elif isinstance(s, dict):
             stack.extend(s.values())
-        elif backends.library(s) is not None and len(s.shape):
+        elif backends.library(s) is not None and (
+                len(s.shape) or getattr(s, "weak_type", False) is not True):
             found.append(s)
     return found

@@ -1,0 +1,22 @@
+"""The layout keeps its rules (the project's structural check, ``shared/tools/arch_check.py``):
+no module imports another's private name, no array library is named outside
+``backends/``, no function body is over 60 lines, and ``__init__`` files only re-export."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK = ROOT.parent / "shared" / "tools" / "arch_check.py"
+
+
+@pytest.mark.skipif(not CHECK.exists(), reason="the shared structural check is not beside this "
+                                               "checkout")
+def test_structural_check_passes():
+    done = subprocess.run([sys.executable, str(CHECK), str(ROOT)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "4 passed, 0 failed" in done.stdout, done.stdout[-3000:]
