@@ -91,14 +91,12 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     """
     for e in entries:
         _check_fit(e)
-    done = {}
-    if inplace:
-        copy = _copier()
-        done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state))
-                for e in entries if e.leaf.rule.raises()}
+    risky = [e for e in entries if e.leaf.rule.raises()] if inplace else []
+    copy = _copier() if risky else None
+    done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state)) for e in risky}
     rest, new, groups = fused.step_groups([e for e in entries if id(e.leaf) not in done],
                                           inplace, known)
-    for e in (*rest, *(e for e in entries if id(e.leaf) in done)):
+    for e in (*rest, *risky):
         leaf, x = e.leaf, e.x
         leaf.state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state)
         if isinstance(d, NewValue):
