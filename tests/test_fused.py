@@ -220,8 +220,8 @@ def test_all_rules_list_covers_the_fused_rules():
 @pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
 @pytest.mark.parametrize("rule,compiled", [
     (O.Adam(), True), (O.OptimiserChain(O.ClipGrad(1.0), O.WeightDecay(), O.Lion()), True),
-    (O.RMSProp(centred=True), True), (O.AdaBelief(), False),
-], ids=["Adam", "chain", "RMSProp", "AdaBelief"])
+    (O.RMSProp(centred=True), True), (O.AdaBelief(), True), (O.RAdam(), False),
+], ids=["Adam", "chain", "RMSProp", "AdaBelief", "RAdam"])
 def test_one_pass_kernels_are_used_for_the_common_rules(rule, compiled):
     for n in (3, 100):  # gradients read in place, and concatenated
         model = {f"p{i}": np.ones(8, np.float32) for i in range(n)}

@@ -19,6 +19,7 @@ import pytest
 import optimisers as O
 from optimisers import fused
 from optimisers.backends import _jit, _numba, _ufuncs
+from optimisers.fast import trace
 
 HAVE_NUMBA = _numba.available()
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
@@ -229,7 +230,7 @@ event.register("numba:compile", Count())
 rng = np.random.default_rng(0)
 models = {"parallel": [rng.normal(size=1 << 18).astype(np.float32) for _ in range(2)],
           "small": [rng.normal(size=8) for _ in range(100)]}
-for rule in (O.Adam(), O.AdaGrad()):  # a one-pass kernel; scatter_sub
+for rule in (O.Adam(), O.RAdam()):  # a one-pass kernel; scatter_sub (RAdam branches: no kernel)
     for model in models.values():
         tree = O.setup(rule, model)
         O.update_(tree, model, [np.ones_like(x) for x in model])
@@ -361,10 +362,10 @@ def test_scatter_sub_refuses_a_step_of_another_length():
 
 @needs_numba
 def test_a_kernel_is_built_only_for_the_states_its_rule_reads():
-    lines = _numba._lines(O.Adam(), (fused.ARRAY, fused.ARRAY, (0.9, 0.999)), np.float32, [])
-    assert _numba.states_read(lines) == 2
+    program = trace.trace(O.Adam(), (fused.ARRAY, fused.ARRAY, (0.9, 0.999)))
+    assert program.nstate == 2
     with pytest.raises(ValueError, match="1 state arrays for a rule reading 2"):
-        _numba.build(lines, 1, False, np.float32)
+        _numba.build(program.lines, 1, False, np.float32, _numba.constants(program))
 
 
 @needs_numba

@@ -30,7 +30,7 @@ from optimisers.leaf import restate
 from optimisers.rules import NewValue, OptimiserChain, Rule, call
 from optimisers.tree import keys_shown
 
-__all__ = ["fusible", "step_groups", "pack", "Group", "MIN_GROUP"]
+__all__ = ["fusible", "step_groups", "pack", "Group", "MIN_GROUP", "Node", "ARRAY", "signature"]
 
 MIN_GROUP = 2
 """Fewer arrays than this in a group take the plain path: nothing to gain."""
@@ -61,7 +61,7 @@ def fusible(rule: Rule) -> tuple[bool, bool]:
     return out
 
 
-class _Node(tuple):
+class Node(tuple):
     """A tuple in a state signature that holds arrays below it (rebuilt per Leaf)."""
 
 
@@ -77,7 +77,7 @@ def signature(state: Any, out: list) -> Any:
     if isinstance(state, tuple):
         n = len(out)
         parts = [signature(s, out) for s in state]
-        return _Node(parts) if len(out) > n else state
+        return Node(parts) if len(out) > n else state
     if backends.library(state) is not None:
         out.append(state)
         return ARRAY
@@ -88,7 +88,7 @@ def _fill(sig: Any, arrays: Any) -> Any:
     """The state with signature ``sig``, its arrays taken in order from the iterator."""
     if sig is ARRAY:
         return next(arrays)
-    if type(sig) is _Node:
+    if type(sig) is Node:
         return tuple(_fill(s, arrays) for s in sig)
     return sig
 
@@ -107,7 +107,7 @@ def _builder(sig: Any) -> tuple[Any, list]:
         if s is ARRAY:
             arrays.append(None)
             return f"a[{len(arrays) - 1}]"
-        if type(s) is _Node:
+        if type(s) is Node:
             parts = [expr(p, arrays) for p in s]
             return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
         scalars.append(s)
@@ -160,8 +160,7 @@ class Group:
         onepass = xp.onepass(self.rule, self.sig, self.xs, self.arrays, self.cache) if (
             self.write and hasattr(xp, "onepass")) else None
         if onepass is not None:
-            onepass(grads, self.sig)
-            self._restate(self._advance())
+            self._restate(onepass(grads, self.sig))
             return
         if self._chunked(grads):
             return
@@ -230,14 +229,6 @@ class Group:
         self.states = build(self.arrays, scalars)
         restate(self.leaves, self.states)
         self.sig = newsig
-
-    def _advance(self) -> Any:
-        """The signature after one step: the rule applied to empty arrays moves the
-        non-array state (bias corrections, counters) exactly as a real step does."""
-        empty = [a.reshape(-1)[:0] for a in self.arrays[0]]
-        x = self.xs[0].reshape(-1)[:0]
-        state, _ = call(self.rule, _fill(self.sig, iter(empty)), x, (x,))
-        return signature(state, [])
 
 
 def step_groups(entries: list, inplace: bool, known: list | None = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import itertools
 import operator
 import re
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from optimisers.backends import _jit
+from optimisers.fast import trace
 
 _AVAILABLE = importlib.util.find_spec("numba") is not None
 _KERNELS: dict[Any, Any] = {}
@@ -89,112 +89,11 @@ def _writable(arrays: list, dtype: np.dtype) -> bool:
 
 # ---------------------------------------------------------------- one-pass group kernels
 #
-# For the commonest rules, one compiled loop reads each element's parameter, gradient
-# and state once and writes them once: the memory traffic of the update, nothing more.
-# Each rule below mirrors its ``apply`` in rules.py operation for operation, in the
-# array's dtype, so the results are bit for bit those of the plain path (tests check).
-# A rule's snippet maps (rule, its state signature, dtype) to source lines that turn the
-# scalar ``g`` into the rule's step, the constants those lines read, and the number of
-# state arrays it uses; a chain concatenates its rules' snippets.
-
-def _descent(r, sig, f, s, c):
-    return [f"g = {c(f(r.eta))} * g"]
-
-
-def _momentum(r, sig, f, s, c):
-    k = s()
-    return [f"v = {c(f(r.rho))} * s{k}[i] + {c(f(r.eta))} * g", f"s{k}[i] = v", "g = v"]
-
-
-def _nesterov(r, sig, f, s, c):
-    k = s()
-    eta, rho = f(r.eta), f(r.rho)
-    return [f"v = s{k}[i]", f"d = {c(-(rho * rho))} * v + {c((1 + rho) * eta)} * g",
-            f"s{k}[i] = {c(rho)} * v - {c(eta)} * g", "g = d"]
-
-
-def _moments(r, f, s, c):
-    k, j = s(), s()
-    b1, b2 = f(r.beta[0]), f(r.beta[1])
-    c1, c2 = f(1 - r.beta[0]), f(1 - r.beta[1])  # before the cast, as the rules do
-    return k, j, [f"m = {c(b1)} * s{k}[i] + {c(c1)} * g",
-                  f"v = {c(b2)} * s{j}[i] + {c(c2)} * (g * g)",
-                  f"s{k}[i] = m", f"s{j}[i] = v"]
-
-
-def _eps(r, f):
-    e = r.epsilon
-    return f(max(e, 1e-7) if getattr(f(0), "dtype", None) == np.float16 and e else e)
-
-
-def _adam(r, sig, f, s, c):
-    bt = sig[2]
-    k, j, lines = _moments(r, f, s, c)
-    return lines + [f"g = {c(f(r.eta))} * m / {c(f(1 - bt[0]))} / "
-                    f"(np.sqrt(v / {c(f(1 - bt[1]))}) + {c(_eps(r, f))})"]
-
-
-def _adamw(r, sig, f, s, c):
-    bt = sig[2]
-    k, j, lines = _moments(r, f, s, c)
-    lines.append(f"a = m / {c(f(1 - bt[0]))} / (np.sqrt(v / {c(f(1 - bt[1]))}) + "
-                 f"{c(_eps(r, f))})")
-    eta, lambd = c(f(r.eta)), c(f(r.lambd))
-    lines.append(f"g = {eta} * (a + {lambd} * xi)" if r.couple else
-                 f"g = {eta} * a + {lambd} * xi")
-    return lines
-
-
-def _rmsprop(r, sig, f, s, c):
-    k = s()
-    rho, rest = f(r.rho), f(1 - r.rho)
-    lines = [f"q = {c(rho)} * s{k}[i] + {c(rest)} * (g * g)", f"s{k}[i] = q"]
-    if sig[1] is None:
-        return lines + [f"g = {c(f(r.eta))} * g / (np.sqrt(q) + {c(_eps(r, f))})"]
-    j = s()
-    return lines + [f"l = {c(rho)} * s{j}[i] + {c(rest)} * g", f"s{j}[i] = l",
-                    f"g = {c(f(r.eta))} * g / (np.sqrt(q - l * l) + {c(_eps(r, f))})"]
-
-
-def _lion(r, sig, f, s, c):
-    k = s()
-    b1, b2, c1, c2 = f(r.beta[0]), f(r.beta[1]), f(1 - r.beta[0]), f(1 - r.beta[1])
-    return [f"m = s{k}[i]", f"d = {c(f(r.eta))} * np.sign({c(b1)} * m + {c(c1)} * g)",
-            f"s{k}[i] = {c(b2)} * m + {c(c2)} * g", "g = d"]
-
-
-def _weightdecay(r, sig, f, s, c):
-    return [f"g = g + {c(f(r.lambd))} * xi"]
-
-
-def _signdecay(r, sig, f, s, c):
-    return [f"g = g + {c(f(r.lambd))} * np.sign(xi)"]
-
-
-def _clipgrad(r, sig, f, s, c):
-    delta = f(r.delta)
-    return [f"g = np.minimum(np.maximum(g, {c(-delta)}), {c(delta)})"]
-
-
-def _chain(r, sig, f, s, c):
-    lines = []
-    for rule, sub in zip(r.rules, sig):
-        lines += SNIPPETS[type(rule).__name__](rule, sub, f, s, c)
-    return lines
-
-
-SNIPPETS = {"Descent": _descent, "Momentum": _momentum, "Nesterov": _nesterov,
-            "Adam": _adam, "AdamW": _adamw, "RMSProp": _rmsprop, "Lion": _lion,
-            "WeightDecay": _weightdecay, "SignDecay": _signdecay, "ClipGrad": _clipgrad,
-            "OptimiserChain": _chain}
-
-
-def _supported(rule: Any) -> bool:
-    name = type(rule).__name__
-    if name == "OptimiserChain":
-        return all(_supported(r) for r in rule.rules)
-    return name in SNIPPETS and type(rule).__module__.startswith("optimisers.rules.")
-
+# For the rules whose ``apply`` the code generator can follow (``fast/trace.py``), one
+# compiled loop reads each element's parameter, gradient and state once and writes them
+# once: the memory traffic of the update, nothing more. The loop's body is the rule's
+# element program, the same operations in the array's dtype as ``apply`` runs, so the
+# results are bit for bit those of the plain path (tests check).
 
 _ONEPASS: dict[tuple, Any] = {}
 
@@ -225,8 +124,7 @@ def kernel(xa, ga, sizes, rows, C{states}):{lock}
         for i in range(n):
             xi = x[i]
             g = gv[i]
-{body}
-            x[i] = xi - g{unlock}
+{body}{unlock}
 '''
     return src
 
@@ -234,10 +132,10 @@ def kernel(xa, ga, sizes, rows, C{states}):{lock}
 def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple = ()) -> Any:
     """The compiled kernel of :func:`_compile` (made once per source, and loaded from the
     disk cache where an earlier process compiled it: ``_jit.compiled``). ``ValueError``
-    where ``lines`` read other state arrays than the ``nstate`` it is given."""
-    if states_read(lines) != nstate:
-        raise ValueError(f"a kernel given {nstate} state arrays for a rule reading "
-                         f"{states_read(lines)}")
+    where ``lines`` read a state array beyond the ``nstate`` it is given."""
+    used = max(map(int, _STATE.findall("\n".join(lines))), default=-1) + 1
+    if used > nstate:
+        raise ValueError(f"a kernel given {nstate} state arrays for a rule reading {used}")
     key = (tuple(lines), tuple(prelude), nstate, parallel, np.dtype(dtype))
     if key not in _ONEPASS:
         import numba
@@ -249,13 +147,6 @@ def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple =
         _ONEPASS[key] = _jit.compiled(source, "kernel", namespace, nogil=True,
                                       error_model="numpy", parallel=parallel)
     return _ONEPASS[key]
-
-
-def states_read(lines: list) -> int:
-    """How many state arrays snippet ``lines`` read or write (``s0`` to ``s{n-1}``, each
-    used): a kernel must be given exactly these."""
-    used = {int(k) for k in _STATE.findall("\n".join(lines))}
-    return len(used) if used == set(range(len(used))) else -1
 
 
 PARALLEL_FROM = 1 << 18
@@ -315,27 +206,36 @@ class _Pieces:
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict,
             scalars: Any = None) -> Any:
-    """A function ``step(grads, sig)`` running the whole group's update in one compiled
-    pass, or ``None`` where that is not possible (no numba, an unsupported rule, dtype
-    or layout, or state arrays that do not fit their parameters: see :func:`fits`);
-    then the caller takes the vectorised NumPy path.
+    """A function ``step(grads, sig) -> sig after`` running the whole group's update in
+    one compiled pass, or ``None`` where that is not possible (no numba, a rule whose
+    ``apply`` the code generator cannot follow, a dtype or layout the kernel cannot
+    take, or state arrays that do not fit their parameters: see :func:`fits`); then the
+    caller takes the vectorised NumPy path.
 
     The kernel reads each gradient at its address. Many small gradients are first
     concatenated (one call, where reading 2,000 addresses costs more), unless they are
     the very arrays of the last step, as in a loop that writes each step's gradients
-    into the same buffers: their addresses are then known already. ``scalars`` casts
-    hyper-parameters before constants are computed from them (see :func:`_lines`)."""
+    into the same buffers: their addresses are then known already. ``scalars`` is the
+    scalar type hyper-parameters are cast to before constants are computed from them:
+    by default the array's dtype, as the NumPy backend's ``hyper`` does; ``float`` for
+    PyTorch, whose ``hyper`` keeps Python floats."""
     if "onepass" in cache:
         return cache["onepass"]
     cache["onepass"] = None
-    if not _AVAILABLE or not _supported(rule) or not xs:
+    if not _AVAILABLE or not xs:
         return None
+    program = trace.trace(rule, sig)
     dtype = xs[0].dtype
-    lines = _lines(rule, sig, dtype, [])
-    if not fits(xs, arrays, dtype, states_read(lines)):
+    if program is None or not fits(xs, arrays, dtype, program.nstate):
         return None
-    cache["onepass"] = _OnePass(rule, xs, arrays, lines, scalars)
+    cast = np.dtype(dtype).type if scalars is None else scalars
+    cache["onepass"] = _OnePass(rule, program, xs, arrays, cast)
     return cache["onepass"]
+
+
+def constants(program: Any) -> tuple:
+    """The kernel's prelude naming a step's constants: ``K0 = c[0]`` ..."""
+    return tuple(f"K{k} = c[{k}]" for k in range(len(program.consts)))
 
 
 def fits(xs: list, arrays: list, dtype: Any, nstate: int) -> bool:
@@ -357,14 +257,15 @@ class _OnePass:
     """A group's one-pass step (:func:`onepass`): the kernel, the addresses of the
     group's parameters and states, and the last step's gradient arrays and addresses."""
 
-    def __init__(self, rule: Any, xs: list, arrays: list, lines: list, scalars: Any) -> None:
-        self.rule, self.dtype, self.scalars = rule, xs[0].dtype, scalars
-        self.nstate = states_read(lines)
-        self.lines, self.sizes = lines, [x.size for x in xs]
+    def __init__(self, rule: Any, program: Any, xs: list, arrays: list, cast: Any) -> None:
+        self.program, self.cast, self.dtype = program, cast, xs[0].dtype
+        self.numbers = trace.numbers(rule)
+        self.nstate, self.prelude = program.nstate, constants(program)
+        self.lines, self.sizes = program.lines, [x.size for x in xs]
         # many small arrays: concatenating the gradients (one call) beats reading addresses
         self.flat_g = len(xs) > 64 and sum(self.sizes) < 16384 * len(xs)
         self.parallel = sum(self.sizes) >= PARALLEL_FROM and not _jit.SERIAL
-        self.kernel = build(lines, self.nstate, self.parallel, self.dtype)
+        self.kernel = build(self.lines, self.nstate, self.parallel, self.dtype, self.prelude)
         self.pieces = pieces = _Pieces(self.sizes, self.parallel)
         self.rows = np.zeros(pieces.sizes.size, dtype=np.intp)  # every piece: the one row
         self.xa = pieces.addresses(xs)
@@ -374,14 +275,13 @@ class _OnePass:
         self.last: list = [None, None]  # the last step's gradient arrays; own addresses
         self.keep: tuple = (xs, arrays)  # the addresses stay valid while these live
 
-    def __call__(self, grads: list, sig: Any) -> None:
-        consts: list = []
-        _lines(self.rule, sig, self.dtype, consts, self.scalars)
+    def __call__(self, grads: list, sig: Any) -> Any:
+        consts, after = trace.step_scalars(self.program, self.cast, self.numbers, sig)
         c = np.array([consts], dtype=self.dtype)
         ga, keep, own = self._gradients(grads)
         kernel = self.kernel
         if self.parallel and _jit.SERIAL:  # made before a fork; the child's pool is unusable
-            kernel = build(self.lines, self.nstate, False, self.dtype)
+            kernel = build(self.lines, self.nstate, False, self.dtype, self.prelude)
         if self.parallel and not _jit.MUTEX:  # else the kernel holds the mutex itself
             with _jit.LOCK:
                 kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)
@@ -389,6 +289,7 @@ class _OnePass:
             kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)
         self.last[:] = grads, own
         self.keep = (*self.keep[:2], keep)
+        return after
 
     def _gradients(self, grads: list) -> tuple:
         """``(addresses, arrays, own)``: each piece's gradient address, the arrays that
@@ -414,113 +315,6 @@ class _OnePass:
         # only an ndarray's own memory has a lasting address (not a NumPy scalar's)
         keep = [np.ascontiguousarray(g, dtype=dtype) for g in grads]
         return self.pieces.addresses(keep), keep, None
-
-
-def _lines(rule: Any, sig: Any, dtype: Any, consts: list, scalars: Any = None) -> list:
-    """The snippet lines of ``rule``; its constants appended to ``consts`` in order.
-    Constants are computed from hyper-parameters cast by ``scalars``: by default the
-    array's dtype, as the NumPy backend's ``hyper`` does; ``float`` for PyTorch, whose
-    ``hyper`` keeps Python floats."""
-    cast = np.dtype(dtype).type if scalars is None else scalars
-
-    def const(value: Any) -> str:
-        consts.append(value)
-        return f"c[{len(consts) - 1}]"
-
-    return _snippet(rule, sig, cast, const)
-
-
-def _snippet(rule: Any, sig: Any, cast: Any, const: Any) -> list:
-    """The lines of ``rule``'s snippet: hyper-parameters cast by ``cast``, constants named
-    by ``const``, state arrays numbered from 0."""
-    return SNIPPETS[type(rule).__name__](rule, sig, cast, itertools.count().__next__, const)
-
-
-
-# ------------------------------------------- run-time hyper-parameters (JAX groups, _xla.py)
-#
-# Under ``jax.jit`` a Leaf's hyper-parameters and counters are values known only when the
-# compiled program runs, one set per Leaf. The same snippets then take rules whose fields
-# are :class:`Sym` objects: their arithmetic writes source instead of computing, so each
-# constant becomes a line that the kernel runs once per piece, in the array's dtype,
-# from that Leaf's raw values (``P0``, ``P1``, ...).
-
-class Sym:
-    """A scalar known only at run time: ``P3``, or arithmetic on such scalars and numbers.
-    ``src`` is its source, with numbers written ``NUM(...)`` for :func:`render`."""
-
-    __slots__ = ("src", "dtype")
-
-    def __init__(self, src: str, dtype: Any) -> None:
-        self.src, self.dtype = src, dtype
-
-    def _op(self, op: str, a: Any, b: Any) -> Sym:
-        return Sym(f"({_sym(a, self.dtype).src} {op} {_sym(b, self.dtype).src})", self.dtype)
-
-    def __add__(self, o: Any) -> Sym: return self._op("+", self, o)
-    def __radd__(self, o: Any) -> Sym: return self._op("+", o, self)
-    def __sub__(self, o: Any) -> Sym: return self._op("-", self, o)
-    def __rsub__(self, o: Any) -> Sym: return self._op("-", o, self)
-    def __mul__(self, o: Any) -> Sym: return self._op("*", self, o)
-    def __rmul__(self, o: Any) -> Sym: return self._op("*", o, self)
-    def __truediv__(self, o: Any) -> Sym: return self._op("/", self, o)
-    def __rtruediv__(self, o: Any) -> Sym: return self._op("/", o, self)
-    def __neg__(self) -> Sym: return Sym(f"(-{self.src})", self.dtype)
-
-    def __bool__(self) -> bool:
-        raise TypeError("a hyper-parameter known only at run time has no truth value")
-
-
-def _sym(v: Any, dtype: Any) -> Sym:
-    """``v`` as a :class:`Sym`: itself, or a number written ``NUM(...)``."""
-    return v if isinstance(v, Sym) else Sym(f"NUM({float(v)!r})", dtype)
-
-
-def render(sym: Any, dtype: Any) -> str:
-    """The source of ``sym`` computing in ``dtype`` (its raw values ``P*`` must be locals
-    of that dtype)."""
-    return sym.src.replace("NUM(", f"np.{np.dtype(dtype).name}(")
-
-
-def symbolic(rule: Any, sig: Any, dtype: Any) -> tuple[list, list]:
-    """``(prelude, lines)`` of a kernel for a rule whose fields (and ``sig``'s scalars) are
-    :class:`Sym`: the prelude computes each constant from the raw values in ``dtype``."""
-    prelude: list = []
-
-    def const(value: Any) -> str:
-        prelude.append(f"K{len(prelude)} = {render(value, dtype)}")
-        return f"K{len(prelude) - 1}"
-
-    return prelude, _snippet(rule, sig, lambda v: _sym(v, dtype), const)
-
-
-def _bias_advance(rule: Any, sig: Any) -> Any:
-    from optimisers.rules.adaptive import bias_powers
-
-    return (sig[0], sig[1], bias_powers(sig[2], rule.beta))
-
-
-ADVANCES = {"Adam": _bias_advance, "AdamW": _bias_advance}
-"""How each snippet rule with non-array state moves it in a step: as its ``apply`` does
-(Adam's bias corrections, by the rule module's own ``bias_powers``)."""
-
-
-def advance(rule: Any, sig: Any) -> Any:
-    """The state signature after one step (arrays marked as in ``sig``): only the
-    non-array parts change, as the rule's own ``apply`` changes them. ``KeyError`` when
-    a rule has non-array state and no entry in :data:`ADVANCES`."""
-    name = type(rule).__name__
-    if name == "OptimiserChain":
-        return tuple(advance(r, s) for r, s in zip(rule.rules, sig))
-    if name in ADVANCES:
-        return ADVANCES[name](rule, sig)
-    if any(isinstance(s, Sym) for s in _flat(sig)):
-        raise KeyError(f"no one-pass step for the non-array state of {name}")
-    return sig
-
-
-def _flat(sig: Any) -> list:
-    return [e for s in sig for e in _flat(s)] if isinstance(sig, tuple) else [sig]
 
 
 def _pointer(dtype: Any) -> Any:

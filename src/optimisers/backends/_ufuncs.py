@@ -1,8 +1,8 @@
 """One-pass group steps in pure NumPy, for groups of large arrays when numba is absent.
 
-The rule snippets of ``_numba.py`` (one line per scalar operation of the rule's
-``apply``) are translated once into a short function of NumPy ufunc calls writing into
-preallocated buffers (``out=``). It runs over cache-sized pieces of the group's arrays,
+A rule's element program (``fast/trace.py``: one line per scalar operation of the
+rule's ``apply``) is translated once into a short function of NumPy ufunc calls writing
+into preallocated buffers (``out=``). It runs over cache-sized pieces of the group's arrays,
 on all cores (NumPy lets go of the GIL inside each call): the same operations in the
 same dtype as the plain path, so the same bits, without the plain path's temporaries,
 and with each piece read from memory once.
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from optimisers.backends import _numba
+from optimisers.fast import trace
 
 PIECE = 1 << 18
 """Elements per piece: one piece per thread at a time, its buffers in cache."""
@@ -33,6 +34,7 @@ _POOL: list = []
 if hasattr(os, "register_at_fork"):  # a forked child has none of the pool's threads
     os.register_at_fork(after_in_child=_POOL.clear)
 _BINARY = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.Div: "true_divide"}
+_CALLS = ("sqrt", "sign", "minimum", "maximum", "abs")
 _PROGRAMS: dict[tuple, Any] = {}
 
 
@@ -49,9 +51,10 @@ def parallel(fn: Any, items: list) -> list:
 
 
 class _Translation:
-    """Snippet lines as NumPy calls over slots ``s[k]``: ``s[0]`` the parameter, ``s[1]``
-    the gradient, ``s[2 ...]`` the states, then scratch buffers; ``c[k]`` the rule's
-    constants. Scratch buffers are reused as soon as no name holds them, and a value
+    """Element program lines as NumPy calls over slots ``s[k]``: ``s[0]`` the parameter,
+    ``s[1]`` the gradient, ``s[2 ...]`` the states, then scratch buffers; ``c[k]`` the
+    rule's constants (``K{k}`` in the lines). Scratch buffers are reused as soon as no
+    name holds them, and a value
     that is only computed to be stored is computed straight into its state."""
 
     def __init__(self, lines: list, nstate: int) -> None:
@@ -60,7 +63,7 @@ class _Translation:
         self.free: list[int] = []
         self.steps: list[list] = []  # [function name, operands, out]
         self.names: dict[str, Any] = {"xi": 0, "g": 1}
-        for line in [*lines, "x[i] = xi - g"]:
+        for line in lines:
             (target,), value = _parse(line)
             if isinstance(target, ast.Subscript):  # s{k}[i] = ... or x[i] = ...
                 name = target.value.id
@@ -98,16 +101,16 @@ class _Translation:
         return out
 
     def _eval(self, node: ast.expr) -> Any:
-        if isinstance(node, ast.Name):
-            return self.names[node.id]
-        if isinstance(node, ast.Subscript):  # c[k] or s{k}[i]
-            base = node.value.id
-            return ("c", node.slice.value) if base == "c" else 2 + int(base[1:])
+        if isinstance(node, ast.Name):  # a constant K{k}, or a name
+            return ("c", int(node.id[1:])) if node.id[0] == "K" else self.names[node.id]
+        if isinstance(node, ast.Subscript):  # s{k}[i]
+            return 2 + int(node.value.id[1:])
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return self._op("negative", [self._eval(node.operand)])
         if isinstance(node, ast.BinOp):
             return self._op(_BINARY[type(node.op)],
                             [self._eval(node.left), self._eval(node.right)])
-        if isinstance(node, ast.Call) and node.func.attr in ("sqrt", "sign", "minimum",
-                                                              "maximum"):
+        if isinstance(node, ast.Call) and node.func.attr in _CALLS:
             return self._op(node.func.attr, [self._eval(a) for a in node.args])
         raise ValueError(f"no NumPy translation for {ast.unparse(node)}")
 
@@ -119,6 +122,8 @@ class _Translation:
         if (made is not None and src >= self.first
                 and all(slot not in step[1] for step in self.steps[made + 1:])):
             self.steps[made][2] = slot
+            for step in self.steps[made + 1:]:  # read since: held by a name till now
+                step[1] = [slot if a == src else a for a in step[1]]
             for name, held in self.names.items():
                 if held == src:
                     self.names[name] = slot
@@ -133,54 +138,65 @@ def _parse(line: str) -> tuple[list, ast.expr]:
     return node.targets, node.value
 
 
-def _program(lines: list, nstate: int) -> tuple[Any, int]:
-    """``(piece, nscratch)``: the NumPy function of a rule's snippet lines, compiled once
-    per distinct lines."""
+def _program(lines: tuple, nstate: int) -> tuple[Any, int] | None:
+    """``(piece, nscratch)``: the NumPy function of a rule's element program, compiled
+    once per distinct lines; ``None`` for lines with no NumPy translation here."""
     key = (tuple(lines), nstate)
     if key not in _PROGRAMS:
-        t = _Translation(lines, nstate)
+        try:
+            t = _Translation(lines, nstate)
+        except (ValueError, KeyError, AttributeError):
+            _PROGRAMS[key] = None
+            return None
         namespace = {name: getattr(np, name) for name in (
-            *_BINARY.values(), "sqrt", "sign", "minimum", "maximum", "copyto")}
+            *_BINARY.values(), *_CALLS, "negative", "copyto")}
         exec(compile(t.source(), "<optimisers NumPy program>", "exec"), namespace)
         _PROGRAMS[key] = (namespace["piece"], t.nslots - t.first)
     return _PROGRAMS[key]
 
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
-    """A function ``step(grads, sig)`` stepping a group of large arrays piece by piece in
-    place, or ``None`` (an unsupported rule, dtype or layout, state arrays that do not fit
-    their parameters, or mostly small arrays, which the concatenating path serves better).
+    """A function ``step(grads, sig) -> sig after`` stepping a group of large arrays piece
+    by piece in place, or ``None`` (a rule whose ``apply`` the code generator cannot
+    follow, a dtype or layout not served, state arrays that do not fit their
+    parameters, or mostly small arrays, which the concatenating path serves better).
     ``step`` raises ``ValueError``, before writing anything, for a gradient whose size is
     not its parameter's."""
     if "ufuncs" in cache:
         return cache["ufuncs"]
     cache["ufuncs"] = None
-    if not _numba._supported(rule) or not xs:
+    program = trace.trace(rule, sig) if xs else None
+    if program is None:
         return None
     dtype = xs[0].dtype
-    lines = _numba._lines(rule, sig, dtype, [])
-    nstate = _numba.states_read(lines)
     if (sum(x.size for x in xs) < LARGE * len(xs)
-            or not _numba.fits(xs, arrays, dtype, nstate)):
+            or not _numba.fits(xs, arrays, dtype, program.nstate)):
         return None
-    piece, nscratch = _program(lines, nstate)
-    flat = [[a.reshape(-1) for a in (x, *member)] for x, member in zip(xs, arrays)]
+    made = _program(program.lines, program.nstate)
+    if made is None:
+        return None
+    cache["ufuncs"] = _Steps(rule, program, xs, arrays, *made)
+    return cache["ufuncs"]
 
-    def run(work: list) -> None:
-        scratch = [np.empty(PIECE, dtype) for _ in range(nscratch)]
-        for (x, *states), g, lo, hi, c in work:
-            n = hi - lo
-            piece([x[lo:hi], g[lo:hi], *(s[lo:hi] for s in states),
-                   *(b[:n] for b in scratch)], c)
 
-    def step(grads: list, sig: Any) -> None:
-        consts: list = []
-        _numba._lines(rule, sig, dtype, consts)
+class _Steps:
+    """A group's piecewise NumPy step (:func:`onepass`)."""
+
+    def __init__(self, rule: Any, program: Any, xs: list, arrays: list, piece: Any,
+                 nscratch: int) -> None:
+        self.program, self.numbers = program, trace.numbers(rule)
+        self.dtype, self.piece, self.nscratch = xs[0].dtype, piece, nscratch
+        self.flat = [[a.reshape(-1) for a in (x, *member)] for x, member in zip(xs, arrays)]
+
+    def __call__(self, grads: list, sig: Any) -> Any:
+        dtype = self.dtype
+        consts, after = trace.step_scalars(self.program, dtype.type, self.numbers, sig)
         c = list(np.array(consts, dtype=dtype))
-        if len(grads) != len(flat):
-            raise ValueError(f"{len(grads)} gradients for a group of {len(flat)} parameters")
+        if len(grads) != len(self.flat):
+            raise ValueError(f"{len(grads)} gradients for a group of {len(self.flat)} "
+                             f"parameters")
         work = []
-        for arrays_, g in zip(flat, grads):
+        for arrays_, g in zip(self.flat, grads):
             g = np.ascontiguousarray(g, dtype=dtype).reshape(-1)
             n = g.size
             if n != arrays_[0].size:
@@ -188,7 +204,12 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
                                  f"{arrays_[0].size}; give each parameter a gradient of "
                                  f"its own shape")
             work += [(arrays_, g, lo, min(lo + PIECE, n), c) for lo in range(0, n, PIECE)]
-        parallel(run, work)
+        parallel(self._run, work)
+        return after
 
-    cache["ufuncs"] = step
-    return step
+    def _run(self, work: list) -> None:
+        scratch = [np.empty(PIECE, self.dtype) for _ in range(self.nscratch)]
+        for (x, *states), g, lo, hi, c in work:
+            n = hi - lo
+            self.piece([x[lo:hi], g[lo:hi], *(s[lo:hi] for s in states),
+                        *(b[:n] for b in scratch)], c)

@@ -10,16 +10,17 @@ takes as run-time values. So ``adjust`` still never re-compiles, the state tree 
 the plain path makes (per-Leaf arrays and counters), and the results are the plain
 path's (same operations in the same dtype; tests compare).
 
-It applies where the rule has a one-pass kernel (``_numba.SNIPPETS``), the arrays are
-float32 or float64, JAX runs on the CPU, and the step is being traced by ``jax.jit``
-alone (not differentiated or batched: the custom call has no derivative). Anywhere
+It applies where the code generator follows the rule's ``apply`` (``fast/trace.py``),
+the arrays are float32 or float64, JAX runs on the CPU, and the step is being traced by
+``jax.jit`` alone (not differentiated or batched: the custom call has no derivative). Anywhere
 else the plain path runs, as it does without numba.
 
 The call's operands are the ``n`` parameters, the ``n`` gradients, each state array
-slot's ``n`` arrays, then each Leaf's raw scalars (hyper-parameters, then the state's
-counters); its results the ``n`` new parameters, the new state arrays, and each Leaf's
-new counters. Only large arrays take this path (see :data:`LARGE`), updated in place
-where the caller donates them (``input_output_aliases``; else XLA copies them first).
+slot's ``n`` arrays, then each Leaf's raw scalars (the rule's numbers, their complements
+``1 - b`` as the Leaf's pack carries them, then the state's counters); its results the
+``n`` new parameters, the new state arrays, and each Leaf's new counters. Only large
+arrays take this path (see :data:`LARGE`), updated in place where the caller donates
+them (``input_output_aliases``; else XLA copies them first).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from optimisers.backends import _jit, _numba
+from optimisers.fast import trace
 from optimisers.fused import ARRAY
 
 LARGE = 1 << 15
@@ -133,23 +135,41 @@ def _helpers() -> dict:
     return dict(pointers, numba=numba, np=np, get=get, put=put, cut=_numba.cutter())
 
 
-def _target(key: tuple, prelude: list, lines: list, nstate: int, nraw: int,
-            news: list, dtype: Any) -> str | None:
+def _raws(program: Any, dtype: Any, source: str) -> list:
+    """Lines naming a Leaf's raw scalars as the program's sources do: the rule's numbers
+    ``R*``, their complements ``Q*``, the state's scalars ``S*``, each read from
+    ``source`` (a format of its column) as ``dtype``."""
+    nrule, t = program.nrule, np.dtype(dtype).name
+    names = [*(f"R{k}" for k in range(nrule)), *(f"Q{k}" for k in range(nrule)),
+             *(f"S{k}" for k in range(program.nscalar))]
+    return [f"{name} = np.{t}({source.format(q)})" for q, name in enumerate(names)]
+
+
+def _render(src: str, dtype: Any) -> str:
+    """A scalar source computing in ``dtype`` (its raw values must be locals of it)."""
+    t = f"np.{np.dtype(dtype).name}("
+    return src.replace("CAST(", t).replace("NUM(", t)
+
+
+def _target(key: tuple, program: Any, dtype: Any) -> str | None:
     """The name of the FFI target for one kind of group (registered once)."""
     if key in _TARGETS:
         return _TARGETS[key]
     import jax
 
     parallel = _jit.MUTEX and not _jit.SERIAL  # in parallel it holds the mutex
-    raw = tuple(f"P{q} = np.{np.dtype(dtype).name}(c[{q}])" for q in range(nraw))
-    kernel = _numba.build(lines, nstate, parallel, dtype, raw + tuple(prelude))
-    body = "".join(f"        P{q} = P[j, {q}]\n" for q in range(nraw))
+    nstate, news = program.nstate, program.news
+    prelude = _raws(program, dtype, "c[{}]") + [
+        f"K{k} = {_render(c, dtype)}" for k, c in enumerate(program.consts)]
+    kernel = _numba.build(program.lines, nstate, parallel, dtype, tuple(prelude))
+    body = "".join(f"        {line}\n" for line in _raws(program, np.float64, "P[j, {}]"))
     body += "".join(f"        put(rets[out + j * {len(news)} + {t}], "
-                    f"{_numba.render(e, np.float64)})\n" for t, e in enumerate(news))
+                    f"{_render(e, np.float64)})\n" for t, e in enumerate(news))
     source = _HANDLER.replace("{advance}", body.rstrip("\n") or "        pass").replace(
         "{states}", "".join(f", streams[{k + 1}]" for k in range(nstate)))
     namespace = dict(_helpers(), kernel=kernel, NOUT=1 + nstate + len(news),
-                     NSTATE=nstate, NRAW=nraw, PIECE=_numba.PIECE, PARALLEL=parallel,
+                     NSTATE=nstate, NRAW=2 * program.nrule + program.nscalar,
+                     PIECE=_numba.PIECE, PARALLEL=parallel,
                      ITEMSIZE=np.dtype(dtype).itemsize)
     namespace["run"] = _jit.compiled(source, "run", namespace, nogil=True,
                                      error_model="numpy")
@@ -176,12 +196,26 @@ def _jit_traced(v: Any) -> bool:
 
 
 class _Member:
-    """One Leaf's operands: its state's arrays and scalars, and its raw scalars."""
+    """One Leaf's operands: its state's arrays, its raw scalars, and its rule and state
+    signature (the state's arrays marked ``ARRAY``)."""
 
-    __slots__ = ("entry", "g", "arrays", "raws", "sdef")
+    __slots__ = ("entry", "g", "arrays", "raws", "rule", "sig")
 
-    def __init__(self, entry: Any, g: Any, arrays: list, raws: list, sdef: Any) -> None:
-        self.entry, self.g, self.arrays, self.raws, self.sdef = entry, g, arrays, raws, sdef
+    def __init__(self, entry: Any, g: Any, arrays: list, raws: list, sig: Any) -> None:
+        self.entry, self.g, self.arrays, self.raws = entry, g, arrays, raws
+        self.rule, self.sig = entry.leaf.rule, sig
+
+
+def _signature(state: Any, x: Any, dtype: Any, arrays: list) -> Any:
+    """The state with its arrays (those shaped as ``x``, of its dtype) collected into
+    ``arrays`` and marked ``ARRAY``; counters and other parts as they are."""
+    if isinstance(state, tuple):
+        return tuple(_signature(s, x, dtype, arrays) for s in state)
+    if hasattr(state, "shape") and tuple(state.shape) == tuple(x.shape) and (
+            state.dtype == dtype):
+        arrays.append(state)
+        return ARRAY
+    return state
 
 
 def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
@@ -189,29 +223,27 @@ def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
     import jax
     import jax.numpy as jnp
 
+    from optimisers.backends import jax as jax_backend
+
     x, g, rule = e.x, e.grads[0], e.leaf.rule
-    if not _numba._supported(rule) or g is None or tuple(g.shape) != tuple(x.shape):
+    if g is None or tuple(g.shape) != tuple(x.shape):
         return None
-    rules, rdef = jax.tree.flatten(rule)
-    states, sdef = jax.tree.flatten(e.leaf.state)
-    arrays, scalars, marks = [], [], []
-    for s in states:
-        if hasattr(s, "shape") and tuple(s.shape) == tuple(x.shape) and s.dtype == dtype:
-            arrays.append(s)
-            marks.append(True)
-        else:  # a counter: checked with the hyper-parameters below
-            scalars.append(s)
-            marks.append(False)
-    raws = [*rules, *scalars]
+    arrays: list = []
+    sig = _signature(e.leaf.state, x, dtype, arrays)
+    numbers = trace.numbers(rule)
+    raws = [*numbers, *map(jax_backend.complement, numbers), *trace.scalars_of(sig)]
     if not all(np.ndim(r) == 0 and jnp.result_type(r) in (jnp.float32, jnp.float64)
                for r in raws):
         return None
-    if any(isinstance(v, jax.core.Tracer) and not _jit_traced(v) for v in (g, *states, *raws)):
+    if any(isinstance(v, jax.core.Tracer) and not _jit_traced(v) for v in (g, *arrays, *raws)):
         return None
     if g.dtype != dtype:
         g = g.astype(dtype)
-    key = (type(rule), rdef, sdef, tuple(marks), len(rules), np.dtype(dtype))
-    return key, _Member(e, g, arrays, raws, sdef)
+    try:
+        key = (trace.shape_of(rule), trace.shape_of(sig), np.dtype(dtype))
+    except TypeError:
+        return None
+    return key, _Member(e, g, arrays, raws, sig)
 
 
 def fuse(entries: list) -> tuple[list, list]:
@@ -244,38 +276,36 @@ def fuse(entries: list) -> tuple[list, list]:
     return rest, done
 
 
+def _program(key: tuple, member: _Member) -> Any:
+    """The rule's program for this kind of group, or ``None`` (no program; a counter
+    made or dropped, which the call's results could not hold)."""
+    program = trace.trace(member.rule, member.sig)
+    if program is None or len(program.news) != program.nscalar or (
+            program.nstate != len(member.arrays)):
+        return None
+    return program
+
+
 def _call(key: tuple, members: list) -> list | None:
     """One custom call stepping ``members`` (one kind of group); ``None`` where the
-    rule's non-array state has no known step (``_numba.ADVANCES``)."""
+    rule has no program (``fast/trace.py``)."""
     import jax
     import jax.numpy as jnp
 
-    cls, rdef, sdef, marks, nrule, dtype = key
-    nraw = len(members[0].raws)
-    syms = [_numba.Sym(f"P{q}", dtype) for q in range(nraw)]
-    rule = jax.tree.unflatten(rdef, syms[:nrule])
-    it = iter(syms[nrule:])
-    sig = jax.tree.unflatten(sdef, [ARRAY if m else next(it) for m in marks])
-    nstate = sum(marks)
-    try:  # a state unlike the rule's own (built by hand) fails here, or reads other arrays
-        prelude, lines = _numba.symbolic(rule, sig, dtype)
-        after = _numba.advance(rule, sig)
-    except (KeyError, IndexError, TypeError):
+    program = _program(key, members[0])
+    dtype = key[-1]
+    if program is None:
         return None
-    news = [s for s in _numba._flat(after) if isinstance(s, _numba.Sym)]
-    if len(news) != nraw - nrule or _numba.states_read(lines) != nstate:
-        return None  # a counter made or dropped, or arrays the kernel would not index
     try:
-        name = _target(key, prelude, lines, nstate, nraw, news, dtype)
+        name = _target(key, program, dtype)
     except Exception as err:  # noqa: BLE001 (an optional fast path: never fatal)
         _TARGETS[key] = None
-        warnings.warn(f"optimisers: no XLA custom call for {cls.__name__} ({err!r}); "
-                      f"the plain path runs", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"optimisers: no XLA custom call for {type(members[0].rule).__name__}"
+                      f" ({err!r}); the plain path runs", RuntimeWarning, stacklevel=2)
         return None
     if name is None:
         return None
-
-    n, per = len(members), len(news)
+    n, nstate, first = len(members), program.nstate, 2 * program.nrule
     xs = [m.entry.x for m in members]
     slots = [[m.arrays[k] for m in members] for k in range(nstate)]
     raws = [[jnp.asarray(r) for r in m.raws] for m in members]
@@ -284,16 +314,15 @@ def _call(key: tuple, members: list) -> list | None:
     results = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in xs]
     results += [jax.ShapeDtypeStruct(a.shape, a.dtype) for slot in slots for a in slot]
     results += [jax.ShapeDtypeStruct((), c.dtype, weak_type=c.weak_type)  # as the old
-                for row in raws for c in row[nrule:]]                      # counter
+                for row in raws for c in row[first:]]                      # counters
     alias = {i: i for i in range(n)}  # parameters and state arrays: in place
     alias.update({(2 + k) * n + i: (1 + k) * n + i for k in range(nstate) for i in range(n)})
     out = jax.ffi.ffi_call(name, results, input_output_aliases=alias)(*operands)
     done = []
+    per = program.nscalar
     for j, m in enumerate(members):
         arrays = iter([out[(1 + k) * n + j] for k in range(nstate)])
-        first = (1 + nstate) * n + j * per
-        counters = iter(out[first:first + per])
-        state = jax.tree.unflatten(m.sdef, [next(arrays) if mk else next(counters)
-                                            for mk in marks])
+        at = (1 + nstate) * n + j * per
+        state = trace.filled(program.sig, out[at:at + per], arrays)
         done.append((m.entry.leaf, state, out[j]))
     return done

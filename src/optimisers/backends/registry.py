@@ -44,6 +44,21 @@ def _istensor(cls: type) -> bool:
     return issubclass(cls, torch.Tensor)
 
 
+def register_type(cls: type, lib: str, module: ModuleType) -> None:
+    """register_type(cls, lib, module): arrays of type ``cls`` are served by ``module``,
+    known as ``lib`` (the code generator's symbols are arrays so: ``fast/trace.py``).
+
+    Example:
+        >>> import types
+        >>> class Mine: ...
+        >>> register_type(Mine, "mine", types.ModuleType("mine"))
+        >>> library(Mine()), of(Mine()).__name__
+        ('mine', 'mine')
+    """
+    _BY_TYPE[cls] = lib
+    _LOADED[lib] = module
+
+
 def ops(lib: str) -> ModuleType:
     """The backend module for the library named ``lib``."""
     try:

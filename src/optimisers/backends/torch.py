@@ -29,6 +29,7 @@ from optimisers.backends._torchnn import (  # noqa: F401 (nn.Module as a node: t
     unwrapped,
     wrapper_name,
 )
+from optimisers.fast import trace
 
 Array = torch.Tensor
 _SHAPE = operator.attrgetter("shape")
@@ -405,11 +406,12 @@ def _compiled(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
         return None
     bump = torch.autograd.graph.increment_version
 
-    def step(grads: list, sig: Any) -> None:
+    def step(grads: list, sig: Any) -> Any:
         if not all(map(_viewable, grads)):
             grads = [g.to_dense().resolve_conj().resolve_neg().cpu() for g in grads]
-        inner([g.detach().numpy() for g in grads], sig)
+        after = inner([g.detach().numpy() for g in grads], sig)
         bump(written)
+        return after
 
     cache["compiled"] = step
     return step
@@ -437,9 +439,16 @@ def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any
     if kernel is None:
         return None
     args = _adam_scalars(rule, sig[2])
-    if args is None:
+    program = trace.trace(rule, sig)
+    if args is None or program is None:
         return None
-    return lambda grads, sig: kernel(grads, *args)
+    numbers = trace.numbers(rule)
+
+    def step(grads: list, sig: Any) -> Any:
+        kernel(grads, *args)
+        return trace.step_scalars(program, float, numbers, sig)[1]
+
+    return step
 
 
 SERIAL_BELOW = 4096
