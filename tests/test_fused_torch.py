@@ -11,8 +11,14 @@ import optimisers as O  # noqa: E402
 from conftest import rules_param, run_fused, spy_runs  # noqa: E402
 from optimisers import backends, fused  # noqa: E402
 from optimisers.backends import _numba, _packs  # noqa: E402
+from optimisers.fast import trace  # noqa: E402
 
 tb = backends.ops("torch")
+
+
+def kind(group) -> str | None:
+    """Which one-pass step a fused group runs (``"compiled"``, ``"fused_adam"``), if any."""
+    return getattr(group.step, "kind", None)
 
 
 def make_model(dtype=torch.float32, seed=0):
@@ -47,6 +53,14 @@ def run(rule, steps, inplace, fuse, monkeypatch, dtype=torch.float32, adjust_at=
 
     return run_fused(rule, make_model(dtype), lambda m, step: grads_for(m, step, g),
                      steps, inplace, fuse, monkeypatch, before)
+
+
+def has_program(rule) -> bool:
+    """Whether the code generator follows the rule's ``apply`` (``fast/trace.py``), so
+    that a group of it may run a compiled kernel."""
+    sig = O.fused.signature(rule.init(torch.zeros(2)), [])
+    return (O.fused.fusible(rule)[0] and not rule.raises()
+            and trace.trace(rule, sig) is not None)
 
 
 def kernel(rule, dtype=torch.float32):
@@ -102,15 +116,15 @@ def path(request, monkeypatch):
 def test_fused_equals_plain(rule, inplace, monkeypatch, path):
     tree_f, model_f = run(rule, 7, inplace, True, monkeypatch)
     tree_p, model_p = run(rule, 7, inplace, False, monkeypatch)
-    compiled = path[0] == "compiled" and inplace and _numba._supported(rule)
+    compiled = path[0] == "compiled" and inplace and has_program(rule)
     # numba's kernel computes as torch's plain path does, but for how torch rounds some
     # operations (a division by a scalar is a multiplication by its reciprocal): the
     # same to rounding
     exact = not (inplace and kernel(rule)) and not compiled
     if compiled:  # numba's kernel really ran
-        assert any(g.cache.get("compiled") for g in O.plan.first_leaf(tree_f)._plan.groups)
+        assert any(kind(g) == "compiled" for g in O.plan.first_leaf(tree_f)._plan.groups)
     elif not exact:  # the kernel really ran
-        assert any(g.cache.get("fused_adam") for g in O.plan.first_leaf(tree_f)._plan.groups)
+        assert any(kind(g) == "fused_adam" for g in O.plan.first_leaf(tree_f)._plan.groups)
     elif path[0] == "chunked" and inplace and O.fused.fusible(rule)[0]:
         assert any(path[1])  # the piece-by-piece path really ran
     assert_same(model_f, model_p, exact)
@@ -169,7 +183,7 @@ def test_adam_kernel_modes(rule, mode, monkeypatch):
     for lf, lp in zip(tree_f, tree_p):
         assert_same(lf.state, lp.state, exact=False)
     (group,) = O.plan.first_leaf(tree_f)._plan.groups
-    assert group.cache["fused_adam"].serial == (mode == "serial")
+    assert group.step.kernel.serial == (mode == "serial")
     assert torch.get_num_threads() == threads  # restored
 
 
@@ -189,7 +203,7 @@ def test_non_contiguous_parameters_take_the_concatenating_path(monkeypatch):
     (tree_f, model_f), (_, model_p) = once(True), once(False)
     assert_same(model_f, model_p)  # bit for bit: our own formula, concatenated
     (group,) = O.plan.first_leaf(tree_f)._plan.groups
-    assert group.cache["fused_adam"] is None
+    assert kind(group) != "fused_adam"
     assert not model_f[0].is_contiguous()
 
 
@@ -221,7 +235,7 @@ def test_fused_path_is_taken_and_groups_are_reused(rule, monkeypatch):
     assert [n for _, n in runs] == [50, 50, 50]
     assert runs[1][0] == runs[2][0]  # the group found in step 2 is kept for step 3
     (group,) = O.plan.first_leaf(tree)._plan.groups
-    assert (group.cache["fused_adam"] is not None) == isinstance(rule, O.Adam)
+    assert (kind(group) == "fused_adam") == isinstance(rule, O.Adam)
 
 
 def test_module_with_grad_is_fused(monkeypatch):
@@ -300,7 +314,7 @@ def test_kernel_not_used_where_it_cannot_match(monkeypatch):
     for _ in range(2):
         tree, model = O.update_(tree, model, g)
     (group,) = O.plan.first_leaf(tree)._plan.groups
-    assert group.cache["fused_adam"] is None  # float16: our formula rounds per operation
+    assert kind(group) != "fused_adam"  # float16: our formula rounds per operation
     assert tb._adam_scalars(O.Adam(), (0.9, 0.999)) == pytest.approx((1e-3, 1.0, 0.0))
     assert tb._adam_scalars(O.Adam(), (0.9**3, 0.999**3))[1] == 3.0
     assert tb._adam_scalars(O.Adam(beta=(0.9, 0.0)), (0.9, 0.0)) is None  # no log(b2)
@@ -367,7 +381,7 @@ def test_compiled_kernel_on_tensors_of_any_shape(rule, dtype, monkeypatch):
         return tree, model
 
     tree, model = steps(True)
-    assert any(g.cache.get("compiled") for g in O.plan.first_leaf(tree)._plan.groups)
+    assert any(kind(g) == "compiled" for g in O.plan.first_leaf(tree)._plan.groups)
     assert_same(model, steps(False)[1], exact=False)
 
 
@@ -381,7 +395,7 @@ def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
     loss = (model[0] * model[0]).sum()  # keeps model[0] for its backward pass
     before = model[0]._version
     O.update_(tree, model, [torch.ones(50), torch.ones(50)])
-    assert any(g.cache.get("compiled") for g in O.plan.first_leaf(tree)._plan.groups)
+    assert any(kind(g) == "compiled" for g in O.plan.first_leaf(tree)._plan.groups)
     assert model[0]._version > before
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
@@ -404,6 +418,6 @@ def test_compiled_kernel_follows_replaced_memory(monkeypatch):
             return tree, model
 
     tree, model = steps(True)
-    assert any(g.cache.get("compiled") for g in O.plan.first_leaf(tree)._plan.groups)
+    assert any(kind(g) == "compiled" for g in O.plan.first_leaf(tree)._plan.groups)
     assert_same(model, steps(False)[1], exact=False)
     assert float(model[0].detach()[0]) < 3.0

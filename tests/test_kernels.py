@@ -321,9 +321,9 @@ def test_one_pass_steps_refuse_states_that_do_not_fit(builder, misfit, monkeypat
     the plain path). Before: the kernel indexed the state by its parameter's size."""
     monkeypatch.setattr(_ufuncs, "LARGE", 1)
     sig, xs, arrays = group(O.Adam(), [(8, 8), (64,)])
-    assert builder(O.Adam(), sig, xs, arrays, {}) is not None
+    assert builder(O.Adam(), sig, xs, arrays) is not None
     MISFITS[misfit](xs, arrays)
-    assert builder(O.Adam(), sig, xs, arrays, {}) is None
+    assert builder(O.Adam(), sig, xs, arrays) is None
 
 
 @pytest.mark.parametrize("builder", [
@@ -335,7 +335,7 @@ def test_one_pass_steps_refuse_gradients_that_do_not_fit(builder, many, monkeypa
     the gradients are read in place or concatenated first (many small arrays)."""
     monkeypatch.setattr(_ufuncs, "LARGE", 1)
     sig, xs, arrays = group(O.Momentum(), [(4, 4)] * (100 if many else 2))
-    step = builder(O.Momentum(), sig, xs, arrays, {})
+    step = builder(O.Momentum(), sig, xs, arrays)
     assert step is not None
     before = [a.copy() for a in (*xs, *(s for member in arrays for s in member))]
     for grads in ([np.ones(16, np.float32)] * (len(xs) - 1) + [np.ones(17, np.float32)],

@@ -119,11 +119,14 @@ def _builder(sig: Any) -> tuple[Any, list]:
     return _BUILDERS[source], scalars
 
 
+_UNMADE = object()
+
+
 class Group:
     """Leafs stepped together: their rule, state signature, arrays, and parameters."""
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
-                 "cache", "prints")
+                 "step", "large", "subtract", "prints")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -133,8 +136,10 @@ class Group:
         self.states: list = []  # the state objects this group last gave its Leafs
         self.xp = backends.of(self.xs[0])
         self.uses_x = fusible(rule)[1]
-        self.cache: dict = {}  # the backend's per-group precomputation (flat views, ...)
-        self.prints = self.xp.footprints(self.xs)  # what self.cache assumes of them
+        self.step: Any = _UNMADE  # the backend's one-pass step (made at the first run)
+        self.large: bool | None = None  # mostly large arrays: stepped piece by piece
+        self.subtract: Any = None  # the backend's x -= d over all xs (made when needed)
+        self.prints = self.xp.footprints(self.xs)  # what these assume of the xs' memory
 
     def moved(self) -> bool:
         """Whether a parameter's memory changed since the group was made (``p.data = ...``,
@@ -155,15 +160,29 @@ class Group:
 
     def run(self, grads: list, new: dict) -> None:
         """One fused step: one compiled pass where the backend has one for this rule,
-        else concatenate, apply the rule once, and scatter back."""
+        else the rule's ``apply`` on cache-sized pieces of large arrays, else on the
+        concatenation of all, scattered back."""
+        if not (self._onepass(grads) or self._chunked(grads)):
+            self._joined(grads, new)
+
+    def _onepass(self, grads: list) -> bool:
+        """The backend's one-pass step (``xp.onepass``, made at the first run): a function
+        of the gradients and the state's signature giving the signature after the step,
+        or ``NotImplemented`` having written nothing. ``False`` where there is none."""
+        step = self.step
+        if step is _UNMADE:
+            xp = self.xp
+            step = self.step = xp.onepass(self.rule, self.sig, self.xs, self.arrays) if (
+                self.write and hasattr(xp, "onepass")) else None
+        after = step(grads, self.sig) if step is not None else NotImplemented
+        if after is NotImplemented:
+            return False
+        self._restate(after)
+        return True
+
+    def _joined(self, grads: list, new: dict) -> None:
+        """The rule applied once to the concatenation of the group's arrays."""
         xp = self.xp
-        onepass = xp.onepass(self.rule, self.sig, self.xs, self.arrays, self.cache) if (
-            self.write and hasattr(xp, "onepass")) else None
-        if onepass is not None:
-            self._restate(onepass(grads, self.sig))
-            return
-        if self._chunked(grads):
-            return
         g = xp.flatcat(grads)
         x = xp.flatcat(self.xs) if self.uses_x else g
         slots = list(zip(*self.arrays))  # per state array: one per member
@@ -181,11 +200,12 @@ class Group:
         if d is None:
             return
         if self.write:
-            xp.scatter_sub(self.xs, d, self.cache)
+            if self.subtract is None:
+                self.subtract = xp.subtractor(self.xs)
+            self.subtract(d)
         else:
             for leaf, y in zip(self.leaves, xp.split_like(d, self.xs)):
                 new[id(leaf)] = y
-
 
     def _chunked(self, grads: list) -> bool:
         """In place, for groups of large arrays: the rule on cache-sized pieces of each
@@ -195,10 +215,10 @@ class Group:
         xp = self.xp
         if not self.write or not hasattr(xp, "flat"):
             return False
-        if "large" not in self.cache:
+        if self.large is None:
             sizes = [xp.size(x) for x in self.xs]
-            self.cache["large"] = sum(sizes) >= CHUNK * len(sizes)
-        if not self.cache["large"]:
+            self.large = sum(sizes) >= CHUNK * len(sizes)
+        if not self.large:
             return False
         members = [xp.flat(x, g, arrays) for x, g, arrays in zip(self.xs, grads, self.arrays)]
         if any(m is None for m in members):

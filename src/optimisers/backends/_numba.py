@@ -204,8 +204,7 @@ class _Pieces:
         return base[self.owner] + self.offset * arrays[0].itemsize
 
 
-def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict,
-            scalars: Any = None) -> Any:
+def onepass(rule: Any, sig: Any, xs: list, arrays: list, scalars: Any = None) -> Any:
     """A function ``step(grads, sig) -> sig after`` running the whole group's update in
     one compiled pass, or ``None`` where that is not possible (no numba, a rule whose
     ``apply`` the code generator cannot follow, a dtype or layout the kernel cannot
@@ -219,9 +218,6 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict,
     scalar type hyper-parameters are cast to before constants are computed from them:
     by default the array's dtype, as the NumPy backend's ``hyper`` does; ``float`` for
     PyTorch, whose ``hyper`` keeps Python floats."""
-    if "onepass" in cache:
-        return cache["onepass"]
-    cache["onepass"] = None
     if not _AVAILABLE or not xs:
         return None
     program = trace.trace(rule, sig)
@@ -229,8 +225,7 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict,
     if program is None or not fits(xs, arrays, dtype, program.nstate):
         return None
     cast = np.dtype(dtype).type if scalars is None else scalars
-    cache["onepass"] = _OnePass(rule, program, xs, arrays, cast)
-    return cache["onepass"]
+    return _OnePass(rule, program, xs, arrays, cast)
 
 
 def constants(program: Any) -> tuple:
@@ -257,9 +252,11 @@ class _OnePass:
     """A group's one-pass step (:func:`onepass`): the kernel, the addresses of the
     group's parameters and states, and the last step's gradient arrays and addresses."""
 
+    kind = "numba"
+
     def __init__(self, rule: Any, program: Any, xs: list, arrays: list, cast: Any) -> None:
         self.program, self.cast, self.dtype = program, cast, xs[0].dtype
-        self.numbers = trace.numbers(rule)
+        self.numbers, self.scalars = trace.numbers(rule), trace.stepper(program, cast)
         self.nstate, self.prelude = program.nstate, constants(program)
         self.lines, self.sizes = program.lines, [x.size for x in xs]
         # many small arrays: concatenating the gradients (one call) beats reading addresses
@@ -276,7 +273,7 @@ class _OnePass:
         self.keep: tuple = (xs, arrays)  # the addresses stay valid while these live
 
     def __call__(self, grads: list, sig: Any) -> Any:
-        consts, after = trace.step_scalars(self.program, self.cast, self.numbers, sig)
+        consts, after = self.scalars(self.numbers, sig)
         c = np.array([consts], dtype=self.dtype)
         ga, keep, own = self._gradients(grads)
         kernel = self.kernel

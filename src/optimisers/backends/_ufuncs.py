@@ -155,16 +155,13 @@ def _program(lines: tuple, nstate: int) -> tuple[Any, int] | None:
     return _PROGRAMS[key]
 
 
-def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     """A function ``step(grads, sig) -> sig after`` stepping a group of large arrays piece
     by piece in place, or ``None`` (a rule whose ``apply`` the code generator cannot
     follow, a dtype or layout not served, state arrays that do not fit their
     parameters, or mostly small arrays, which the concatenating path serves better).
     ``step`` raises ``ValueError``, before writing anything, for a gradient whose size is
     not its parameter's."""
-    if "ufuncs" in cache:
-        return cache["ufuncs"]
-    cache["ufuncs"] = None
     program = trace.trace(rule, sig) if xs else None
     if program is None:
         return None
@@ -175,22 +172,24 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
     made = _program(program.lines, program.nstate)
     if made is None:
         return None
-    cache["ufuncs"] = _Steps(rule, program, xs, arrays, *made)
-    return cache["ufuncs"]
+    return _Steps(rule, program, xs, arrays, *made)
 
 
 class _Steps:
     """A group's piecewise NumPy step (:func:`onepass`)."""
 
+    kind = "ufuncs"
+
     def __init__(self, rule: Any, program: Any, xs: list, arrays: list, piece: Any,
                  nscratch: int) -> None:
-        self.program, self.numbers = program, trace.numbers(rule)
+        self.numbers = trace.numbers(rule)
+        self.scalars = trace.stepper(program, xs[0].dtype.type)
         self.dtype, self.piece, self.nscratch = xs[0].dtype, piece, nscratch
         self.flat = [[a.reshape(-1) for a in (x, *member)] for x, member in zip(xs, arrays)]
 
     def __call__(self, grads: list, sig: Any) -> Any:
         dtype = self.dtype
-        consts, after = trace.step_scalars(self.program, dtype.type, self.numbers, sig)
+        consts, after = self.scalars(self.numbers, sig)
         c = list(np.array(consts, dtype=dtype))
         if len(grads) != len(self.flat):
             raise ValueError(f"{len(grads)} gradients for a group of {len(self.flat)} "

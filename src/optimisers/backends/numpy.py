@@ -252,21 +252,22 @@ def scatter(flat: Array, parts: tuple) -> list | None:
     return None if writable else out
 
 
-def scatter_sub(xs: list, d: Array, cache: dict) -> None:
-    """``x -= segment of d`` for each ``x``, in place. ``cache`` keeps, per group, flat
-    views of the ``xs`` (or, with numba, their addresses for one compiled loop)."""
-    if "views" not in cache:
-        cache["views"] = _flat_views(xs)
-        cache["kernel"] = _kernels.scatter_sub(xs)
-    kernel = cache["kernel"]
+def subtractor(xs: list) -> Any:
+    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place: one
+    compiled loop where numba is installed, else over flat views of the ``xs``."""
+    kernel = _kernels.scatter_sub(xs)
     if kernel is not None:
-        kernel(d)
-        return
-    start = 0
-    for v in cache["views"]:
-        n = v.size
-        np.subtract(v, d[start:start + n].reshape(v.shape), out=v, casting="unsafe")
-        start += n
+        return kernel
+    views = _flat_views(xs)
+
+    def subtract(d: Array) -> None:
+        start = 0
+        for v in views:
+            n = v.size
+            np.subtract(v, d[start:start + n].reshape(v.shape), out=v, casting="unsafe")
+            start += n
+
+    return subtract
 
 
 def _flat_views(xs: list) -> list:
@@ -289,12 +290,11 @@ def copier() -> Any:
     return _PACKS.copier(lambda a: a.copy() if a.flags.writeable else a, packed)
 
 
-def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     """A one-pass step for a whole group, or ``None``: compiled by numba where it is
     installed (``_numba.onepass``), else NumPy calls over pieces of large arrays
     (``_ufuncs.onepass``)."""
-    return (_kernels.onepass(rule, sig, xs, arrays, cache)
-            or _ufuncs.onepass(rule, sig, xs, arrays, cache))
+    return _kernels.onepass(rule, sig, xs, arrays) or _ufuncs.onepass(rule, sig, xs, arrays)
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:

@@ -315,9 +315,10 @@ def scatter(flat: Array, parts: tuple) -> None:
     torch._foreach_copy_(list(parts), list(_unflatten_dense_tensors(flat, parts)))
 
 
-def scatter_sub(xs: list, d: Array, cache: dict) -> None:
-    """``x -= segment of d`` for each ``x``, in place, by one foreach op."""
-    torch._foreach_sub_(xs, _unflatten_dense_tensors(d, xs))
+def subtractor(xs: list) -> Any:
+    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x``, in place, by one
+    foreach op."""
+    return lambda d: torch._foreach_sub_(xs, _unflatten_dense_tensors(d, xs))
 
 
 def split_like(d: Array, xs: list) -> list:
@@ -370,37 +371,30 @@ the per-tensor NumPy views and version bumps made the step 14.6 ms against 7.3 m
 torch's fused Adam kernel."""
 
 
-def onepass(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     """A one-pass step for a whole group, or ``None``: the numba kernel on CPU tensors
     (:func:`_compiled`), else, for Adam and AdamW, torch's own fused kernel
-    (:func:`_fused_adam`)."""
-    return (_compiled(rule, sig, xs, arrays, cache) if COMPILED else None) or _fused_adam(
-        rule, sig, xs, arrays, cache)
+    (:func:`_fused_adam`). The step has a ``kind``: ``"compiled"`` or ``"fused_adam"``."""
+    return (_compiled(rule, sig, xs, arrays) if COMPILED else None) or _fused_adam(
+        rule, sig, xs, arrays)
 
 
-def _compiled(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+def _compiled(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     """The NumPy backend's numba kernel over NumPy views of the group's CPU tensors, or
     ``None``. Its constants come from Python-float hyper-parameters, as this backend's
     plain path has them; it agrees with that path to rounding (torch divides by a scalar
     as a multiplication by its reciprocal). Writing memory behind torch's back, it then
     bumps each written tensor's version counter, as torch's own in-place operations do,
-    so that autograd still sees the change. The views are made again if a tensor's
-    memory was replaced since (``p.data = ...``)."""
-    if cache.get("never_compiled"):
-        return None
+    so that autograd still sees the change. (A tensor whose memory is replaced since,
+    ``p.data = ...``, ends the group: ``fused.Group.moved``.)"""
     from optimisers.backends import _numba
 
     written = [*xs, *(a for member in arrays for a in member)]
     if not _numba.available() or sum(x.numel() for x in xs) < COMPILED_FROM * len(xs) or not all(
             _viewable(t) and t.dtype in (torch.float32, torch.float64) for t in written):
-        cache["never_compiled"] = True
         return None
-    places = [t.data_ptr() for t in written]
-    if cache.get("compiled_at") == places:
-        return cache["compiled"]
-    cache["compiled"], cache["compiled_at"] = None, places
     inner = _numba.onepass(rule, sig, [x.detach().numpy() for x in xs],
-                           [[a.detach().numpy() for a in member] for member in arrays], {},
+                           [[a.detach().numpy() for a in member] for member in arrays],
                            scalars=float)  # hyper-parameters as this backend's hyper has them
     if inner is None:
         return None
@@ -413,7 +407,7 @@ def _compiled(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
         bump(written)
         return after
 
-    cache["compiled"] = step
+    step.kind = "compiled"
     return step
 
 
@@ -423,7 +417,7 @@ def _viewable(t: Array) -> bool:
             and not t.is_neg())
 
 
-def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any:
+def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     """A step running a whole Adam or AdamW group in torch's fused kernel, or ``None``.
 
     The kernel is torch's own (``torch.optim.Adam(fused=True)``): it computes the same
@@ -433,21 +427,20 @@ def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list, cache: dict) -> Any
     hyper-parameters, and bias corrections ``(b1^t, b2^t)`` that the kernel, which takes a
     step count, can reproduce (it does after any :func:`~optimisers.adjust`, to rounding).
     """
-    kernel = cache.get("fused_adam", False)
-    if kernel is False:
-        kernel = cache["fused_adam"] = _AdamKernel.make(rule, xs, arrays)
-    if kernel is None:
+    kernel = _AdamKernel.make(rule, xs, arrays)
+    program = trace.trace(rule, sig) if kernel is not None else None
+    if program is None or _adam_scalars(rule, sig[2]) is None:
         return None
-    args = _adam_scalars(rule, sig[2])
-    program = trace.trace(rule, sig)
-    if args is None or program is None:
-        return None
-    numbers = trace.numbers(rule)
+    numbers, scalars = trace.numbers(rule), trace.stepper(program, float)
 
     def step(grads: list, sig: Any) -> Any:
+        args = _adam_scalars(rule, sig[2])
+        if args is None:  # bias corrections the kernel cannot take: the group's other path
+            return NotImplemented
         kernel(grads, *args)
-        return trace.step_scalars(program, float, numbers, sig)[1]
+        return scalars(numbers, sig)[1]
 
+    step.kind, step.kernel = "fused_adam", kernel
     return step
 
 

@@ -6,8 +6,8 @@ per element, what it computes from the parameter, the gradient and the state arr
 Rather than writing them again for each kernel, :func:`trace` runs the rule's own
 ``apply`` once on symbols: its numbers become :class:`Num` (a scalar known only when
 a step runs) and its arrays :class:`Elem` (one element, as a kernel's loop sees it),
-and the arithmetic they meet writes those two programs down. :func:`scalar_function`
-turns the scalar program into Python for the NumPy and torch paths; the XLA custom
+and the arithmetic they meet writes those two programs down. :func:`stepper` turns
+the scalar program into Python for the NumPy and torch paths; the XLA custom
 call renders it into its kernel (``_xla.py``). So a rule's maths is written once, in
 ``apply``, and any elementwise rule, a user's too, gets the compiled paths.
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,7 +40,7 @@ from optimisers.backends import registry
 from optimisers.fused import ARRAY, Node
 from optimisers.rules import NewValue, Rule, call
 
-__all__ = ["Num", "Elem", "Program", "trace", "numbers", "scalars_of", "scalar_function",
+__all__ = ["Num", "Elem", "Program", "trace", "numbers", "scalars_of", "stepper",
            "filled", "step_scalars", "shape_of"]
 
 
@@ -96,7 +97,8 @@ class Num:
 def _num(v: Any) -> Num:
     if isinstance(v, Num):
         return v
-    if isinstance(v, (bool, int, float, np.number)) and not isinstance(v, np.bool_):
+    if isinstance(v, (bool, int, float, np.number)) and not isinstance(v, np.bool_) and (
+            np.isfinite(v)):
         return Num(f"NUM({v!r})")
     raise Untraceable(f"a {type(v).__name__} in scalar arithmetic")
 
@@ -268,9 +270,11 @@ class Program(NamedTuple):
     steps, then ``s{k}[i] = ...`` for each state array it writes). ``consts``: the
     sources of ``K0``, ``K1`` ...; ``news``: the sources of the state's new scalars, put
     in place of ``NEW`` marks in ``sig`` (the state's signature after the step: arrays
-    marked ``ARRAY``, other parts as they are). ``nrule``, ``nscalar``: how many numbers
-    the rule has (``R*``, ``Q*``) and the state has (``S*``); ``nstate``: its arrays.
-    ``reads_x``: whether the step reads the parameter."""
+    marked ``ARRAY``, other parts as they are; see :func:`stepper`). ``nrule``,
+    ``nscalar``: how many numbers the rule has (``R*``, ``Q*``) and the state has
+    (``S*``); ``nstate``: its arrays. ``reads_x``: whether the step reads the
+    parameter. ``paths``: where in the signature each of the state's scalars ``S*`` sits
+    (tuple indices)."""
 
     lines: tuple
     consts: tuple
@@ -280,6 +284,7 @@ class Program(NamedTuple):
     nscalar: int
     nstate: int
     reads_x: bool
+    paths: tuple
 
 
 class _New:
@@ -344,7 +349,7 @@ def _trace(rule: Rule, sig: Any) -> Program:
     lines = _render(tape.ops, stores)
     consts = tuple(sorted(tape.consts, key=tape.consts.__getitem__))
     return Program(lines, consts, tuple(n.src for n in news), after,
-                   counts[0], counts[1], counts[2], reads_x)
+                   counts[0], counts[1], counts[2], reads_x, tuple(_paths(sig, ())))
 
 
 def _bump(counts: list, k: int) -> int:
@@ -449,6 +454,16 @@ def _symbols(v: Any, number: Any, array: Any) -> Any:
     return number() if _isnumber(v) else v
 
 
+def _paths(v: Any, at: tuple) -> Iterator[tuple]:
+    """The index paths of a signature's scalars, in the order :func:`scalars_of` reads
+    them."""
+    if isinstance(v, tuple):
+        for i, e in enumerate(v):
+            yield from _paths(e, (*at, i))
+    elif v is not ARRAY and _isnumber(v):
+        yield at
+
+
 def _outputs(v: Any, arrays: list, news: list) -> Any:
     """The signature of a new state, its arrays and scalars collected."""
     if isinstance(v, Elem):
@@ -524,8 +539,7 @@ def filled(sig: Any, news: Any, arrays: Any = None) -> Any:
 
 def step_scalars(program: Program, cast: Any, rule_numbers: list, sig: Any) -> tuple:
     """``(consts, sig after)``: a step's constants (``K0`` ...) and the state's signature
-    after it, by the scalar program (:func:`scalar_function`) from the rule's numbers
-    and the signature's scalars.
+    after it, by :func:`stepper`.
 
     Example:
         >>> from optimisers import Adam
@@ -533,35 +547,54 @@ def step_scalars(program: Program, cast: Any, rule_numbers: list, sig: Any) -> t
         >>> step_scalars(trace(Adam(), sig), float, numbers(Adam()), sig)[1][2]
         (0.81, 0.998001)
     """
-    consts, news = scalar_function(program, cast)(rule_numbers, scalars_of(sig))
-    return consts, filled(program.sig, news)
+    return stepper(program, cast)(rule_numbers, sig)
 
 
-_FUNCTIONS: dict[tuple, Any] = {}
+_STEPPERS: dict[tuple, Any] = {}
 
 
-def scalar_function(program: Program, cast: Any) -> Any:
-    """``f(R, S) -> (consts, news)``: the scalar program of ``program`` as Python, the
-    rule's numbers ``R`` and the state's scalars ``S`` given, ``CAST`` being ``cast``
-    (``np.float32`` for a NumPy group of float32 arrays, ``float`` for torch).
+def stepper(program: Program, cast: Any) -> Any:
+    """``f(R, sig) -> (consts, sig after)``: the scalar program of ``program`` as one
+    Python function of the rule's numbers ``R`` (:func:`numbers`) and the state's
+    signature before the step, ``CAST`` being ``cast`` (``np.float32`` for a NumPy group
+    of float32 arrays, ``float`` for torch): what a fused step runs in Python, once per
+    group.
 
     Example:
         >>> from optimisers import Adam
-        >>> p = trace(Adam(), (ARRAY, ARRAY, (0.9, 0.999)))
-        >>> consts, news = scalar_function(p, np.float32)(numbers(Adam()), [0.9, 0.999])
-        >>> news
-        (0.81, 0.998001)
+        >>> sig = (ARRAY, ARRAY, (0.9, 0.999))
+        >>> consts, after = stepper(trace(Adam(), sig), np.float32)(numbers(Adam()), sig)
+        >>> after[2], consts[0]
+        ((0.81, 0.998001), np.float32(0.9))
     """
-    key = (program.consts, program.news, program.nrule, program.nscalar, cast)
-    if key not in _FUNCTIONS:
-        body = [f"    R{k} = R[{k}]\n    Q{k} = 1 - R{k}" for k in range(program.nrule)]
-        body += [f"    S{k} = S[{k}]" for k in range(program.nscalar)]
+    key = (program, cast)
+    if key not in _STEPPERS:
+        statics: list = []
+        every = " ".join((*program.consts, *program.news))
+        body = [f"    R{k} = R[{k}]" for k in range(program.nrule)]
+        body += [f"    Q{k} = 1 - R{k}" for k in range(program.nrule) if f"Q{k}" in every]
+        body += [f"    S{k} = sig" + "".join(f"[{i}]" for i in path)
+                 for k, path in enumerate(program.paths)]
         consts = "".join(f"{c}, " for c in program.consts)
-        news = "".join(f"{c}, " for c in program.news)
-        body.append(f"    return ({consts}), ({news})")
-        source = "def scalars(R, S):\n" + "\n".join(body) + "\n"
-        source = source.replace("NUM(", "(")
-        namespace = {"CAST": cast}
+        after = _literal(program.sig, program.news, statics)
+        body.append(f"    return ({consts}), {after}")
+        source = ("def step(R, sig):\n" + "\n".join(body) + "\n").replace("NUM(", "(")
+        namespace = {"CAST": cast, "A": ARRAY, "N": Node, "V": statics}
         exec(compile(source, "<optimisers scalar program>", "exec"), namespace)  # noqa: S102
-        _FUNCTIONS[key] = namespace["scalars"]
-    return _FUNCTIONS[key]
+        _STEPPERS[key] = namespace["step"]
+    return _STEPPERS[key]
+
+
+def _literal(sig: Any, news: tuple, statics: list) -> str:
+    """Source building ``sig`` with its ``NEW`` marks computed (see :func:`stepper`)."""
+    if type(sig) is _New:
+        return news[sig.k]
+    if sig is ARRAY:
+        return "A"
+    if isinstance(sig, tuple):
+        parts = "".join(_literal(s, news, statics) + ", " for s in sig)
+        return f"N(({parts}))" if type(sig) is Node else f"({parts})"
+    if sig is None or isinstance(sig, bool):
+        return repr(sig)
+    statics.append(sig)
+    return f"V[{len(statics) - 1}]"
