@@ -11,9 +11,10 @@ the plain path makes (per-Leaf arrays and counters), and the results are the pla
 path's (same operations in the same dtype; tests compare).
 
 It applies where the code generator follows the rule's ``apply`` (``fast/trace.py``),
-the arrays are float32 or float64, JAX runs on the CPU, and the step is being traced by
-``jax.jit`` alone (not differentiated or batched: the custom call has no derivative). Anywhere
-else the plain path runs, as it does without numba.
+the arrays are float32 or float64, JAX runs on the CPU (and passes XLA's FFI structures
+as tested: ``_ffi.py``), and the step is being traced by ``jax.jit`` alone (not
+differentiated or batched: the custom call has no derivative). Anywhere else the plain
+path runs, as it does without numba.
 
 The call's operands are the ``n`` parameters, the ``n`` gradients, each state array
 slot's ``n`` arrays, then each Leaf's raw scalars (the rule's numbers, their complements
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from optimisers.backends import _jit, _numba
+from optimisers.backends import _ffi, _jit, _numba
 from optimisers.fast import trace
 from optimisers.fused import ARRAY
 
@@ -49,19 +50,16 @@ _TARGETS: dict[tuple, str | None] = {}  # None: a kernel that could not be built
 _HANDLERS: list = []  # the compiled handlers stay alive while XLA may call them
 _NAMES = itertools.count()
 
-# XLA_FFI_DataType codes of the scalars a call may take (xla/ffi/api/c_api.h)
-_F32, _F64 = 11, 12
-
-# Offsets, in 8-byte words, in XLA's FFI structures (xla/ffi/api/c_api.h, API 0.1):
-# XLA_FFI_CallFrame: extension_start 1, stage 4, args.size 7, args.args 9, rets.size 12,
-# rets.rets 14; XLA_FFI_Buffer: dtype 2, data 3, rank 4, dims 5.
+# XLA's FFI structures are read at the word offsets of _ffi.WORDS (BUF_DATA, BUF_RANK,
+# BUF_DIMS ...), trusted once _ffi.differences() has found this process's XLA passing
+# them as tested: _usable() is false before, and no handler is registered.
 _HANDLER = '''
 def run(args, rets):
     n = rets.size // NOUT
     sizes = np.empty(n, np.intp)
     for j in range(n):
-        b = numba.carray(i64(args[j]), (6,))
-        dims = numba.carray(i64(b[5]), (b[4],))
+        b = numba.carray(i64(args[j]), (BUFFER // 8,))
+        dims = numba.carray(i64(b[BUF_DIMS]), (b[BUF_RANK],))
         s = 1
         for d in dims:
             s *= d
@@ -73,11 +71,12 @@ def run(args, rets):
     for k in range(1 + NSTATE):
         for q in range(npieces):
             j = rows[q]
-            base = numba.carray(i64(rets[k * n + j]), (6,))[3]
+            base = numba.carray(i64(rets[k * n + j]), (BUFFER // 8,))[BUF_DATA]
             streams[k, q] = base + offset[q] * ITEMSIZE
     ga = np.empty(npieces, np.intp)
     for q in range(npieces):
-        ga[q] = numba.carray(i64(args[n + rows[q]]), (6,))[3] + offset[q] * ITEMSIZE
+        ga[q] = (numba.carray(i64(args[n + rows[q]]), (BUFFER // 8,))[BUF_DATA]
+                 + offset[q] * ITEMSIZE)
     P = np.empty((n, max(NRAW, 1)), np.float64)
     first = (2 + NSTATE) * n
     for j in range(n):
@@ -91,34 +90,31 @@ def run(args, rets):
 
 
 def handler(frame):
-    f = numba.carray(i64(frame), (22,))
-    if f[1] != 0:  # XLA asks for the handler's metadata: the FFI API version
-        ext = numba.carray(i64(f[1]), (4,))
-        if (ext[1] & 0xffffffff) == 1:
-            meta = numba.carray(i32(ext[3]), (10,))
-            meta[6], meta[7], meta[8] = 0, 1, 0  # major, minor, traits
+    if declared(frame):  # XLA asks for the handler's metadata: the FFI API version
         return 0
-    if (f[4] & 0xffffffff) != 3:  # not the execute stage
+    f = numba.carray(i64(frame), (FRAME // 8,))
+    if (f[FRAME_STAGE] & 0xffffffff) != EXECUTE:
         return 0
-    run(numba.carray(i64(f[9]), (f[7],)), numba.carray(i64(f[14]), (f[12],)))
+    run(numba.carray(i64(f[FRAME_ARGS + LIST_ITEMS]), (f[FRAME_ARGS + LIST_COUNT],)),
+        numba.carray(i64(f[FRAME_RETS + LIST_ITEMS]), (f[FRAME_RETS + LIST_COUNT],)))
     return 0
 '''
 
 
 _SCALARS = """
 def get(buffer):  # a 0-d float32 or float64 operand, as float64
-    b = numba.carray(i64(buffer), (6,))
-    if (b[2] & 0xffffffff) == F32:
-        return np.float64(numba.carray(f32(b[3]), (1,))[0])
-    return numba.carray(f64(b[3]), (1,))[0]
+    b = numba.carray(i64(buffer), (BUFFER // 8,))
+    if (b[BUF_DTYPE] & 0xffffffff) == F32:
+        return np.float64(numba.carray(f32(b[BUF_DATA]), (1,))[0])
+    return numba.carray(f64(b[BUF_DATA]), (1,))[0]
 
 
 def put(buffer, value):  # a 0-d float32 or float64 result
-    b = numba.carray(i64(buffer), (6,))
-    if (b[2] & 0xffffffff) == F32:
-        numba.carray(f32(b[3]), (1,))[0] = np.float32(value)
+    b = numba.carray(i64(buffer), (BUFFER // 8,))
+    if (b[BUF_DTYPE] & 0xffffffff) == F32:
+        numba.carray(f32(b[BUF_DATA]), (1,))[0] = np.float32(value)
     else:
-        numba.carray(f64(b[3]), (1,))[0] = value
+        numba.carray(f64(b[BUF_DATA]), (1,))[0] = value
 """
 
 
@@ -130,9 +126,11 @@ def _helpers() -> dict:
 
     pointers = {name: _numba._pointer(t) for name, t in (
         ("i64", np.int64), ("i32", np.int32), ("f32", np.float32), ("f64", np.float64))}
-    scope = dict(pointers, numba=numba, np=np, F32=_F32)
+    layout = _ffi.kernel_globals()  # the names XLA's structures are read with
+    scope = dict(pointers, numba=numba, np=np, **layout)
     get, put = (_jit.compiled(_SCALARS, name, scope, nogil=True) for name in ("get", "put"))
-    return dict(pointers, numba=numba, np=np, get=get, put=put, cut=_numba.cutter())
+    return dict(pointers, numba=numba, np=np, get=get, put=put, cut=_numba.cutter(),
+                **layout)
 
 
 def _raws(program: Any, dtype: Any, source: str) -> list:
@@ -183,12 +181,15 @@ def _target(key: tuple, program: Any, dtype: Any) -> str | None:
 
 @functools.cache
 def _usable() -> bool:
-    """Whether numba is installed and this JAX has the FFI (``jax.ffi``, JAX 0.5 on)."""
+    """Whether numba is installed, JAX runs on the CPU and has the FFI (``jax.ffi``, JAX
+    0.5 on), and XLA passes its structures as the handlers read them: checked by a probe
+    once per process (``_ffi.differences``; where they differ, one warning)."""
     import jax
 
     ffi = getattr(jax, "ffi", None)
-    return _numba.available() and all(
-        hasattr(ffi, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
+    return (_numba.available() and jax.default_backend() == "cpu"
+            and all(hasattr(ffi, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
+            and not _ffi.differences())
 
 
 def _jit_traced(v: Any) -> bool:
