@@ -11,7 +11,7 @@ within a 4 KiB page: successive buffers (a group's first moments, its second mom
 ...) begin ``SLOTS`` apart. Where every stream of a one-pass kernel (parameter, gradient
 and each state) begins at the same address modulo 4096, as large allocations of the
 same sizes do, the processor mistakes loads for reloads of just-stored data (4K
-aliasing) and a bandwidth-bound step ran 15-40% slower (measured, NumPy and PyTorch).
+aliasing) and a bandwidth-bound step runs slower (benchmarks/README.md).
 """
 
 from __future__ import annotations

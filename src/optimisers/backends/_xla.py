@@ -41,10 +41,8 @@ LARGE = 1 << 15
 """Arrays of at least this many elements take the custom call; smaller ones the plain
 path. The call costs XLA about as much per operand as a small array's compiled kernel,
 and each aliased result adds to the compile time, so it pays only for large arrays.
-Measured with 100 Adam arrays, donated: 8K elements each, 4.7 ms by the call against
-3.9 plain; 16K, 3.9 against 4.0; 32K, 4.1 against 8.9. (500 arrays of 512: 34.5 ms and
-a 25 s compile against 30.2 ms and 5 s.) Large results are aliased to their operands,
-since a fresh buffer of this size would be paged in again at every step."""
+The crossover is measured in benchmarks/README.md. Large results are aliased to their
+operands, since a fresh buffer of this size would be paged in again at every step."""
 
 _TARGETS: dict[tuple, str | None] = {}  # None: a kernel that could not be built
 _HANDLERS: list = []  # the compiled handlers stay alive while XLA may call them

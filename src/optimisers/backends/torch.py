@@ -279,7 +279,7 @@ def footprints(xs: list) -> tuple:
     """What a group's kernels assume of each tensor's memory, read for every step: its
     address, shape and strides. ``p.data = ...``, ``set_`` and ``resize_`` keep the tensor
     object but change them (new memory, a slice at the same address, a transpose); a
-    change sends the step to the validating path. 2,000 tensors: ~0.5 ms."""
+    change sends the step to the validating path (cost: benchmarks/README.md)."""
     return (list(map(torch.Tensor.data_ptr, xs)), list(map(_SHAPE, xs)),
             list(map(torch.Tensor.stride, xs)))
 
@@ -339,8 +339,7 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
     whole-array temporaries, and a launch per piece would cost more) and unless all are
     dense, contiguous and equally long. On the CPU the rule's temporaries then stay
     cache-sized: over a whole group's concatenation, each operation allocated and
-    faulted in a fresh buffer of the model's size, and Momentum on 16.8M parameters
-    took 200 ms against 52 ms array by array."""
+    faulted in a fresh buffer of the model's size (measured: benchmarks/README.md)."""
     n = x.numel()
     if x.device.type != "cpu" or not all(
             a.layout == torch.strided and a.is_contiguous() and a.numel() == n
@@ -361,14 +360,14 @@ def copier() -> Any:
 
 COMPILED = True
 """Groups of large CPU tensors (:data:`COMPILED_FROM`) run the numba one-pass kernel
-(``_numba.py``) on their memory when numba is installed: measured 5-7% faster than
-torch's fused Adam on shape A, and it serves every rule with a kernel. ``False`` leaves
-them to torch's own kernels."""
+(``_numba.py``) on their memory when numba is installed: faster than torch's fused Adam
+on shape A (benchmarks/README.md), and it serves every rule with a program. ``False``
+leaves them to torch's own kernels."""
 
 COMPILED_FROM = 1 << 14
-"""Tensors must average this many elements for :data:`COMPILED`: on 2,000 tensors of 512
-the per-tensor NumPy views and version bumps made the step 14.6 ms against 7.3 ms in
-torch's fused Adam kernel."""
+"""Tensors must average this many elements for :data:`COMPILED`: below it the per-tensor
+NumPy views and version bumps cost more than torch's fused Adam kernel saves
+(benchmarks/README.md)."""
 
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
