@@ -131,12 +131,19 @@ def _helpers() -> dict:
                 **layout)
 
 
+def _complements(program: Any) -> list:
+    """Which of the rule's numbers the program reads the complement ``1 - b`` of (``Q*``):
+    only these are operands of the call."""
+    used = " ".join((*program.consts, *program.news))
+    return [k for k in range(program.nrule) if f"Q{k}" in used]
+
+
 def _raws(program: Any, dtype: Any, source: str) -> list:
     """Lines naming a Leaf's raw scalars as the program's sources do: the rule's numbers
     ``R*``, their complements ``Q*``, the state's scalars ``S*``, each read from
     ``source`` (a format of its column) as ``dtype``."""
     nrule, t = program.nrule, np.dtype(dtype).name
-    names = [*(f"R{k}" for k in range(nrule)), *(f"Q{k}" for k in range(nrule)),
+    names = [*(f"R{k}" for k in range(nrule)), *(f"Q{k}" for k in _complements(program)),
              *(f"S{k}" for k in range(program.nscalar))]
     return [f"{name} = np.{t}({source.format(q)})" for q, name in enumerate(names)]
 
@@ -164,7 +171,8 @@ def _target(key: tuple, program: Any, dtype: Any) -> str | None:
     source = _HANDLER.replace("{advance}", body.rstrip("\n") or "        pass").replace(
         "{states}", "".join(f", streams[{k + 1}]" for k in range(nstate)))
     namespace = dict(_helpers(), kernel=kernel, NOUT=1 + nstate + len(news),
-                     NSTATE=nstate, NRAW=2 * program.nrule + program.nscalar,
+                     NSTATE=nstate,
+                     NRAW=program.nrule + len(_complements(program)) + program.nscalar,
                      PIECE=_numba.PIECE, PARALLEL=parallel,
                      ITEMSIZE=np.dtype(dtype).itemsize)
     namespace["run"] = _jit.compiled(source, "run", namespace, nogil=True,
@@ -222,15 +230,13 @@ def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
     import jax
     import jax.numpy as jnp
 
-    from optimisers.backends import jax as jax_backend
-
     x, g, rule = e.x, e.grads[0], e.leaf.rule
     if g is None or tuple(g.shape) != tuple(x.shape):
         return None
     arrays: list = []
     sig = _signature(e.leaf.state, x, dtype, arrays)
     numbers = trace.numbers(rule)
-    raws = [*numbers, *map(jax_backend.complement, numbers), *trace.scalars_of(sig)]
+    raws = [*numbers, *trace.scalars_of(sig)]
     if not all(np.ndim(r) == 0 and jnp.result_type(r) in (jnp.float32, jnp.float64)
                for r in raws):
         return None
@@ -291,6 +297,8 @@ def _call(key: tuple, members: list) -> list | None:
     import jax
     import jax.numpy as jnp
 
+    from optimisers.backends.jax import complement
+
     program = _program(key, members[0])
     dtype = key[-1]
     if program is None:
@@ -304,10 +312,13 @@ def _call(key: tuple, members: list) -> list | None:
         return None
     if name is None:
         return None
-    n, nstate, first = len(members), program.nstate, 2 * program.nrule
+    n, nstate, nrule = len(members), program.nstate, program.nrule
+    qs = _complements(program)
     xs = [m.entry.x for m in members]
     slots = [[m.arrays[k] for m in members] for k in range(nstate)]
-    raws = [[jnp.asarray(r) for r in m.raws] for m in members]
+    raws = [[jnp.asarray(r) for r in (*m.raws[:nrule], *(complement(m.raws[k]) for k in qs),
+                                         *m.raws[nrule:])] for m in members]
+    first = nrule + len(qs)
     operands = [*xs, *(m.g for m in members), *(a for slot in slots for a in slot),
                 *(r for row in raws for r in row)]
     results = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in xs]
