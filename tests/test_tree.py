@@ -175,6 +175,54 @@ def test_register_and_functor():
         O.register(type("Bad", (), {}), children=("a",), trainable=("b",))
 
 
+def test_register_node_gives_a_class_its_functions_and_defaults_elsewhere():
+    from optimisers.tree import Node, child_getter, ismutable, rebuild_, register_node
+
+    class Box:
+        def __init__(self, value):
+            self.value = value
+
+    seen = Box(1.0)
+    assert children(seen) == {}  # looked up (and cached) before it is registered
+    register_node(Box, Node(children=lambda b: {"v": b.value},
+                            rebuild=lambda b, new: Box(new["v"]),
+                            trainable=lambda b, kids: (), getter=lambda b: lambda n, k: n.value,
+                            assign=lambda b, new: False, mutable=False))
+    assert children(seen) == {"v": 1.0} and trainable(seen) == ()
+    assert rebuild(seen, {"v": 2.0}).value == 2.0 and seen.value == 1.0
+    assert rebuild_(seen, {"v": 3.0}) is not seen and child_getter(seen)(seen, "v") == 1.0
+    assert not ismutable(seen)
+
+    @dataclasses.dataclass(frozen=True)
+    class Index:  # a dataclass that trains nothing: its children stay its fields
+        init: object
+
+    register_node(Index, Node(trainable=lambda x, kids: ()))
+    index = Index(np.zeros(1))
+    assert children(index) == {"init": index.init} and trainable(index) == ()
+    assert not ismutable(Index(1.0)) and ismutable(index)  # as any frozen dataclass
+    with pytest.warns(UserWarning, match="no trainable parameter"):
+        assert O.setup(O.Descent(), {"i": index})["i"] == {"init": None}
+
+
+def test_tree_gather_and_checkpoint_name_no_library():
+    """Library code stays in backends/: the tree protocol, the gathering and checkpoints
+    neither compare with a library's name nor look one up among the loaded modules."""
+    import ast
+    from pathlib import Path
+
+    src = Path(O.__file__).parent
+    libraries = {"torch", "jax", "jaxlib", "jax.numpy", "flax", "flax.nnx", "equinox", "numba"}
+    for path in [src / "tree.py", src / "gather.py", *sorted((src / "checkpoint").glob("*.py"))]:
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and id(node) not in docstrings:
+                assert node.value not in libraries, f"{path.name}:{node.lineno} {node.value!r}"
+            if isinstance(node, ast.Attribute) and node.attr == "modules":
+                assert getattr(node.value, "id", None) != "sys", f"{path.name}:{node.lineno}"
+
+
 def test_trainable_by_key_tells_identical_children_apart():
     shared = np.zeros(2)
     shared.setflags(write=False)  # immutable, so never a tie

@@ -16,7 +16,7 @@ that buffer, not a copy. A :class:`Group` found in one step is kept (by ``update
 plan) and checked cheaply by identity in the next, so that a training loop does not
 pay for grouping again.
 
-A backend with a ``fuse`` function (JAX) groups its entries itself: under ``jax.jit``
+A backend that ``FUSES_ITSELF`` (JAX) groups its entries itself: under ``jax.jit``
 the hyper-parameters are traced values, so its groups are Leafs whose rules have the
 same structure, and each Leaf's values travel with it (``backends/_xla.py``).
 """
@@ -172,8 +172,8 @@ class Group:
         step = self.step
         if step is _UNMADE:
             xp = self.xp
-            step = self.step = xp.onepass(self.rule, self.sig, self.xs, self.arrays) if (
-                self.write and hasattr(xp, "onepass")) else None
+            step = self.step = (xp.onepass(self.rule, self.sig, self.xs, self.arrays)
+                                if self.write else None)
         after = step(grads, self.sig) if step is not None else NotImplemented
         if after is NotImplemented:
             return False
@@ -213,7 +213,7 @@ class Group:
         is mostly small arrays (concatenating them is better) or the backend cannot view
         its arrays flat (``xp.flat``)."""
         xp = self.xp
-        if not self.write or not hasattr(xp, "flat"):
+        if not self.write:
             return False
         if self.large is None:
             sizes = [xp.size(x) for x in self.xs]
@@ -304,10 +304,10 @@ def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
         rule, x = e.leaf.rule, e.x
         lib = backends.library(x)
         xp = backends.ops(lib) if lib is not None else None
-        if len(e.grads) != 1 or not fusible(rule)[0] or not (
-                hasattr(xp, "fuse") or hasattr(xp, "flatcat")):
+        if len(e.grads) != 1 or not fusible(rule)[0] or xp is None or not (
+                xp.FUSES_ITSELF or xp.CONCATENATES):
             rest.append(e)
-        elif hasattr(xp, "fuse"):
+        elif xp.FUSES_ITSELF:
             calls.setdefault(xp, []).append(e)
         else:
             arrays: list = []
@@ -346,7 +346,7 @@ def pack(leaves: list) -> None:
         sig = signature(leaf.state, arrays)
         lib = backends.library(arrays[0]) if arrays else None
         xp = backends.ops(lib) if lib is not None else None
-        if not hasattr(xp, "packed") or not all(
+        if xp is None or not xp.CONCATENATES or not all(
                 backends.library(a) == lib and xp.maywrite(a) for a in arrays):
             continue
         key = (leaf.rule, sig, xp.device(arrays[0]), tuple(a.dtype for a in arrays))

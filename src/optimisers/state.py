@@ -70,7 +70,7 @@ def setup(rule: Rule, model: Any) -> Any:
             return None
         leaf = Leaf(rule, rule.init(x))
         xp = backends.of(x)
-        made.append(xp.settle(leaf) if hasattr(xp, "settle") else leaf)
+        made.append(xp.settle(leaf))
         return made[-1]
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
@@ -221,8 +221,7 @@ def _copier() -> Any:
             return a
         if lib not in copiers:
             xp = backends.ops(lib)
-            copiers[lib] = xp.copier() if hasattr(xp, "copier") else (
-                lambda a: xp.copy(a) if xp.maywrite(a) else a)
+            copiers[lib] = xp.copier()
         return copiers[lib](a)
 
     return copy

@@ -2,6 +2,11 @@
 
 Everything else in ``optimisers`` walks models through these few functions, so a new
 kind of node (a registered class, an ``nn.Module``) works everywhere once it works here.
+Tuples, lists, mappings and dataclasses are nodes by type; any other class becomes one
+through one registry: :func:`register` (a class whose attributes are its children), or
+:func:`register_node` (a :class:`Node` of functions), which the backends of array
+libraries use for their own model classes (``nn.Module``, flax's ``nnx.Module``) the
+first time an object of that library is met. This file names no library.
 """
 
 from __future__ import annotations
@@ -9,40 +14,70 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
-import sys
 import types
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from optimisers import backends
 
 __all__ = [
     "children", "rebuild", "rebuild_", "register", "functor", "trainable", "isnumeric", "isleaf",
-    "ismutable", "maywrite", "ispositional",
+    "ismutable", "maywrite", "ispositional", "Node", "register_node",
 ]
 
 T = TypeVar("T")
 
-# cls -> (children names or None for "all attributes", trainable names or None for "all")
-_REGISTRY: dict[type, tuple[tuple[str, ...] | None, tuple[str, ...] | None]] = {}
+
+class Node(NamedTuple):
+    """Node(children=None, rebuild=None, trainable=None, getter=None, wrapper=None,
+    assign=None, mutable=None): how the tree protocol treats the instances of a class
+    given to :func:`register_node`. Each field is a function, or ``None`` for what the
+    protocol does for any object of that type (a mapping's items, a dataclass's fields).
+
+    Example:
+        >>> Node(trainable=lambda x, kids: ()).children is None
+        True
+    """
+
+    children: Callable[[Any], dict] | None = None
+    """``children(x) -> dict`` of ``x``'s children by key."""
+    rebuild: Callable[[Any, Mapping], Any] | None = None
+    """``rebuild(x, new_children) -> a new node like x``, ``x`` untouched."""
+    trainable: Callable[[Any, dict], tuple | None] | None = None
+    """``trainable(x, kids) -> the trainable keys``, or ``None`` for all of them."""
+    getter: Callable[[Any], Callable[[Any, Any], Any]] | None = None
+    """``getter(x) -> get(node, key)``, reading one child of a node of ``x``'s class."""
+    wrapper: Callable[[Any], str | None] | None = None
+    """``wrapper(x) ->`` the key under which ``x`` wraps another node, left out of paths."""
+    assign: Callable[[Any, Mapping], bool] | None = None
+    """``assign(x, new_children) -> whether x`` (a cell made to be written) took them."""
+    mutable: bool | None = None
+    """Whether the instances are mutable (so that identity means a tie); ``None``: as for
+    any object of their type."""
 
 
-def _registered(cls: type):
-    for base in cls.__mro__:
-        if base in _REGISTRY:
-            return _REGISTRY[base]
-    return None
+# cls -> its Node: the registry that register and register_node write, looked up along
+# a class's MRO (and cached by class in _FOUND, emptied whenever the registry changes)
+_REGISTRY: dict[type, Node] = {}
+_FOUND: dict[type, Node | None] = {}
+
+
+def _node(cls: type) -> Node | None:
+    """The Node registered for ``cls`` or its nearest base, or ``None``. The backends of
+    the libraries that ``cls`` comes from register theirs first (``backends.register_nodes``)."""
+    try:
+        return _FOUND[cls]
+    except KeyError:
+        pass
+    backends.register_nodes(cls)
+    found = next((_REGISTRY[base] for base in cls.__mro__ if base in _REGISTRY), None)
+    _FOUND[cls] = found
+    return found
 
 
 def _isnamedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
-
-
-def _ismodule(x: Any) -> bool:
-    """A ``torch.nn.Module``, without importing torch when the user has not."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.nn.Module)
 
 
 def children(x: Any) -> dict:
@@ -63,23 +98,17 @@ def children(x: Any) -> dict:
     """
     if isinstance(x, (str, bytes)) or x is None:
         return {}
-    spec = _registered(type(x))
-    if spec is not None:
-        names = spec[0] if spec[0] is not None else tuple(vars(x))
-        return {n: getattr(x, n) for n in names}
+    node = _node(type(x))
+    if node is not None and node.children is not None:
+        return node.children(x)
     if isinstance(x, tuple):
         return x._asdict() if _isnamedtuple(x) else dict(enumerate(x))
     if isinstance(x, list):
         return dict(enumerate(x))
     if isinstance(x, Mapping):
         return dict(x)
-    fx = _flax(x)  # (before dataclasses: nnx modules look like dataclasses)
-    if fx is not None:
-        return fx.children(x)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
-    if _ismodule(x):  # (a wrapper such as torch.compile's has the wrapped module's)
-        return backends.ops("torch").module_children(x)
     return {}
 
 
@@ -104,10 +133,9 @@ def child_getter(x: Any) -> Any:
     """
     if isinstance(x, (Mapping, list)) or ispositional(x):
         return operator.getitem
-    if _ismodule(x):
-        return backends.ops("torch").child_getter(x)
-    if sys.modules.get("flax") is not None and backends.ops("flax").isnode(x):
-        return backends.ops("flax").child  # (getattr warns for a Variable's value)
+    node = _node(type(x))
+    if node is not None and node.getter is not None:
+        return node.getter(x)
     return getattr
 
 
@@ -120,7 +148,8 @@ def wrapper_name(x: Any) -> str | None:
         >>> wrapper_name({"a": 1}) is None
         True
     """
-    return backends.ops("torch").wrapper_name(x) if _ismodule(x) else None
+    node = _node(type(x))
+    return node.wrapper(x) if node is not None and node.wrapper is not None else None
 
 
 def ispositional(x: Any) -> bool:
@@ -132,7 +161,10 @@ def ispositional(x: Any) -> bool:
         >>> ispositional((1, 2)), ispositional({"a": 1})
         (True, False)
     """
-    return isinstance(x, (tuple, list)) and not _isnamedtuple(x) and _registered(type(x)) is None
+    if not isinstance(x, (tuple, list)) or _isnamedtuple(x):
+        return False
+    node = _node(type(x))
+    return node is None or node.children is None
 
 
 def rebuild(x: T, new_children: Mapping) -> T:
@@ -158,10 +190,15 @@ def rebuild(x: T, new_children: Mapping) -> T:
                          f"its keys are {list(old)}")
     if not new_children:
         return x
-    if _registered(type(x)) is None:
-        y = _rebuild_known(x, old, new_children)
-        if y is not None:
-            return y
+    node = _node(type(x))
+    if node is not None and node.rebuild is not None:
+        return node.rebuild(x, new_children)
+    y = _rebuild_known(x, old, new_children)
+    return y if y is not None else _rebuild_attributes(x, new_children)
+
+
+def _rebuild_attributes(x: Any, new_children: Mapping) -> Any:
+    """A copy of ``x`` (never re-initialised) with the attributes ``new_children`` set."""
     y = copy.copy(x)
     for k, v in new_children.items():
         object.__setattr__(y, k, v)
@@ -170,7 +207,7 @@ def rebuild(x: T, new_children: Mapping) -> T:
 
 def _rebuild_known(x: Any, old: dict, new_children: Mapping) -> Any:
     """:func:`rebuild` for the node kinds the protocol knows by type (tuples, lists,
-    mappings, modules of the array libraries); ``None`` for any other object."""
+    mappings); ``None`` for any other object."""
     if isinstance(x, tuple):
         vals = [new_children.get(k, v) for k, v in old.items()]
         return type(x)(*vals) if _isnamedtuple(x) else type(x)(vals)
@@ -181,10 +218,7 @@ def _rebuild_known(x: Any, old: dict, new_children: Mapping) -> Any:
         return y
     if isinstance(x, Mapping):
         return _rebuild_mapping(x, old, new_children)
-    if _ismodule(x):
-        return backends.ops("torch").rebuild_module(x, new_children)
-    fx = _flax(x)
-    return fx.rebuild(x, new_children) if fx is not None else None
+    return None
 
 
 def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
@@ -226,8 +260,8 @@ def rebuild_(x: T, new_children: Mapping) -> T:
         >>> rebuild_([1, 2], {0: 10})
         [10, 2]
     """
-    fx = _flax(x)
-    if fx is not None and fx.assign(x, new_children):
+    node = _node(type(x))
+    if node is not None and node.assign is not None and node.assign(x, new_children):
         return x
     return rebuild(x, new_children)
 
@@ -256,7 +290,33 @@ def register(cls: type, children: Iterable[str] | None = None,
     if names is not None and train is not None and not set(train) <= set(names):
         raise ValueError(f"trainable {train} names children that {cls.__name__} lacks; "
                          f"its children are {names}")
-    _REGISTRY[cls] = (names, train)
+    return register_node(cls, Node(children=_attributes(names), rebuild=_rebuild_attributes,
+                                   trainable=lambda x, kids: train, mutable=True))
+
+
+def _attributes(names: tuple | None) -> Callable[[Any], dict]:
+    """``children`` of a registered class: the attributes ``names`` (all, for ``None``)."""
+    if names is None:
+        return lambda x: {n: getattr(x, n) for n in vars(x)}
+    return lambda x: {n: getattr(x, n) for n in names}
+
+
+def register_node(cls: type, node: Node) -> type:
+    """register_node(cls, node) -> cls, whose instances (and its subclasses') the tree
+    protocol now reads and rebuilds with the functions of ``node``; the backends of array
+    libraries register their model classes so (``nn.Module``, flax's ``nnx.Module``).
+
+    Example:
+        >>> class Cell:
+        ...     def __init__(self, value):
+        ...         self.value = value
+        >>> _ = register_node(Cell, Node(children=lambda c: {"value": c.value},
+        ...                              rebuild=lambda c, new: Cell(new["value"])))
+        >>> children(Cell(1.0)), rebuild(Cell(1.0), {"value": 2.0}).value
+        ({'value': 1.0}, 2.0)
+    """
+    _REGISTRY[cls] = node
+    _FOUND.clear()
     return cls
 
 
@@ -308,34 +368,13 @@ def trainable(x: Any) -> tuple:
         if callable(declared):
             declared = declared()
         return _as_keys(x, kids, tuple(declared))
-    spec = _registered(type(x))
-    if spec is not None and spec[1] is not None:
-        return spec[1]
-    if sys.modules.get("flax") is not None:  # nnx's Param by kind; a linen variables dict
-        found = backends.ops("flax").trainable(x, kids)
+    node = _node(type(x))
+    if node is not None and node.trainable is not None:
+        found = node.trainable(x, kids)
         if found is not None:
             return found
-    if _ismodule(x):
-        return backends.ops("torch").module_trainable(x)
-    if _isstateindex(x):
-        return ()
+    backends.check_trainable(x, kids)  # (flax warns for a linen variables dict)
     return tuple(kids)
-
-
-def _flax(x: Any) -> Any:
-    """The flax backend when ``x`` is a flax nnx Module or Variable, else ``None``; flax is
-    imported only when the user has imported it."""
-    if sys.modules.get("flax") is None:
-        return None
-    fx = backends.ops("flax")
-    return fx if fx.isnode(x) else None
-
-
-def _isstateindex(x: Any) -> bool:
-    """An equinox ``StateIndex``, without importing equinox when the user has not."""
-    eqx = sys.modules.get("equinox")
-    index = getattr(getattr(eqx, "nn", None), "StateIndex", None)
-    return index is not None and isinstance(x, index)
 
 
 def keys_shown(keys: Iterable, most: int = 8, show: Callable[[Any], str] = repr) -> str:
@@ -422,13 +461,16 @@ def ismutable(x: Any) -> bool:
     lib = backends.library(x)
     if lib is not None:
         return backends.ops(lib).maywrite(x)
-    if isinstance(x, _IMMUTABLE) or isinstance(x, tuple) and not _registered(type(x)):
+    if isinstance(x, _IMMUTABLE):
         return False
-    if isinstance(x, (types.MappingProxyType,)):
+    node = _node(type(x))
+    if node is not None and node.mutable is not None:
+        return node.mutable
+    if isinstance(x, (tuple, types.MappingProxyType)):
         return False
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         params = getattr(type(x), "__dataclass_params__", None)
-        if params is not None and params.frozen and _registered(type(x)) is None:
+        if params is not None and params.frozen:
             return any(ismutable(c) for c in children(x).values())
     return True
 

@@ -5,12 +5,14 @@ that have ``requires_grad`` and its submodules, never its buffers. A wrapper tha
 holds another module (``torch.compile``'s ``OptimizedModule``, ``DistributedDataParallel``,
 ``DataParallel``) is transparent: its children, trainable keys and so its paths are the
 wrapped module's own, so a state tree, a ``where=`` pattern and a checkpoint are the same
-for the plain and the wrapped module. ``tree.py`` asks this file through the torch backend.
+for the plain and the wrapped module. :func:`register_nodes` registers ``nn.Module`` with
+``tree.py`` (the torch backend's ``protocol.Nodes``).
 """
 
 from __future__ import annotations
 
 import copy as _copy
+import functools
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -188,6 +190,25 @@ def _as_parameter(v: Any, old: Any) -> Any:
     key = id(v)
     _WRAPPED[key] = (weakref.ref(v, lambda _: _WRAPPED.pop(key, None)), weakref.ref(p))
     return p
+
+
+@functools.cache  # once: again, it would change nothing
+def register_nodes() -> None:
+    """register_nodes(): ``nn.Module`` (and every subclass) as a node of the tree protocol,
+    read and rebuilt by the functions above. Called by the backends' registry before the
+    tree protocol first looks at an object of PyTorch.
+
+    Example:
+        >>> from optimisers.tree import children
+        >>> register_nodes()
+        >>> list(children(nn.Linear(2, 1)))
+        ['weight', 'bias']
+    """
+    from optimisers.tree import Node, register_node
+
+    register_node(nn.Module, Node(
+        children=module_children, rebuild=rebuild_module, getter=child_getter,
+        trainable=lambda m, kids: module_trainable(m), wrapper=wrapper_name))
 
 
 def hasmodule(model: Any) -> bool:

@@ -12,19 +12,22 @@ the model's own class), so ``update_`` reads it as it is.
 
 ``update_`` writes a Variable's new value into it (``set_value``), as nnx's own optimiser
 does, so the module is updated in place, also inside ``nnx.jit``; ``update`` copies.
-This module imports flax only when asked about an object of it, which only exists once
-the user has imported flax.
+:func:`register_nodes` registers these with ``tree.py`` (``protocol.Nodes``). This module
+imports flax only when asked about an object of it, which only exists once the user has
+imported flax.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["isnode", "children", "child", "rebuild", "assign", "trainable"]
+__all__ = ["isnode", "children", "child", "rebuild", "assign", "trainable", "check_trainable",
+           "register_nodes"]
 
 _VALUE = "value"  # the one child of a Variable
 _LINEN_STATE = ("batch_stats", "cache")  # linen collections that are not parameters
@@ -163,9 +166,7 @@ def trainable(x: Any, kids: dict) -> tuple | None:
     """trainable(x, kids) -> the trainable keys of a flax node, or ``None`` for another.
 
     A Variable trains its value when it is an ``nnx.Param``; a module trains every child
-    but a bare array. A linen ``variables`` dict (``params`` next to ``batch_stats``) gets
-    a ``UserWarning``: training it whole would train the batch statistics too; pass
-    ``variables["params"]``.
+    but a bare array.
 
     Example:
         >>> import jax.numpy as jnp
@@ -181,11 +182,51 @@ def trainable(x: Any, kids: dict) -> tuple | None:
         from optimisers.backends import library
 
         return tuple(k for k, v in kids.items() if library(v) is None)
+    return None
+
+
+def check_trainable(x: Any, kids: dict) -> None:
+    """check_trainable(x, kids): a ``UserWarning`` for a linen ``variables`` dict (``params``
+    next to ``batch_stats``): training it whole would train the batch statistics too; pass
+    ``variables["params"]``.
+
+    Example:
+        >>> check_trainable({"params": {}}, {"params": {}})  # no other collection: no warning
+    """
     if isinstance(x, Mapping) and "params" in kids and any(c in kids for c in _LINEN_STATE):
         found = [c for c in _LINEN_STATE if c in kids]
         warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' "
                       f"and {found[0]!r}): all of it would be trained, the {found[0]} "
                       f"too. Pass variables['params'] instead, e.g. "
                       f"setup(rule, variables['params']), and keep the other collections "
-                      f"for model.apply", UserWarning, stacklevel=4)
-    return None
+                      f"for model.apply", UserWarning, stacklevel=5)
+
+
+def register_nodes() -> None:
+    """register_nodes(): nnx's Modules (any ``nnx.Pytree``) and Variables as nodes of the
+    tree protocol, once ``flax.nnx`` is imported (else nothing, until it is). ``nnx.Dict``,
+    a Mapping, keeps a Mapping's children and only trains as a module does.
+
+    Example:
+        >>> from flax import nnx
+        >>> from optimisers.tree import trainable
+        >>> register_nodes()
+        >>> trainable(nnx.BatchStat(1.0))
+        ()
+    """
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None:
+        _register(nnx)
+
+
+@functools.cache  # once
+def _register(nnx: Any) -> None:
+    from optimisers.tree import Node, register_node
+
+    node = Node(children=children, rebuild=rebuild, trainable=trainable,
+                getter=lambda x: child, assign=assign)  # (getattr warns for a Variable)
+    register_node(nnx.Variable, node)
+    register_node(nnx.Pytree, node)
+    mapping = getattr(nnx, "Dict", None)
+    if mapping is not None:
+        register_node(mapping, Node(trainable=trainable))

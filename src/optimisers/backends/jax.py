@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import sys
 import threading
 import weakref
 from typing import Any
@@ -41,7 +42,12 @@ import numpy as np
 from jax.numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
 from jax.tree_util import GetAttrKey
 
+from optimisers.backends import common
+
 Array = jax.Array
+
+CONCATENATES = False  # see above: no concatenating group functions
+FUSES_ITSELF = True  # fuse (protocol.Fusing)
 
 
 def _real(dtype: Any) -> Any:
@@ -50,6 +56,14 @@ def _real(dtype: Any) -> Any:
 
 def isfloating(x: Array) -> bool:
     return bool(jnp.issubdtype(x.dtype, jnp.inexact))
+
+
+def iscomplex(x: Array) -> bool:
+    return jnp.iscomplexobj(x)
+
+
+def ishalf(x: Array) -> bool:
+    return _real(x.dtype) == jnp.float16
 
 
 def maywrite(x: Array) -> bool:
@@ -62,17 +76,6 @@ def hyper(x: Array, *values: Any) -> tuple:
     return tuple(jnp.asarray(v, dt) for v in values)
 
 
-def eps(x: Array, e: Any) -> Array:
-    """An epsilon in ``x``'s real dtype; float16 floors a non-zero one at 1e-7."""
-    dt = _real(x.dtype)
-    if dt == jnp.float16:
-        if isinstance(e, jax.Array):
-            e = jnp.where(e != 0, jnp.maximum(e, 1e-7), e)
-        elif e:
-            e = max(e, 1e-7)
-    return jnp.asarray(e, dt)
-
-
 def zeros_like(x: Array, real_: bool = False) -> Array:
     return jnp.zeros(x.shape, _real(x.dtype) if real_ else x.dtype)
 
@@ -81,33 +84,33 @@ def full_like(x: Array, value: Any, real_: bool = False) -> Array:
     return jnp.full(x.shape, value, _real(x.dtype) if real_ else x.dtype)
 
 
-def abs2(g: Array) -> Array:
-    """|g|^2, real for complex ``g``."""
-    return (g * jnp.conj(g)).real if jnp.iscomplexobj(g) else g * g
-
-
 def complex_from(re: Array, im: Array) -> Array:
     """The complex array ``re + i*im``, of their precision."""
     return jax.lax.complex(re, im)
 
 
-def clip(g: Array, lo: Any, hi: Any) -> Array:
-    """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each."""
-    if jnp.iscomplexobj(g):
-        return complex_from(jnp.clip(g.real, lo, hi), jnp.clip(g.imag, lo, hi))
-    return jnp.clip(g, lo, hi)
+def clamp(x: Array, lo: Any, hi: Any) -> Array:
+    return jnp.clip(x, lo, hi)
 
 
-def norm(g: Array, p: float) -> Array:
-    a = jnp.abs(g)
-    if p == 0:
-        return jnp.count_nonzero(g).astype(a.dtype)
-    if p == np.inf:
-        return jnp.max(a, initial=0)
-    if p == -np.inf:
-        return jnp.min(a, initial=np.inf)
-    (p,) = hyper(a, p)
-    return (a**p).sum() ** (1 / p)
+def amax(a: Array) -> Array:
+    return jnp.max(a, initial=0)
+
+
+def amin(a: Array) -> Array:
+    return jnp.min(a, initial=np.inf)
+
+
+def count_nonzero(g: Array, like: Array) -> Array:
+    return jnp.count_nonzero(g).astype(like.dtype)
+
+
+# written once over the primitives above, for every backend (common.py)
+_SELF = sys.modules[__name__]
+abs2 = functools.partial(common.abs2, _SELF)
+clip = functools.partial(common.clip, _SELF)
+norm = functools.partial(common.norm, _SELF)
+eps = functools.partial(common.eps, _SELF)
 
 
 def isfinite(n: Any) -> bool | None:
@@ -141,6 +144,11 @@ def todtype(dtype: Any) -> np.dtype:
 
 def copy(x: Array) -> Array:
     return x  # immutable: nothing to protect
+
+
+def copier() -> Any:
+    """A copy function for a state tree's arrays: :func:`copy`, JAX arrays being immutable."""
+    return copy
 
 
 def assign(dst: Array, value: Any) -> Array:

@@ -1,25 +1,40 @@
-"""NumPy arrays: the reference backend. Every backend defines these same names."""
+"""NumPy arrays: the reference backend. Every backend defines these same names
+(``protocol.Backend``); this one also steps fused groups over concatenations
+(``protocol.Grouping``)."""
 
 from __future__ import annotations
 
+import functools
 import operator
+import sys
 from typing import Any
 
 import numpy as np
 from numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
 
 from optimisers.backends import _numba as _kernels
-from optimisers.backends import _ufuncs
+from optimisers.backends import _ufuncs, common
 from optimisers.backends._packs import PAD, Packs
 from optimisers.backends._ufuncs import parallel  # noqa: F401 (fused.py uses it)
 
 Array = np.ndarray
+
+CONCATENATES = True  # fused.Group steps groups over concatenations (protocol.Grouping)
+FUSES_ITSELF = False
 
 _SIZE = operator.attrgetter("size")
 
 
 def isfloating(x: Array) -> bool:
     return x.dtype.kind in "fc"
+
+
+def iscomplex(x: Array) -> bool:
+    return x.dtype.kind == "c"
+
+
+def ishalf(x: Array) -> bool:
+    return x.dtype == np.float16
 
 
 def maywrite(x: Array) -> bool:
@@ -42,12 +57,6 @@ def complement(v: Any) -> Any:
     return 1 - v
 
 
-def eps(x: Array, e: float) -> Any:
-    """An epsilon in ``x``'s real dtype; float16 floors a non-zero one at 1e-7."""
-    (e,) = hyper(x, max(e, 1e-7) if e and x.dtype == np.float16 else e)
-    return e
-
-
 def zeros_like(x: Array, real_: bool = False) -> Array:
     # np.zeros, not np.zeros_like: large zeros come from calloc, untouched until written
     return np.zeros(x.shape, x.real.dtype if real_ else x.dtype)
@@ -57,34 +66,33 @@ def full_like(x: Array, value: float, real_: bool = False) -> Array:
     return np.full_like(x.real if real_ else x, value)
 
 
-def abs2(g: Array) -> Array:
-    """|g|^2, real for complex ``g``."""
-    return (g * g.conj()).real if g.dtype.kind == "c" else g * g
-
-
 def complex_from(re: Array, im: Array) -> Array:
     """The complex array ``re + i*im``, of their precision."""
     return re + 1j * im
 
 
-def clip(g: Array, lo: Any, hi: Any) -> Array:
-    """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each
-    (NumPy's own clip orders complex numbers by real part first)."""
-    if g.dtype.kind != "c":
-        return np.clip(g, lo, hi)
-    return complex_from(np.clip(g.real, lo, hi), np.clip(g.imag, lo, hi))
+def clamp(x: Array, lo: Any, hi: Any) -> Array:
+    return np.clip(x, lo, hi)
 
 
-def norm(g: Array, p: float) -> Array:
-    a = np.abs(g)
-    if p == 0:
-        return np.count_nonzero(g).astype(a.dtype)
-    if p == np.inf:
-        return a.max(initial=0)
-    if p == -np.inf:
-        return a.min(initial=np.inf)
-    (p,) = hyper(a, p)
-    return (a**p).sum() ** (1 / p)
+def amax(a: Array) -> Array:
+    return a.max(initial=0)
+
+
+def amin(a: Array) -> Array:
+    return a.min(initial=np.inf)
+
+
+def count_nonzero(g: Array, like: Array) -> Array:
+    return np.count_nonzero(g).astype(like.dtype)
+
+
+# written once over the primitives above, for every backend (common.py)
+_SELF = sys.modules[__name__]
+abs2 = functools.partial(common.abs2, _SELF)
+clip = functools.partial(common.clip, _SELF)
+norm = functools.partial(common.norm, _SELF)
+eps = functools.partial(common.eps, _SELF)
 
 
 def isfinite(n: Any) -> bool | None:
@@ -149,6 +157,16 @@ def dtype_name(x: Array) -> str:
     return str(x.dtype)
 
 
+def dtype_name_of(v: Any) -> str:
+    """dtype_name_of(v) -> the name of a NumPy dtype or scalar type.
+
+    Example:
+        >>> dtype_name_of(np.float16)
+        'float16'
+    """
+    return np.dtype(v).name
+
+
 def isnumber(g: Array) -> bool:
     """Whether ``g`` holds numbers (bool, integer, floating or complex)."""
     return g.dtype.kind in "biufc"
@@ -180,6 +198,11 @@ def split(v: Array, stops: list, like: list) -> list:
         out.append(seg.astype(x.dtype, copy=True))
         start = stop
     return out
+
+
+def settle(leaf: Any) -> Any:
+    """``leaf`` itself: NumPy needs nothing made ahead."""
+    return leaf
 
 
 # ---------------------------------------------------------------- fused groups (fused.py)

@@ -1,4 +1,11 @@
-"""Which backend serves an array: the registry of array libraries, loaded lazily."""
+"""Which backend serves an array: the registry of array libraries, loaded lazily.
+
+The one place outside a library's own backend module that names the libraries: by the
+root of their module names, for arrays (:func:`library`), dtypes (:func:`dtype_library`,
+:func:`dtype_module`), parameters that carry gradients (:func:`carries_grads`), model
+classes (:func:`register_nodes`), checks of what is trained (:func:`check_trainable`),
+and the backends that register this package's own types (:func:`rule_defined`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,8 @@ import importlib
 import sys
 from types import ModuleType
 from typing import Any
+
+from optimisers.backends.protocol import Backend
 
 _ROOTS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax"}
 _LOADED: dict[str, ModuleType] = {}
@@ -68,7 +77,7 @@ def ops(lib: str) -> ModuleType:
         return mod
 
 
-def of(x: Any) -> ModuleType:
+def of(x: Any) -> Backend:
     """The backend module for the array ``x``."""
     lib = library(x)
     if lib is None:
@@ -107,6 +116,30 @@ def dtype_library(v: Any) -> str | None:
     return None
 
 
+_DTYPE_MODULES = {"torch": "torch", "jax": "jax.numpy"}  # library -> the module of its dtypes
+
+
+def dtype_module(lib: Any) -> ModuleType | None:
+    """dtype_module(lib) -> the module holding the dtype objects of the library named
+    ``lib`` (``torch``, ``jax.numpy``); ``None`` for a name of no such library.
+
+    Raises:
+        LookupError: for such a library that this process has not imported (this
+            function never imports one).
+
+    Example:
+        >>> dtype_module("numpy") is None
+        True
+    """
+    name = _DTYPE_MODULES.get(lib) if isinstance(lib, str) else None
+    if name is None:
+        return None
+    module = sys.modules.get(name)
+    if module is None:
+        raise LookupError(f"this process has not imported {lib}")
+    return module
+
+
 _CARRIERS = ("torch",)  # libraries whose parameters carry their gradients (.grad)
 
 
@@ -124,7 +157,56 @@ def carries_grads(model: Any) -> str | None:
     return None
 
 
-_EAGER = ("jax",)  # backends whose types must be registered before the first array is seen
+_NODE_BACKENDS = {"torch": "torch", "flax": "flax", "equinox": "equinox"}  # root -> backend
+
+
+def register_nodes(cls: type) -> None:
+    """register_nodes(cls): the backend of each library that ``cls`` or one of its bases
+    comes from registers that library's model classes as nodes of the tree protocol
+    (``protocol.Nodes``), before ``tree.py`` first looks ``cls`` up; nothing for a class
+    of no such library.
+
+    Example:
+        >>> register_nodes(dict)  # no library's class: nothing to register
+    """
+    done = set()
+    for base in cls.__mro__:
+        lib = _NODE_BACKENDS.get((getattr(base, "__module__", None) or "").partition(".")[0])
+        if lib is not None and lib not in done:
+            done.add(lib)
+            ops(lib).register_nodes()
+
+
+_CHECKERS = ("flax",)  # libraries whose backend checks a node trained whole
+
+
+def check_trainable(x: Any, kids: dict) -> None:
+    """check_trainable(x, kids): the backend of each imported library that knows of a
+    mistake in training the node ``x`` whole (flax: a linen ``variables`` dict, batch
+    statistics and all) warns about it.
+
+    Example:
+        >>> check_trainable({"w": 1.0}, {"w": 1.0})  # nothing to warn about
+    """
+    for lib in _CHECKERS:
+        if lib in sys.modules:
+            ops(lib).check_trainable(x, kids)
+
+
+_EAGER = ("jax",)  # backends registering this package's types (Leaf, rules) with their library
+
+
+def rule_defined(cls: type) -> None:
+    """rule_defined(cls): a rule class was just defined; the loaded backends that register
+    rules with their library (JAX: as pytrees) register it.
+
+    Example:
+        >>> rule_defined(object)  # no such backend loaded here
+    """
+    for lib in _EAGER:
+        loaded = _LOADED.get(lib)
+        if loaded is not None:
+            loaded.register_rule(cls)
 
 
 def load_imported() -> None:

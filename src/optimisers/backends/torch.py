@@ -1,5 +1,6 @@
-"""PyTorch tensors: the same function set as the NumPy backend, plus ``nn.Module`` nodes
-(``_torchnn.py``) and how a step runs inside ``torch.compile`` (:func:`untraced`).
+"""PyTorch tensors: the same function set as the NumPy backend (``protocol.Backend`` and
+``protocol.Grouping``), plus ``nn.Module`` nodes (``_torchnn.py``, ``protocol.Nodes`` and
+``protocol.Carrying``) and how a step runs inside ``torch.compile`` (:func:`untraced`).
 
 Hyper-parameters stay Python floats: PyTorch treats a Python scalar as weakly typed, so
 ``eta * m`` keeps ``m``'s dtype (float16 and bfloat16 included). In-place writes run
@@ -8,8 +9,10 @@ under ``torch.no_grad()``, so a parameter that requires grad may be updated.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,20 +21,20 @@ import torch
 from torch import conj, nn, real, sqrt  # noqa: F401
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from optimisers.backends import common
 from optimisers.backends._packs import PAD, Packs
-from optimisers.backends._torchnn import (  # noqa: F401 (nn.Module as a node: tree.py's)
-    child_getter,
+from optimisers.backends._torchnn import (  # noqa: F401 (protocol.Carrying)
     hasmodule,
-    module_children,
     module_grads,
-    module_trainable,
-    rebuild_module,
+    register_nodes,
     unwrapped,
-    wrapper_name,
 )
 from optimisers.fast import trace
 
 Array = torch.Tensor
+
+CONCATENATES = True  # fused.Group steps groups over concatenations (protocol.Grouping)
+FUSES_ITSELF = False
 _SHAPE = operator.attrgetter("shape")
 
 _REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32,
@@ -40,6 +43,14 @@ _REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32,
 
 def isfloating(x: Array) -> bool:
     return x.is_floating_point() or x.is_complex()
+
+
+def iscomplex(x: Array) -> bool:
+    return x.is_complex()
+
+
+def ishalf(x: Array) -> bool:
+    return x.dtype in (torch.float16, torch.complex32)
 
 
 def maywrite(x: Array) -> bool:
@@ -63,12 +74,6 @@ def complement(v: Any) -> Any:
     return 1 - v
 
 
-def eps(x: Array, e: float) -> Any:
-    """An epsilon for ``x``; float16 floors a non-zero one at 1e-7."""
-    (e,) = hyper(x, max(e, 1e-7) if e and x.dtype in (torch.float16, torch.complex32) else e)
-    return e
-
-
 def zeros_like(x: Array, real_: bool = False) -> Array:
     return torch.zeros_like(x.real if real_ and x.is_complex() else x, requires_grad=False)
 
@@ -77,11 +82,6 @@ def full_like(x: Array, value: float | complex, real_: bool = False) -> Array:
     value = value if isinstance(value, complex) else float(value)
     return torch.full_like(x.real if real_ and x.is_complex() else x, value,
                            requires_grad=False)
-
-
-def abs2(g: Array) -> Array:
-    """|g|^2, real for complex ``g``."""
-    return (g * g.conj()).real if g.is_complex() else g * g
 
 
 def sign(x: Array) -> Array:
@@ -118,23 +118,28 @@ def complex_from(re: Array, im: Array) -> Array:
     return torch.complex(re, im)
 
 
-def clip(g: Array, lo: Any, hi: Any) -> Array:
-    """``g`` clamped to ``[lo, hi]``; for complex ``g``, its real and imaginary parts each."""
-    if g.is_complex():
-        return complex_from(torch.clamp(g.real, lo, hi), torch.clamp(g.imag, lo, hi))
-    return torch.clamp(g, lo, hi)
+def clamp(x: Array, lo: Any, hi: Any) -> Array:
+    return torch.clamp(x, lo, hi)
 
 
-def norm(g: Array, p: float) -> Array:
-    a = g.abs()
-    if p == 0:
-        return torch.count_nonzero(g).to(a.dtype)
-    if p == np.inf:
-        return a.max() if a.numel() else a.new_zeros(())
-    if p == -np.inf:
-        return a.min() if a.numel() else a.new_full((), np.inf)
-    (p,) = hyper(a, p)
-    return (a**p).sum() ** (1 / p)
+def amax(a: Array) -> Array:
+    return a.max() if a.numel() else a.new_zeros(())
+
+
+def amin(a: Array) -> Array:
+    return a.min() if a.numel() else a.new_full((), np.inf)
+
+
+def count_nonzero(g: Array, like: Array) -> Array:
+    return torch.count_nonzero(g).to(like.dtype)
+
+
+# written once over the primitives above, for every backend (common.py)
+_SELF = sys.modules[__name__]
+abs2 = functools.partial(common.abs2, _SELF)
+clip = functools.partial(common.clip, _SELF)
+norm = functools.partial(common.norm, _SELF)
+eps = functools.partial(common.eps, _SELF)
 
 
 def isfinite(n: Any) -> bool | None:
@@ -258,6 +263,11 @@ def split(v: Array, stops: list, like: list) -> list:
         out.append(seg if seg.dtype == x.dtype and seg.device == x.device
                    else seg.to(dtype=x.dtype, device=x.device, copy=True))
     return out
+
+
+def settle(leaf: Any) -> Any:
+    """``leaf`` itself: PyTorch needs nothing made ahead."""
+    return leaf
 
 
 # --- fused groups (fused.py) ---------------------------------------------------------------

@@ -12,7 +12,6 @@ This module holds what every rule shares: the base class :class:`Rule`, the regi
 from __future__ import annotations
 
 import inspect
-import sys
 from typing import Any
 
 from optimisers import backends
@@ -59,9 +58,7 @@ class Rule:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         RULES.setdefault(cls.__name__, cls)
-        jax_backend = sys.modules.get("optimisers.backends.jax")
-        if jax_backend is not None:  # JAX seen already: the new rule is a pytree too
-            jax_backend.register_rule(cls)
+        backends.rule_defined(cls)  # JAX seen already: the new rule is a pytree too
 
     def raises(self) -> bool:
         """Whether ``apply`` may raise (as ``ClipNorm`` does on a non-finite norm).

@@ -1,0 +1,95 @@
+"""What every backend computes alike, written once over its primitives.
+
+Each function takes the backend module first (``xp``: ``numpy``, ``torch`` or ``jax`` of
+this package) and uses only functions of the protocol (``protocol.Backend``) on it; each
+backend binds them to itself, ``abs2 = functools.partial(common.abs2, <its module>)``, so
+that rules call ``xp.abs2(g)``. The results are those of the library's own operations in
+the same order: bit for bit what a backend written out in full would give.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from optimisers.backends.registry import istraced
+
+__all__ = ["FLOAT16_EPS", "abs2", "clip", "norm", "eps"]
+
+FLOAT16_EPS = 1e-7
+"""The smallest non-zero epsilon a float16 computation takes: a smaller one (Adam's 1e-8)
+rounds to zero in float16, and a denominator ``sqrt(v) + eps`` could then be zero."""
+
+
+def abs2(xp: Any, g: Any) -> Any:
+    """abs2(xp, g) -> ``|g|^2``, real for a complex ``g`` (``g * conj(g)``'s real part).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers.backends import numpy as xp
+        >>> abs2(xp, np.array([3 + 4j])), abs2(xp, np.array([-2.0]))
+        (array([25.]), array([4.]))
+    """
+    return (g * g.conj()).real if xp.iscomplex(g) else g * g
+
+
+def clip(xp: Any, g: Any, lo: Any, hi: Any) -> Any:
+    """clip(xp, g, lo, hi) -> ``g`` clamped to ``[lo, hi]``; a complex ``g`` has its real and
+    imaginary parts clamped each (NumPy's own clip orders complex numbers instead).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers.backends import numpy as xp
+        >>> clip(xp, np.array([2 - 3j]), -1.0, 1.0)
+        array([1.-1.j])
+    """
+    if xp.iscomplex(g):
+        return xp.complex_from(xp.clamp(g.real, lo, hi), xp.clamp(g.imag, lo, hi))
+    return xp.clamp(g, lo, hi)
+
+
+def norm(xp: Any, g: Any, p: float) -> Any:
+    """norm(xp, g, p) -> the ``p``-norm of all of ``g``, a 0-d array of its real dtype:
+    ``(sum |g|^p)^(1/p)``; for ``p = 0`` the number of non-zeros, for ``p = inf`` the largest
+    ``|g|`` (0 for an empty ``g``), for ``-inf`` the smallest (``inf`` for an empty ``g``).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers.backends import numpy as xp
+        >>> g = np.array([3.0, -4.0])
+        >>> norm(xp, g, 2.0), norm(xp, g, 0), norm(xp, g, np.inf)
+        (np.float64(5.0), np.float64(2.0), np.float64(4.0))
+    """
+    a = xp.abs(g)
+    if p == 0:
+        return xp.count_nonzero(g, a)
+    if p == math.inf:
+        return xp.amax(a)
+    if p == -math.inf:
+        return xp.amin(a)
+    (p,) = xp.hyper(a, p)
+    return (a**p).sum() ** (1 / p)
+
+
+def eps(xp: Any, x: Any, e: Any) -> Any:
+    """eps(xp, x, e) -> the epsilon ``e`` as a hyper-parameter of ``x`` (``xp.hyper``); for a
+    float16 ``x`` a non-zero ``e`` is floored at :data:`FLOAT16_EPS` (a traced ``e`` too).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers.backends import numpy as xp
+        >>> eps(xp, np.zeros(1, np.float16), 1e-8), eps(xp, np.zeros(1), 1e-8)
+        (np.float16(1e-07), np.float64(1e-08))
+    """
+    if xp.ishalf(x):
+        e = _floored(xp, e)
+    (e,) = xp.hyper(x, e)
+    return e
+
+
+def _floored(xp: Any, e: Any) -> Any:
+    """A non-zero ``e`` at least :data:`FLOAT16_EPS`: by ``max`` where its value is known, by
+    ``where`` for a value traced under ``jax.jit``."""
+    if istraced(e):
+        return xp.where(e != 0, xp.maximum(e, FLOAT16_EPS), e)
+    return max(e, FLOAT16_EPS) if e else e

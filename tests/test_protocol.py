@@ -1,0 +1,188 @@
+"""Every backend provides the declared interface (``backends/protocol.py``): each name of
+its protocols, with a signature that accepts the protocol's calls, and its capabilities
+declared as booleans; ``norm``, ``clip``, ``abs2`` and ``eps`` are the shared ones of
+``common.py``, giving the same values in every library."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+
+import numpy as np
+import pytest
+
+from optimisers import backends
+from optimisers.backends import common, registry
+from optimisers.backends.protocol import (
+    Backend,
+    Carrying,
+    Checking,
+    Fusing,
+    Grouping,
+    Nodes,
+    Registering,
+)
+
+# which protocols each backend module provides besides Backend's capabilities
+PROVIDES = {
+    "numpy": (Backend, Grouping),
+    "torch": (Backend, Grouping, Carrying, Nodes),
+    "jax": (Backend, Fusing, Registering),
+    "flax": (Nodes, Checking),
+    "equinox": (Nodes,),
+}
+NEEDS = {"torch": "torch", "jax": "jax", "flax": "flax.nnx", "equinox": "equinox"}
+CAPABILITIES = {"CONCATENATES": Grouping, "FUSES_ITSELF": Fusing}
+
+
+def _load(lib):
+    if lib in NEEDS:
+        pytest.importorskip(NEEDS[lib])
+    return importlib.import_module(f"optimisers.backends.{lib}")
+
+
+def functions(protocol) -> dict:
+    """The functions a protocol declares, by name."""
+    return {n: v for n, v in vars(protocol).items()
+            if inspect.isfunction(v) and not n.startswith("_")}
+
+
+def constants(protocol) -> list:
+    return [n for n in getattr(protocol, "__annotations__", {}) if n.isupper()]
+
+
+def _accepts(declared, got) -> str | None:
+    """Why ``got`` cannot be called as ``declared`` is declared (``None``: it can): the
+    declaration's parameters without defaults passed by position, those with defaults by
+    name, ``*values`` with two values."""
+    try:
+        sig = inspect.signature(got)
+    except (TypeError, ValueError):  # a builtin without a signature (torch.sqrt): called below
+        return None if callable(got) else "not callable"
+    args, kwargs = [], {}
+    for p in list(inspect.signature(declared).parameters.values())[1:]:  # past self
+        if p.kind is p.VAR_POSITIONAL:
+            args += [object(), object()]
+        elif p.default is p.empty:
+            args.append(object())
+        else:
+            kwargs[p.name] = p.default
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as err:
+        return f"{sig} cannot be called as {inspect.signature(declared)} declares: {err}"
+    return None
+
+
+CASES = [(lib, proto.__name__, name) for lib, protos in PROVIDES.items()
+         for proto in protos for name in functions(proto)]
+
+
+@pytest.mark.parametrize(("lib", "protocol", "name"), CASES,
+                         ids=[f"{lib}-{name}" for lib, _, name in CASES])
+def test_backend_provides_each_declared_function(lib, protocol, name):
+    mod = _load(lib)
+    declared = functions(globals()[protocol])[name]
+    assert hasattr(mod, name), f"backends.{lib} lacks {protocol}.{name}"
+    why = _accepts(declared, getattr(mod, name))
+    assert why is None, f"backends.{lib}.{name}: {why}"
+
+
+@pytest.mark.parametrize("lib", [lib for lib, p in PROVIDES.items() if Backend in p])
+def test_capabilities_are_declared_booleans_that_match_the_functions(lib):
+    mod = _load(lib)
+    assert constants(Backend) == list(CAPABILITIES)
+    for name, protocol in CAPABILITIES.items():
+        value = getattr(mod, name)
+        assert type(value) is bool, f"backends.{lib}.{name} is {value!r}, not a bool"
+        assert value == (protocol in PROVIDES[lib]), f"backends.{lib}.{name} is {value}"
+
+
+def test_registry_tables_agree_with_the_protocols():
+    def given(protocol):
+        return {lib for lib, protos in PROVIDES.items() if protocol in protos}
+
+    assert set(registry._NODE_BACKENDS.values()) == given(Nodes)
+    assert set(registry._CARRIERS) == given(Carrying)
+    assert set(registry._CHECKERS) == given(Checking)
+    assert set(registry._EAGER) == given(Registering)
+
+
+def test_a_protocol_declares_every_function_the_backends_share():
+    """No name is shared by the three array backends without being declared: the
+    interface is the whole of what they have in common (private names, imports of
+    modules and type aliases aside)."""
+    mods = [_load(lib) for lib in ("numpy", "torch", "jax")]
+    declared = set().union(*(functions(p) for p in PROVIDES["torch"] + PROVIDES["jax"]))
+
+    def public(mod):
+        return {n for n, v in vars(mod).items() if not n.startswith("_") and callable(v)
+                and not inspect.ismodule(v) and not inspect.isclass(v)}
+
+    shared = set.intersection(*(public(m) for m in mods)) - {"annotations"}
+    assert shared <= declared, f"shared but not declared: {sorted(shared - declared)}"
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+def test_the_shared_functions_are_common_ones_bound(lib):
+    mod = _load(lib)
+    for name in ("abs2", "clip", "norm", "eps"):
+        fn = getattr(mod, name)
+        assert isinstance(fn, functools.partial), name
+        assert fn.func is getattr(common, name) and fn.args == (mod,), name
+
+
+def _convert(lib):
+    if lib == "numpy":
+        return np.asarray
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        return torch.from_numpy
+    jnp = pytest.importorskip("jax.numpy")
+    return jnp.asarray
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64], ids=["real", "complex"])
+def test_shared_functions_agree_across_libraries(lib, dtype):
+    xp = _load(lib)
+    g0 = (np.array([3, -4, 0.5, 0, 2.5], dtype) * (1 + 1j if dtype == np.complex64 else 1))
+    g = _convert(lib)(g0.copy())
+    host = np.asarray
+    np.testing.assert_allclose(host(xp.abs2(g)), np.abs(g0) ** 2, rtol=1e-6)
+    clipped = host(xp.clip(g, -1.0, 1.0))
+    np.testing.assert_array_equal(clipped.real, np.clip(g0.real, -1, 1))
+    np.testing.assert_array_equal(np.imag(clipped), np.clip(g0.imag, -1, 1))
+    for p, want in [(2.0, np.linalg.norm(g0)), (1.0, np.abs(g0).sum()), (0, 4.0),
+                    (np.inf, np.abs(g0).max()), (-np.inf, 0.0)]:
+        np.testing.assert_allclose(float(xp.norm(g, p)), want, rtol=1e-6)
+    empty = _convert(lib)(np.zeros(0, np.float32))
+    assert float(xp.norm(empty, np.inf)) == 0.0 and float(xp.norm(empty, -np.inf)) == np.inf
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+def test_eps_is_floored_for_float16_only(lib):
+    xp = _load(lib)
+    half = _convert(lib)(np.zeros(2, np.float16))
+    single = _convert(lib)(np.zeros(2, np.float32))
+    # as the backend's own hyper-parameters (torch's stay Python floats)
+    assert float(xp.eps(half, 1e-8)) == float(xp.hyper(half, common.FLOAT16_EPS)[0])
+    assert float(xp.eps(half, 0.0)) == 0.0
+    assert float(xp.eps(half, 1e-3)) == float(xp.hyper(half, 1e-3)[0])
+    assert float(xp.eps(single, 1e-8)) == float(xp.hyper(single, 1e-8)[0]) != 1e-7
+
+
+def test_eps_floors_a_traced_epsilon_too():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    xp = _load("jax")
+    half = jnp.zeros(2, jnp.float16)
+    got = jax.jit(lambda e: xp.eps(half, e))(jnp.asarray([1e-8, 0.0, 1e-3]))
+    want = np.array([common.FLOAT16_EPS, 0.0, 1e-3], np.float16)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_of_returns_a_backend():
+    xp = backends.of(np.zeros(1))
+    assert xp.CONCATENATES and not xp.FUSES_ITSELF
