@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from optimisers import backends
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf
 
@@ -41,7 +42,9 @@ FREE = object()  # the ``like`` of keys and hyper-parameters: nothing to compare
 
 
 def dtype_name(a: Any) -> str:
-    return str(a.dtype).removeprefix("torch.")
+    """The name of the dtype of an array of any library, or of a NumPy scalar."""
+    lib = backends.library(a)
+    return backends.ops(lib).dtype_name(a) if lib is not None else str(a.dtype)
 
 
 def nodes(tree: Any) -> Iterator[tuple[KeyPath, Any]]:

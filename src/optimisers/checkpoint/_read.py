@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import zipfile
 from typing import Any
 
@@ -28,8 +27,6 @@ from optimisers.checkpoint._write import Measure, document, encode_dtype
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf
 from optimisers.rules import RULES, Rule
-
-_LIBRARY_DTYPES = {"torch": "torch", "jax": "jax.numpy"}  # "as" -> the module holding them
 
 
 def _tag(j: Any, tags: tuple, what: str) -> tuple[str, Any]:
@@ -95,11 +92,12 @@ def _dtype(j: dict) -> Any:
     name, form = _str(j["dtype"]), j.get("as")
     if form in ("numpy", "type") and name in STANDARD:
         return np.dtype(name) if form == "numpy" else np.dtype(name).type
-    module = sys.modules.get(_LIBRARY_DTYPES.get(form, ""))
-    if module is None and form in _LIBRARY_DTYPES:
+    try:
+        module = backends.dtype_module(form)
+    except LookupError:
         raise Invalid(f"the checkpoint has a {form} dtype {name!r}, but this process has not "
                       f"imported {form}; import it before load (load never imports a library "
-                      f"because a file names it)")
+                      f"because a file names it)") from None
     obj = vars(module).get(name) if module is not None else None  # no module __getattr__
     if obj is not None and encode_dtype(obj) == {"dtype": name, "as": form}:
         return obj
