@@ -237,14 +237,13 @@ class Grouping(Protocol):
     def scatter(self, flat: Array, parts: tuple) -> list | None:
         """Segments of ``flat`` written into ``parts``; ``None``, or new parts."""
 
-    def scatter_sub(self, xs: list, d: Array, cache: dict) -> None:
-        """``x -= segment of d`` for each ``x``, in place."""
+    def subtractor(self, xs: list) -> Callable[[Array], None]:
+        """A function ``f(d)`` doing ``x -= segment of d`` for each ``x``, in place."""
 
     def split_like(self, d: Array, xs: list) -> list:
         """New arrays ``x_i - segment of d``, each like ``x_i``."""
 
-    def onepass(self, rule: Any, sig: Any, xs: list, arrays: list,
-                cache: dict) -> Callable | None:
+    def onepass(self, rule: Any, sig: Any, xs: list, arrays: list) -> Callable | None:
         """A one-pass step for a whole group written in place, or ``None``."""
 
     def flat(self, x: Array, g: Array, arrays: list) -> tuple | None:
