@@ -308,7 +308,7 @@ def trace(rule: Rule, sig: Any) -> Program | None:
     Example:
         >>> from optimisers import Descent
         >>> trace(Descent(0.1), None).lines
-        ('t0 = K0 * g', 'x[i] = xi - t0')
+        ('t0 = K0 * g', 't0 = xi - t0', 'x[i] = t0')
     """
     try:
         key = (shape_of(rule), shape_of(sig))
