@@ -29,6 +29,7 @@ Scalar sources name the rule's numbers ``R0`` ..., their complements ``1 - R0`` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from optimisers.backends import registry
+from optimisers.backends import common, registry
 from optimisers.fused import ARRAY, Node
 from optimisers.rules import NewValue, Rule, call
 
@@ -191,11 +192,12 @@ def hyper(x: Elem, *values: Any) -> tuple:
     return tuple(Num(f"CAST({_num(v).src})") for v in values)
 
 
-def eps(x: Elem, e: Any) -> Num:
-    """An epsilon: the array's dtype is float32 or float64 here (kernels serve no other),
-    where the float16 floor of the backends' ``eps`` never applies."""
-    (e,) = hyper(x, e)
-    return e
+def iscomplex(x: Any) -> bool:
+    """False: kernels serve float32 and float64 arrays only."""
+    return False
+
+
+ishalf = iscomplex  # (no float16 either: the epsilon floor of common.eps never applies)
 
 
 _RULE_NUMBER = re.compile(r"R(\d+)")
@@ -245,7 +247,7 @@ def minimum(a: Any, b: Any) -> Elem:
     return _tape_of(a, b).op("np.minimum({0}, {1})", a, b)
 
 
-def clip(g: Any, lo: Any, hi: Any) -> Elem:
+def clamp(g: Any, lo: Any, hi: Any) -> Elem:
     return minimum(maximum(g, lo), hi)
 
 
@@ -253,12 +255,12 @@ def where(cond: Any, a: Any, b: Any) -> Elem:
     return _tape_of(cond, a, b).op("{1} if {0} else {2}", cond, a, b)
 
 
-def abs2(g: Elem) -> Elem:
-    """``|g|^2``: ``g * g`` (kernels serve real arrays only)."""
-    return g * g
+_SELF = sys.modules[__name__]
+abs2 = functools.partial(common.abs2, _SELF)  # written once for every backend: common.py
+clip = functools.partial(common.clip, _SELF)
+eps = functools.partial(common.eps, _SELF)
 
-
-registry.register_type(Elem, "symbols", sys.modules[__name__])
+registry.register_type(Elem, "symbols", _SELF)
 
 
 # ------------------------------------------------------------------ tracing a rule
