@@ -38,6 +38,19 @@ from optimisers.rules import (
     SignDecay,
     WeightDecay,
 )
+from optimisers.schedules import (
+    SCHEDULES,
+    Constant,
+    Cosine,
+    Exponential,
+    Join,
+    Linear,
+    OneCycle,
+    Polynomial,
+    Schedule,
+    Step,
+    Warmup,
+)
 from optimisers.state import Leaf, setup, update, update_
 from optimisers.summary import summary
 from optimisers.tree import (
@@ -60,6 +73,9 @@ __all__ = [
     "ClipGrad", "ClipNorm", "Descent", "KeyPath", "Leaf", "Lion", "MixedPrecision", "Momentum",
     "NAdam", "Nesterov", "NewValue", "OAdam", "OptimiserChain", "RAdam", "Restructure",
     "RMSProp", "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
+    # schedules
+    "Constant", "Cosine", "Exponential", "Join", "Linear", "OneCycle", "Polynomial",
+    "Schedule", "SCHEDULES", "Step", "Warmup",
     "children", "destructure", "fleaves", "fmap", "fmap_with_path", "fmapstructure", "freeze_",
     "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric", "load",
     "maywrite", "rebuild", "register", "reinit", "save", "select", "setup", "summary", "thaw_",

@@ -577,3 +577,72 @@ def dtype_name_of(v: Any) -> str:
         'bfloat16'
     """
     return np.dtype(v).name
+
+
+# --- schedules: pytrees whose every number is a leaf ---------------------------------------
+#
+# A schedule's numbers (start, end, steps, boundaries...) are all children, ints included:
+# its formula never branches in Python on them, so that an ``adjust`` to a schedule of the
+# same class with other numbers never re-traces. Only flags (``Exponential.staircase``,
+# declared ``static``) are static. Nested schedules (``Warmup.schedule``, ``Join.schedules``)
+# are children, and flatten in turn.
+
+
+def cos(x: Any) -> Array:
+    """cos(x) -> the cosine of each element (a schedule's half cosine); schedules also call
+    :func:`where`, :func:`minimum` and :func:`maximum`.
+
+    Example:
+        >>> cos(jnp.zeros(2))
+        Array([1., 1.], dtype=float32)
+    """
+    return jnp.cos(x)
+
+
+@functools.cache
+def _schedule_layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    fields = dataclasses.fields(cls)
+    return (tuple(f.name for f in fields if not f.metadata.get("static")),
+            tuple(f.name for f in fields if f.metadata.get("static")))
+
+
+def _flatten_schedule(s: Any) -> tuple[list, tuple]:
+    data, static = _schedule_layout(type(s))
+    return ([_dynamic(getattr(s, n)) for n in data],
+            (data, tuple((n, getattr(s, n)) for n in static)))
+
+
+def _flatten_schedule_with_keys(s: Any) -> tuple[list, tuple]:
+    kids, aux = _flatten_schedule(s)
+    return [(GetAttrKey(n), v) for n, v in zip(aux[0], kids)], aux
+
+
+def register_schedule(cls: type) -> None:
+    """register_schedule(cls) -> None: the schedule class ``cls`` as a JAX pytree (once),
+    rebuilt as rules are, without re-running its checks on traced numbers.
+
+    Example:
+        >>> from optimisers import Linear
+        >>> register_schedule(Linear)  # done already: each schedule class registers itself
+        >>> [str(v.dtype) for v in jax.tree.leaves(Linear(1.0, 0.0, 10))]
+        ['float32', 'float32', 'int32']
+    """
+    if cls in _REGISTERED:
+        return
+    _REGISTERED.add(cls)  # (its fields are read at its first flattening: once a dataclass)
+    jax.tree_util.register_pytree_with_keys(
+        cls, _flatten_schedule_with_keys, functools.partial(_unflatten_rule, cls),
+        _flatten_schedule)
+
+
+def _register_schedules() -> None:
+    from optimisers.schedules import Schedule
+
+    todo = list(Schedule.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        register_schedule(cls)
+        todo.extend(cls.__subclasses__())
+
+
+_register_schedules()

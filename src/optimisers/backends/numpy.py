@@ -353,3 +353,16 @@ def from_host(arr: Array, ref: Any, bits: bool, weak: bool = False) -> Array:
         array([0.   , 1.875], dtype=float16)
     """
     return arr.view(ref.dtype) if bits else arr
+
+
+# --- what schedules (schedules.py) call: where, minimum and maximum above, and cos ----------
+
+
+def cos(x: Any) -> Any:
+    """cos(x) -> the cosine of each element (a schedule's half cosine).
+
+    Example:
+        >>> cos(np.array([0.0, np.pi]))
+        array([ 1., -1.])
+    """
+    return np.cos(x)

@@ -610,3 +610,17 @@ def dtype_name_of(v: Any) -> str:
         'bfloat16'
     """
     return str(v).removeprefix("torch.")
+
+
+# --- what schedules (schedules.py) call: where, minimum and maximum above, and cos ----------
+
+
+def cos(x: Any) -> Any:
+    """cos(x) -> the cosine of each element (a schedule's half cosine); of a Python
+    number, a Python float.
+
+    Example:
+        >>> cos(torch.tensor([0.0, math.pi]))
+        tensor([ 1., -1.])
+    """
+    return torch.cos(x) if isinstance(x, torch.Tensor) else math.cos(x)

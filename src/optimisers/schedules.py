@@ -1,0 +1,475 @@
+"""Schedules: a hyper-parameter as a function of the step count.
+
+Each schedule is a frozen dataclass whose fields are its numbers (and, for :class:`Warmup`
+and :class:`Join`, the schedules it is made of), so it prints, compares, hashes and
+checkpoints as a rule does, and its fields are checked at construction with the rules'
+:func:`~optimisers.rules.fields.hyperparameter` declarations. Called on a step count ``t``
+counting from 0, it returns the value for that step:
+
+- a Python ``int`` (or a NumPy scalar) gives a Python ``float``: the closed form computed
+  in double precision with ``math``;
+- a NumPy, PyTorch or JAX array (0-d) gives an array of that library, computed with the
+  backend's ``where``, ``minimum``, ``maximum`` and ``cos``, and never a Python ``if`` on
+  ``t``: a schedule evaluates under ``jax.jit`` with ``t`` traced.
+
+With JAX, every schedule is a pytree whose numbers (``steps`` and ``boundaries`` included)
+are all leaves, so that a jitted function of a schedule traces once for any numbers of the
+same class (``backends/jax.py``, :func:`~optimisers.backends.jax.register_schedule`). As
+for rules, that holds once the JAX backend is loaded: at ``import optimisers`` when JAX was
+imported first, else when optimisers first sees a JAX array.
+
+The values are those of optax and ``torch.optim.lr_scheduler`` (``tests/test_schedules.py``
+compares them at many steps):
+
+==========================================  =================================================
+this                                        optax / torch
+==========================================  =================================================
+``Constant(v)``                             ``constant_schedule(v)``
+``Linear(a, b, n)``                         ``linear_schedule(a, b, n)``
+``Cosine(a, b, n)``                         ``cosine_decay_schedule(a, n, alpha=b/a)``;
+                                            ``CosineAnnealingLR(T_max=n, eta_min=b)``, t <= n
+``Exponential(a, r, n, staircase)``         ``exponential_decay(a, n, r, staircase=...)``
+``Step(a, r, n)``                           ``StepLR(step_size=n, gamma=r)``
+``Polynomial(a, b, n, p)``                  ``polynomial_schedule(a, b, p, n)``
+``Warmup(Cosine(p, b, n - w), w, a)``       ``warmup_cosine_decay_schedule(a, p, w, n, b)``
+``Join(schedules, boundaries)``             ``join_schedules(schedules, boundaries)``
+``OneCycle(p, n)``                          ``OneCycleLR(max_lr=p, total_steps=n)``, t < n
+==========================================  =================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from optimisers import backends
+from optimisers.rules import fields
+from optimisers.rules.fields import Allowed, Interval, InvalidKind, hyperparameter
+
+__all__ = ["Schedule", "SCHEDULES", "Constant", "Linear", "Cosine", "Exponential", "Step",
+           "Polynomial", "Warmup", "Join", "OneCycle"]
+
+SCHEDULES: dict[str, type] = {}
+"""SCHEDULES: every subclass of :class:`Schedule` by name, as :data:`~optimisers.RULES` is
+for rules (what a checkpoint loads a schedule from).
+
+Example:
+    >>> SCHEDULES["Cosine"].__name__, "OneCycle" in SCHEDULES
+    ('Cosine', True)
+"""
+
+
+def _number(default: Any = dataclasses.MISSING, within: str = "(-inf, inf)") -> Any:
+    """A number field: any finite number unless ``within`` says otherwise."""
+    return hyperparameter(default, within)
+
+
+def _count(default: Any = dataclasses.MISSING) -> Any:
+    """A step-count field: a whole number >= 1."""
+    return hyperparameter(default, "[1, inf)", kind="whole")
+
+
+class Schedule:
+    """Schedule: the base class of the schedules; ``schedule(t) -> value`` at step ``t``.
+
+    Subclass it as a frozen dataclass whose fields are numbers (declared with
+    :func:`~optimisers.rules.fields.hyperparameter`), tuples and other schedules, and
+    define ``__call__(t)`` for ``t`` a Python int or a 0-d array, with no Python ``if`` on
+    ``t`` (choose with the backend's ``where``). The new class registers itself in
+    :data:`SCHEDULES` and, once JAX is in use, as a pytree.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass(frozen=True)
+        ... class Halving(Schedule):
+        ...     start: float = hyperparameter(1.0, "(0, inf)")
+        ...     def __call__(self, t):
+        ...         return self.start * 0.5 ** t
+        >>> Halving(8)(3), Halving(8)
+        (1.0, Halving(start=8.0))
+    """
+
+    __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        known = SCHEDULES.get(cls.__name__)
+        if known is None or (known.__module__, known.__qualname__) == (cls.__module__,
+                                                                        cls.__qualname__):
+            SCHEDULES[cls.__name__] = cls  # (slots=True makes the class anew: the new one)
+        jax_backend = sys.modules.get("optimisers.backends.jax")
+        register = getattr(jax_backend, "register_schedule", None)
+        if register is not None:  # JAX seen already: the new schedule is a pytree too
+            register(cls)
+
+    def __call__(self, t: Any) -> Any:
+        """The value at step ``t`` (counting from 0)."""
+        raise NotImplementedError(f"{type(self).__name__} must define __call__(t)")
+
+    def __post_init__(self) -> None:
+        """Check every declared field (as a rule's are); a Python ``int`` given for a
+        number becomes a ``float``, so that a Python int ``t`` always gives a float."""
+        fields.check(self)
+        for f in dataclasses.fields(self):
+            allowed = f.metadata.get("allowed")
+            if allowed is not None and allowed.kind == "number":
+                value = getattr(self, f.name)
+                if type(value) is int:
+                    object.__setattr__(self, f.name, float(value))
+
+
+class _Numbers:
+    """The functions schedules call, for Python numbers: ``math``'s and the built-ins."""
+
+    @staticmethod
+    def where(condition: Any, a: Any, b: Any) -> Any:
+        return a if condition else b
+
+    minimum = staticmethod(min)
+    maximum = staticmethod(max)
+    cos = staticmethod(math.cos)
+
+
+def _maths(t: Any, *counts: Any) -> Any:
+    """The functions to compute with: the backend of the first array among the step count
+    ``t`` and the schedule's step counts (traced under ``jit`` when the schedule is an
+    argument), else Python's. Only these decide: the other numbers enter by arithmetic
+    alone, which any mix of numbers and arrays of one library allows."""
+    for v in (t, *counts):
+        if type(v) not in (int, float) and backends.library(v) is not None:
+            return backends.of(v)
+    return _Numbers
+
+
+def _left(xp: Any, t: Any, steps: Any) -> Any:
+    """The fraction of ``steps`` left at step ``t``, 0 from ``steps`` on: optax's
+    ``1 - min(t, steps) / steps``, with the subtraction done first, on whole numbers, so
+    that it is exact at the end even where XLA divides by multiplying with ``1/steps``."""
+    return (steps - xp.minimum(t, steps)) / steps
+
+
+def _line(xp: Any, t: Any, start: Any, end: Any, steps: Any) -> Any:
+    """From ``start`` to ``end`` over ``steps``, then ``end`` (optax's order of operations)."""
+    return (start - end) * _left(xp, t, steps) + end
+
+
+def _half_cosine(xp: Any, start: Any, end: Any, angle: Any) -> Any:
+    """From ``start`` at angle 0 to ``end`` at angle pi along a half cosine (torch's
+    ``_annealing_cos``; optax's ``cosine_decay_schedule`` rounds alike in float32)."""
+    return end + (start - end) / 2.0 * (xp.cos(angle) + 1)
+
+
+def _check_schedule(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, Schedule):
+        raise InvalidKind(f"Invalid {name} parameter: {value!r} ({type(value).__name__}); "
+                          f"{owner}'s {name} must be a Schedule, such as Cosine(1e-3, "
+                          f"steps=9_000); wrap a number in Constant(value)")
+
+
+@dataclass(frozen=True, slots=True)
+class Constant(Schedule):
+    """Constant(value): ``value`` at every step (optax's ``constant_schedule``).
+
+    Example:
+        >>> Constant(1e-3)(0), Constant(1e-3)(10**9)
+        (0.001, 0.001)
+    """
+
+    value: float = _number()
+
+    def __call__(self, t: Any) -> Any:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Linear(Schedule):
+    """Linear(start, end, steps): from ``start`` to ``end`` in a straight line over ``steps``
+    steps, then ``end``.
+
+    ``(start - end) * (steps - min(t, steps)) / steps + end``, as optax's
+    ``linear_schedule(start, end, steps)``; torch's ``LinearLR(start_factor, end_factor,
+    total_iters)`` on a base rate ``lr`` is ``Linear(lr * start_factor, lr * end_factor,
+    total_iters)``.
+
+    Args:
+        start: the value at step 0.
+        end: the value from step ``steps`` on.
+        steps: how many steps the line lasts, a whole number >= 1.
+
+    Example:
+        >>> s = Linear(1.0, 0.0, 4)
+        >>> [s(t) for t in range(6)]
+        [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    """
+
+    start: float = _number()
+    end: float = _number()
+    steps: int = _count()
+
+    def __call__(self, t: Any) -> Any:
+        return _line(_maths(t, self.steps), t, self.start, self.end, self.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class Cosine(Schedule):
+    """Cosine(start, end=0.0, steps=...): from ``start`` to ``end`` along a half cosine over
+    ``steps`` steps, then ``end`` (Loshchilov & Hutter 2017, without restarts).
+
+    ``end + (start - end) * (1 + cos(pi * min(t, steps) / steps)) / 2``: optax's
+    ``cosine_decay_schedule(start, steps, alpha=end / start)``, and torch's
+    ``CosineAnnealingLR(T_max=steps, eta_min=end)`` up to step ``steps`` (after it, torch's
+    rises again; this one stays at ``end``).
+
+    Args:
+        start: the value at step 0.
+        end: the value from step ``steps`` on.
+        steps: how many steps the decay lasts, a whole number >= 1 (required).
+
+    Example:
+        >>> s = Cosine(1.0, steps=4)
+        >>> [round(s(t), 4) for t in range(6)]
+        [1.0, 0.8536, 0.5, 0.1464, 0.0, 0.0]
+        >>> Cosine(1.0)
+        Traceback (most recent call last):
+        ...
+        optimisers.rules.fields.InvalidKind: Cosine needs steps, how many steps its decay lasts, such as Cosine(1e-3, steps=10_000)
+    """  # noqa: E501
+
+    start: float = _number()
+    end: float = _number(0.0)
+    steps: int = _count(None)
+
+    def __post_init__(self) -> None:
+        if self.steps is None:
+            raise InvalidKind("Cosine needs steps, how many steps its decay lasts, such as "
+                              "Cosine(1e-3, steps=10_000)")
+        Schedule.__post_init__(self)
+
+    def __call__(self, t: Any) -> Any:
+        xp = _maths(t, self.steps)
+        angle = math.pi * xp.minimum(t, self.steps) / self.steps
+        return _half_cosine(xp, self.start, self.end, angle)
+
+
+@dataclass(frozen=True, slots=True)
+class Exponential(Schedule):
+    """Exponential(start, decay, steps=1, staircase=False): ``start * decay ** (t / steps)``,
+    with ``t // steps`` in place of ``t / steps`` for ``staircase``.
+
+    optax's ``exponential_decay(start, steps, decay, staircase=staircase)``; torch's
+    ``ExponentialLR(gamma)`` is ``Exponential(lr, gamma)``.
+
+    Args:
+        start: the value at step 0.
+        decay: the factor per ``steps`` steps, > 0 (above 1 it grows).
+        steps: how many steps one factor of ``decay`` takes, a whole number >= 1.
+        staircase: whether the value changes only at multiples of ``steps``.
+
+    Example:
+        >>> Exponential(1.0, 0.5, steps=2)(3), Exponential(1.0, 0.5, 2, staircase=True)(3)
+        (0.3535533905932738, 0.5)
+    """
+
+    start: float = _number()
+    decay: float = _number(within="(0, inf)")
+    steps: int = _count(1)
+    staircase: bool = hyperparameter(False, kind="flag", static=True)
+
+    def __call__(self, t: Any) -> Any:
+        p = t // self.steps if self.staircase else t / self.steps
+        return self.start * self.decay ** p
+
+
+@dataclass(frozen=True, slots=True)
+class Step(Schedule):
+    """Step(start, decay, every): ``start``, multiplied by ``decay`` every ``every`` steps.
+
+    ``start * decay ** (t // every)``: torch's ``StepLR(step_size=every, gamma=decay)``,
+    and ``Exponential(start, decay, every, staircase=True)``.
+
+    Args:
+        start: the value at step 0.
+        decay: the factor applied every ``every`` steps, > 0.
+        every: how many steps between two changes, a whole number >= 1.
+
+    Example:
+        >>> s = Step(1.0, 0.1, every=2)
+        >>> [s(t) for t in range(5)]
+        [1.0, 1.0, 0.1, 0.1, 0.010000000000000002]
+    """
+
+    start: float = _number()
+    decay: float = _number(within="(0, inf)")
+    every: int = _count()
+
+    def __call__(self, t: Any) -> Any:
+        return self.start * self.decay ** (t // self.every)
+
+
+@dataclass(frozen=True, slots=True)
+class Polynomial(Schedule):
+    """Polynomial(start, end, steps, power=1.0): from ``start`` to ``end`` along a polynomial
+    over ``steps`` steps, then ``end``.
+
+    ``(start - end) * ((steps - min(t, steps)) / steps) ** power + end``: optax's
+    ``polynomial_schedule(start, end, power, steps)``; torch's ``PolynomialLR(total_iters,
+    power)`` is ``Polynomial(lr, 0.0, total_iters, power)``.
+
+    Args:
+        start: the value at step 0.
+        end: the value from step ``steps`` on.
+        steps: how many steps the change lasts, a whole number >= 1.
+        power: the polynomial's degree, > 0 (1 is :class:`Linear`).
+
+    Example:
+        >>> s = Polynomial(1.0, 0.0, 4, power=2.0)
+        >>> [s(t) for t in range(6)]
+        [1.0, 0.5625, 0.25, 0.0625, 0.0, 0.0]
+    """
+
+    start: float = _number()
+    end: float = _number()
+    steps: int = _count()
+    power: float = _number(1.0, "(0, inf)")
+
+    def __call__(self, t: Any) -> Any:
+        left = _left(_maths(t, self.steps), t, self.steps)
+        return (self.start - self.end) * left ** self.power + self.end
+
+
+@dataclass(frozen=True, slots=True)
+class Warmup(Schedule):
+    """Warmup(schedule, steps, start=0.0): a straight line from ``start`` to ``schedule(0)``
+    over ``steps`` steps, then ``schedule(t - steps)``.
+
+    optax's ``warmup_cosine_decay_schedule(start, peak, steps, total, end)`` is
+    ``Warmup(Cosine(peak, end, total - steps), steps, start)``, and its
+    ``warmup_exponential_decay_schedule`` is a ``Warmup`` of an :class:`Exponential`;
+    torch's ``LinearLR`` then another scheduler in a ``SequentialLR`` is alike.
+
+    Args:
+        schedule: the schedule that follows the warmup, a :class:`Schedule`.
+        steps: how many steps the warmup lasts, a whole number >= 1.
+        start: the value at step 0.
+
+    Example:
+        >>> s = Warmup(Linear(1.0, 0.0, 2), steps=2)
+        >>> [s(t) for t in range(6)]
+        [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
+    """
+
+    schedule: Schedule
+    steps: int = _count()
+    start: float = _number(0.0)
+
+    def __post_init__(self) -> None:
+        _check_schedule("Warmup", "schedule", self.schedule)
+        Schedule.__post_init__(self)
+
+    def __call__(self, t: Any) -> Any:
+        xp = _maths(t, self.steps)
+        ramp = _line(xp, t, self.start, self.schedule(0), self.steps)
+        return xp.where(t < self.steps, ramp, self.schedule(xp.maximum(t - self.steps, 0)))
+
+
+_BOUNDARY = Interval.parse("[0, inf)")
+
+
+@dataclass(frozen=True, slots=True)
+class Join(Schedule):
+    """Join(schedules, boundaries): ``schedules[0]`` until step ``boundaries[0]``, then
+    ``schedules[1]``, and so on; each schedule sees ``t`` minus its boundary, so it starts
+    from its own step 0 (optax's ``join_schedules``).
+
+    Args:
+        schedules: a tuple (or list) of one or more :class:`Schedule`.
+        boundaries: a tuple (or list) of increasing whole numbers >= 0, one fewer than
+            the schedules: the step at which each schedule after the first takes over.
+
+    Example:
+        >>> s = Join([Constant(1.0), Linear(1.0, 0.0, 2), Constant(0.5)], [2, 4])
+        >>> [s(t) for t in range(6)]
+        [1.0, 1.0, 1.0, 0.5, 0.5, 0.5]
+        >>> s.boundaries
+        (2, 4)
+    """
+
+    schedules: tuple
+    boundaries: tuple
+
+    def __post_init__(self) -> None:
+        if type(self.schedules) is list:  # optax's users write lists: kept as tuples
+            object.__setattr__(self, "schedules", tuple(self.schedules))
+        if type(self.boundaries) is list:
+            object.__setattr__(self, "boundaries", tuple(self.boundaries))
+        _check_join(self.schedules, self.boundaries)
+
+    def __call__(self, t: Any) -> Any:
+        xp = _maths(t, *self.boundaries)
+        value = self.schedules[0](t)
+        for b, schedule in zip(self.boundaries, self.schedules[1:]):
+            value = xp.where(t < b, value, schedule(xp.maximum(t - b, 0)))
+        return value
+
+
+def _check_join(schedules: Any, boundaries: Any) -> None:
+    if type(schedules) is not tuple or not schedules:
+        raise InvalidKind(f"Invalid schedules parameter: {schedules!r}; Join's schedules "
+                          f"must be a tuple of one or more schedules, such as "
+                          f"(Linear(0.0, 1e-3, 100), Cosine(1e-3, steps=900))")
+    for i, s in enumerate(schedules):
+        _check_schedule("Join", f"schedules[{i}]", s)
+    n = len(schedules) - 1
+    if type(boundaries) is not tuple or len(boundaries) != n:
+        raise InvalidKind(f"Invalid boundaries parameter: {boundaries!r}; Join's boundaries "
+                          f"must be a tuple of {n} step count{'s' * (n != 1)}, one fewer "
+                          f"than its {n + 1} schedule{'s' * (n != 0)}: the step at which "
+                          f"each schedule after the first takes over")
+    Allowed("whole", (_BOUNDARY,) * n).check("Join", "boundaries", boundaries)
+    for i in range(n - 1):
+        if boundaries[i] >= boundaries[i + 1]:
+            raise ValueError(f"Invalid boundaries parameter: {boundaries!r}; Join's "
+                             f"boundaries must increase, but boundaries[{i}] = "
+                             f"{boundaries[i]} >= boundaries[{i + 1}] = {boundaries[i + 1]}")
+
+
+_RISE, _DIV, _FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCycleLR: pct_start and the divisors
+
+
+@dataclass(frozen=True, slots=True)
+class OneCycle(Schedule):
+    """OneCycle(peak, steps): up from ``peak / 25`` to ``peak`` over the first 30% of
+    ``steps``, then down to ``peak / 25 / 1e4``, both along half cosines (Smith & Topin
+    2018, "super-convergence").
+
+    torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults
+    (``pct_start=0.3``, ``anneal_strategy="cos"``, ``div_factor=25``,
+    ``final_div_factor=1e4``, ``three_phase=False``): the rise ends at step
+    ``0.3 * steps - 1`` and the fall at step ``steps - 1``. From there on the value stays
+    ``peak / 25 / 1e4`` (torch's goes on along the cosine for one step, then raises).
+
+    Args:
+        peak: the highest value, at the end of the rise.
+        steps: the length of the cycle, a whole number >= 1.
+
+    Example:
+        >>> s = OneCycle(1.0, steps=10)
+        >>> [round(s(t), 4) for t in (0, 1, 2, 5, 9, 10)]
+        [0.04, 0.52, 1.0, 0.6113, 0.0, 0.0]
+    """
+
+    peak: float = _number()
+    steps: int = _count()
+
+    def __call__(self, t: Any) -> Any:
+        xp = _maths(t, self.steps)
+        top, last = _RISE * self.steps - 1, self.steps - 1  # torch's ends of the phases
+        t = xp.minimum(t, last)
+        low = self.peak / _DIV
+        rise = _half_cosine(xp, low, self.peak, math.pi * (t / top))
+        fall = _half_cosine(xp, self.peak, low / _FINAL_DIV,
+                            math.pi * ((t - top) / (last - top)))
+        return xp.where(t <= top, rise, fall)
