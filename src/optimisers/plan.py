@@ -4,14 +4,13 @@ pair, checked by identity at the next step and reused.
 A training loop calls ``update_`` again and again with the same tree and model. The first
 call gathers (``gather.py``); :class:`Plan` keeps the edges it walked, the arrays at each
 slot and the fused groups that ran, so that the next call costs a few identity checks per
-node and array, reads the gradients by precomputed keys, and, when one group holds every
+node, array and Leaf, reads the gradients by precomputed keys, and, when one group holds every
 Leaf, steps it at once (:meth:`Plan.whole`).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +19,7 @@ from optimisers import backends
 from optimisers.fused import in_group
 from optimisers.gather import DOTGRAD, Entry, add, grad_array
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, writes
+from optimisers.leaf import Leaf, nodes
 from optimisers.tree import child_getter, children
 
 __all__ = ["Plan", "first_leaf"]
@@ -29,22 +28,18 @@ __all__ = ["Plan", "first_leaf"]
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 
 
-_FROZEN, _RULE, _STATE = (operator.attrgetter(a) for a in ("frozen", "rule", "state"))
-
-
 def first_leaf(t: Any) -> Leaf | None:
-    """The first Leaf of a state tree in walk order (where ``update_`` keeps its plan),
-    or ``None``."""
-    stack = [t]
-    while stack:
-        t = stack.pop()
-        if isinstance(t, Leaf):
-            return t
-        if isinstance(t, dict):
-            stack.extend(reversed(t.values()))
-        elif isinstance(t, (tuple, list)):
-            stack.extend(reversed(t))
-    return None
+    """first_leaf(tree) -> the first Leaf of a state tree in walk order (where ``update_``
+    keeps its lock and plan), or ``None``.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, setup
+        >>> tree = setup(Descent(), {"config": {"n": 3}, "w": np.ones(2)})
+        >>> first_leaf(tree) is tree["w"]
+        True
+    """
+    return next((t for _, t in nodes(t) if isinstance(t, Leaf)), None)
 
 
 class Plan:
@@ -58,13 +53,12 @@ class Plan:
     """
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
-                 "groups", "group", "firsts", "columns", "seen")
+                 "groups", "group", "firsts", "columns")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
         self.groups: list = []  # the fused groups of the last step (see fused.Group)
         self.group = None  # the one group of every Leaf, if that is what the last step ran
-        self.seen = -1  # leaf.writes() after this plan's last step
         self.edges: list = []  # (fetch, keys, children) per node of tree and model
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
@@ -129,7 +123,6 @@ class Plan:
     def learn(self, groups: list) -> None:
         """Keep the fused groups of the last step; note a single group of every Leaf."""
         self.groups = groups
-        self.seen = writes()  # every Leaf is as this step left it (see whole)
         one = groups[0] if len(groups) == 1 else None
         self.group = one if (
             one is not None and one.write and not self.tied and not one.rule.raises()
@@ -145,16 +138,10 @@ class Plan:
             return False
         gs, leaves = per_tree[0], group.leaves
         txs, shapes, dtypes = self.columns
-        # the checks of entries() and fused.Group.holds, a column at a time; the Leafs'
-        # only when some Leaf was written since this plan's last step
+        # the checks of entries() and fused.Group.holds: the gradients a column at a time
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
                 or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
-                or group.moved()
-                or self.seen != writes() and (
-                    any(map(_FROZEN, leaves))
-                    or not all(map(operator.is_, map(_RULE, leaves),
-                                   itertools.repeat(group.rule)))
-                    or not all(map(operator.is_, map(_STATE, leaves), group.states)))):
+                or not _as_left(leaves, group.rule, group.states) or group.moved()):
             return False
         with backends.nograd():
             try:
@@ -162,7 +149,6 @@ class Plan:
             except (ValueError, TypeError, ArithmeticError) as err:
                 err.add_note(in_group([kp for _, _, kp in self.slots], group.rule))
                 raise
-        self.seen = writes()
         return True
 
     def read(self, tree: Any, model: Any, grads: tuple) -> list | None:
@@ -218,6 +204,17 @@ class Plan:
             if not leaf.frozen:
                 add(plan, leaf, x, gs, kp)
         return list(plan.values())
+
+
+def _as_left(leaves: list, rule: Any, states: list) -> bool:
+    """Whether each Leaf is as its group left it: the group's rule and the very state object
+    the group gave it, and not frozen (anything written to a Leaf since shows here)."""
+    if len(states) != len(leaves):
+        return False
+    for leaf, state in zip(leaves, states):
+        if leaf.state is not state or leaf.rule is not rule or leaf.frozen:
+            return False
+    return True
 
 
 def _read(prog: tuple, g: Any, out: list) -> bool:
