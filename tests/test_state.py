@@ -334,3 +334,21 @@ def test_node_gradients_read_on_every_cached_step(kind, grads):
     values = (lambda m: [m[k] for k in "abc"]) if kind == "dict" else (
         lambda m: [m.a, m.b, m.c])
     assert [x.tolist() for x in values(model)] == [x.tolist() for x in values(expected)]
+
+
+def test_plan_of_follows_the_tree():
+    """update_ keeps one plan per tree: made at the first step, kept while the same tree and
+    model come back, made anew for another tree whose first Leaf is the same."""
+    model = {"a": np.ones(3), "b": np.ones(3)}
+    tree = O.setup(O.Momentum(), model)
+    grads = O.fmap(np.ones_like, model)
+    assert O.state.plan_of(tree) is None
+    O.update(tree, model, grads)
+    assert O.state.plan_of(tree) is None  # the pure update keeps nothing
+    O.update_(tree, model, grads)
+    plan = O.state.plan_of(tree)
+    O.update_(tree, model, grads)
+    assert O.state.plan_of(tree) is plan and plan.tree is tree
+    sub = {"a": tree["a"]}
+    O.update_(sub, {"a": model["a"]}, {"a": grads["a"]})
+    assert O.state.plan_of(tree) is O.state.plan_of(sub) is not plan
