@@ -42,12 +42,6 @@ class Leaf:
         return type(self), (self.rule, self.state, self.frozen)  # a copy has no lock, no plan
 
 
-def restate(leaves: list, states: list) -> None:
-    """Give each of ``leaves`` its new state from ``states`` (a fused group's step)."""
-    for leaf, state in zip(leaves, states):
-        leaf.state = state
-
-
 def nodes(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Any]]:
     """nodes(tree) -> every ``(KeyPath, node)`` of a state tree, parents before children.
 

@@ -19,7 +19,7 @@ from optimisers import backends
 from optimisers.fused import in_group
 from optimisers.gather import DOTGRAD, Entry, add, grad_array
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, nodes
+from optimisers.leaf import Leaf
 from optimisers.tree import child_getter, children
 
 __all__ = ["Plan", "first_leaf"]
@@ -39,7 +39,17 @@ def first_leaf(t: Any) -> Leaf | None:
         >>> first_leaf(tree) is tree["w"]
         True
     """
-    return next((t for _, t in nodes(t) if isinstance(t, Leaf)), None)
+    stack = [iter((t,))]  # (the walk of leaf.nodes, in one call: this runs at every update_)
+    while stack:
+        for t in stack[-1]:
+            if isinstance(t, Leaf):
+                return t
+            if isinstance(t, (dict, tuple, list)):
+                stack.append(iter(t.values() if isinstance(t, dict) else t))
+                break
+        else:
+            stack.pop()
+    return None
 
 
 class Plan:
