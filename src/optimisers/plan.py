@@ -69,7 +69,7 @@ class Plan:
         self.tree, self.model = tree, model
         self.groups: list = []  # the fused groups of the last step (see fused.Group)
         self.group = None  # the one group of every Leaf, if that is what the last step ran
-        self.edges: list = []  # (fetch, keys, children) per node of tree and model
+        self.edges: list = []  # (fetch, keys, children, by ==) per node of tree and model
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
         self.prog = self._compile(tree, model, KeyPath())
@@ -123,12 +123,16 @@ class Plan:
 
     def _edges(self, node: Any, get: Any, keys: tuple, kids: list) -> None:
         """Note ``node``'s children at ``keys``; a whole list or tuple is compared as it
-        is (its length is checked with :attr:`sizes`), without a lookup per key."""
+        is (its length is checked with :attr:`sizes`), without a lookup per key. Children
+        that are all Leafs or ``None`` (most nodes of a tree) are compared in one ``==``:
+        a Leaf equals only itself, so it is the identity check, done in C."""
+        by_eq = all(k is None or isinstance(k, Leaf) for k in kids)
         if isinstance(node, (list, tuple)) and keys == tuple(range(len(node))):
-            self.edges.append((None, node, kids))
+            self.edges.append((None, node, tuple(kids) if by_eq and isinstance(
+                node, tuple) else kids, by_eq))
         else:
             self.edges.append((node.__getitem__ if get is operator.getitem
-                               else functools.partial(get, node), keys, kids))
+                               else functools.partial(get, node), keys, kids, by_eq))
 
     def learn(self, groups: list) -> None:
         """Keep the fused groups of the last step; note a single group of every Leaf."""
@@ -184,11 +188,17 @@ class Plan:
     def _unchanged(self) -> bool:
         """Whether every node of the tree and the model still has the children it had."""
         try:
-            for fetch, keys, kids in self.edges:
-                if not all(map(operator.is_, keys if fetch is None else map(fetch, keys),
-                               kids)):
+            for fetch, keys, kids, by_eq in self.edges:
+                now = keys if fetch is None else map(fetch, keys)
+                if by_eq:
+                    same = (now if fetch is None else list(now)) == kids
+                else:
+                    same = all(map(operator.is_, now, kids))
+                if not same:
                     return False
-        except (KeyError, IndexError, AttributeError):  # a child was removed
+        # a child removed, or (compared by ==) replaced by an array, which compares itself
+        # element by element with the Leaf it is compared with
+        except (KeyError, IndexError, AttributeError, ValueError, TypeError, RuntimeError):
             return False
         return all(len(c) == n for c, n in self.sizes)
 
