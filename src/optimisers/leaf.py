@@ -27,9 +27,9 @@ class Leaf:
         Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], (0.9, 0.999)))
     """
 
-    # _kept (unset until then): what update_ keeps for the tree whose first Leaf this is,
-    # its lock and plan (see state.py). Here, not in a table keyed by the Leaf, because the
-    # plan holds the tree: only so does it live and die with the tree. Not the Leaf's value.
+    # _kept: set by update_ on the first Leaf of a tree it steps (unset elsewhere): the
+    # tree's lock and plan (state.py). Not in a table keyed weakly by the Leaf: the plan
+    # holds the tree, so that table would keep every tree alive. Not copied, not shown.
     __slots__ = ("rule", "state", "frozen", "_kept")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
