@@ -229,7 +229,7 @@ def test_one_pass_kernels_are_used_for_the_common_rules(rule, compiled):
         g = {k: np.ones(8, np.float32) for k in model}
         for _ in range(2):
             tree, model = O.update_(tree, model, g)
-        (group,) = O.plan.first_leaf(tree)._plan.groups
+        (group,) = O.state.plan_of(tree).groups
         assert (getattr(group.step, "kind", None) == "numba") == compiled
 
 
@@ -332,9 +332,9 @@ def test_gradient_buffers_refilled_in_place(path, count, monkeypatch):
 
 @pytest.mark.parametrize("edit", ["frozen", "rule", "state", "subtree"])
 def test_leafs_written_between_cached_steps(path, edit, monkeypatch):
-    """A training loop's fused step skips checking its Leafs one by one while no Leaf
-    was written since; a Leaf's frozen flag, rule or state set directly, or a step of a
-    sub-tree (its own plan and group), must be seen, as on the plain path."""
+    """A training loop's fused step checks its Leafs by identity only (each as its group
+    left it); a Leaf's frozen flag, rule or state set directly, or a step of a sub-tree
+    (its own plan and group), must be seen, as on the plain path."""
     def run(fuse):
         with monkeypatch.context() as m:
             if not fuse:

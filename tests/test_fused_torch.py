@@ -122,9 +122,9 @@ def test_fused_equals_plain(rule, inplace, monkeypatch, path):
     # same to rounding
     exact = not (inplace and kernel(rule)) and not compiled
     if compiled:  # numba's kernel really ran
-        assert any(kind(g) == "compiled" for g in O.plan.first_leaf(tree_f)._plan.groups)
+        assert any(kind(g) == "compiled" for g in O.state.plan_of(tree_f).groups)
     elif not exact:  # the kernel really ran
-        assert any(kind(g) == "fused_adam" for g in O.plan.first_leaf(tree_f)._plan.groups)
+        assert any(kind(g) == "fused_adam" for g in O.state.plan_of(tree_f).groups)
     elif path[0] == "chunked" and inplace and O.fused.fusible(rule)[0]:
         assert any(path[1])  # the piece-by-piece path really ran
     assert_same(model_f, model_p, exact)
@@ -182,7 +182,7 @@ def test_adam_kernel_modes(rule, mode, monkeypatch):
     assert_same(model_f, model_p, exact=False)
     for lf, lp in zip(tree_f, tree_p):
         assert_same(lf.state, lp.state, exact=False)
-    (group,) = O.plan.first_leaf(tree_f)._plan.groups
+    (group,) = O.state.plan_of(tree_f).groups
     assert group.step.kernel.serial == (mode == "serial")
     assert torch.get_num_threads() == threads  # restored
 
@@ -202,7 +202,7 @@ def test_non_contiguous_parameters_take_the_concatenating_path(monkeypatch):
 
     (tree_f, model_f), (_, model_p) = once(True), once(False)
     assert_same(model_f, model_p)  # bit for bit: our own formula, concatenated
-    (group,) = O.plan.first_leaf(tree_f)._plan.groups
+    (group,) = O.state.plan_of(tree_f).groups
     assert kind(group) != "fused_adam"
     assert not model_f[0].is_contiguous()
 
@@ -234,7 +234,7 @@ def test_fused_path_is_taken_and_groups_are_reused(rule, monkeypatch):
         tree, model = O.update_(tree, model, g)
     assert [n for _, n in runs] == [50, 50, 50]
     assert runs[1][0] == runs[2][0]  # the group found in step 2 is kept for step 3
-    (group,) = O.plan.first_leaf(tree)._plan.groups
+    (group,) = O.state.plan_of(tree).groups
     assert (kind(group) == "fused_adam") == isinstance(rule, O.Adam)
 
 
@@ -313,7 +313,7 @@ def test_kernel_not_used_where_it_cannot_match(monkeypatch):
     g = {k: torch.ones(8, dtype=torch.float16) for k in model}
     for _ in range(2):
         tree, model = O.update_(tree, model, g)
-    (group,) = O.plan.first_leaf(tree)._plan.groups
+    (group,) = O.state.plan_of(tree).groups
     assert kind(group) != "fused_adam"  # float16: our formula rounds per operation
     assert tb._adam_scalars(O.Adam(), (0.9, 0.999)) == pytest.approx((1e-3, 1.0, 0.0))
     assert tb._adam_scalars(O.Adam(), (0.9**3, 0.999**3))[1] == 3.0
@@ -381,7 +381,7 @@ def test_compiled_kernel_on_tensors_of_any_shape(rule, dtype, monkeypatch):
         return tree, model
 
     tree, model = steps(True)
-    assert any(kind(g) == "compiled" for g in O.plan.first_leaf(tree)._plan.groups)
+    assert any(kind(g) == "compiled" for g in O.state.plan_of(tree).groups)
     assert_same(model, steps(False)[1], exact=False)
 
 
@@ -395,7 +395,7 @@ def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
     loss = (model[0] * model[0]).sum()  # keeps model[0] for its backward pass
     before = model[0]._version
     O.update_(tree, model, [torch.ones(50), torch.ones(50)])
-    assert any(kind(g) == "compiled" for g in O.plan.first_leaf(tree)._plan.groups)
+    assert any(kind(g) == "compiled" for g in O.state.plan_of(tree).groups)
     assert model[0]._version > before
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
@@ -418,6 +418,6 @@ def test_compiled_kernel_follows_replaced_memory(monkeypatch):
             return tree, model
 
     tree, model = steps(True)
-    assert any(kind(g) == "compiled" for g in O.plan.first_leaf(tree)._plan.groups)
+    assert any(kind(g) == "compiled" for g in O.state.plan_of(tree).groups)
     assert_same(model, steps(False)[1], exact=False)
     assert float(model[0].detach()[0]) < 3.0

@@ -275,6 +275,39 @@ def test_model_edited_between_steps_is_seen(edit):
         O.update_(tree, model, {"a": np.ones(2)})
 
 
+@pytest.mark.parametrize("kind", [list, tuple, dict])
+@pytest.mark.parametrize("edit", ["leaf", "none", "array"])
+def test_tree_edited_between_steps_is_seen(kind, edit):
+    """The plan compares a tree node whose children are all Leafs in one ``==`` (a Leaf
+    equals only itself): a Leaf put in another's place, or None, steps as the uncached
+    update_ would, and an array there is the uncached error, not one of ``==``."""
+    def run(cached):
+        arrays = [np.full(2, 1.0), np.full(2, 2.0)]
+        model = {"n": dict(zip("pq", arrays)) if kind is dict else kind(arrays)}
+        tree = O.setup(O.Momentum(0.1), model)
+        grads = O.fmap(np.ones_like, model)
+        for _ in range(2 if cached else 0):
+            O.update_(tree, model, grads)
+        new = {"leaf": O.Leaf(O.Descent(0.5), None), "none": None, "array": np.ones(2)}[edit]
+        if kind is tuple:
+            tree["n"] = (tree["n"][0], new)
+        else:
+            tree["n"]["q" if kind is dict else 1] = new
+        if edit == "array":
+            with pytest.raises(TypeError, match=r"expected a state tree .* found an array"):
+                O.update_(tree, model, grads)
+            return None
+        for _ in range(2):
+            O.update_(tree, model, grads)
+        return [model["n"][k].copy() for k in ("pq" if kind is dict else range(2))]
+
+    cached, fresh = run(True), run(False)
+    if edit != "array":
+        steps = {"leaf": 0.5 * 2, "none": 0.0}[edit]
+        np.testing.assert_allclose(fresh[1], 2.0 - steps)  # the edit took effect
+        np.testing.assert_allclose(cached[1], 2.0 - 0.1 - 0.19 - steps)  # after 2 steps
+
+
 @pytest.mark.parametrize("bad", ["short", "long", "tuple", "none", "shape"])
 def test_list_gradients_checked_on_every_cached_step(bad):
     """A list of arrays' gradients are read by one slice once the plan is known; a
@@ -334,3 +367,21 @@ def test_node_gradients_read_on_every_cached_step(kind, grads):
     values = (lambda m: [m[k] for k in "abc"]) if kind == "dict" else (
         lambda m: [m.a, m.b, m.c])
     assert [x.tolist() for x in values(model)] == [x.tolist() for x in values(expected)]
+
+
+def test_plan_of_follows_the_tree():
+    """update_ keeps one plan per tree: made at the first step, kept while the same tree and
+    model come back, made anew for another tree whose first Leaf is the same."""
+    model = {"a": np.ones(3), "b": np.ones(3)}
+    tree = O.setup(O.Momentum(), model)
+    grads = O.fmap(np.ones_like, model)
+    assert O.state.plan_of(tree) is None
+    O.update(tree, model, grads)
+    assert O.state.plan_of(tree) is None  # the pure update keeps nothing
+    O.update_(tree, model, grads)
+    plan = O.state.plan_of(tree)
+    O.update_(tree, model, grads)
+    assert O.state.plan_of(tree) is plan and plan.tree is tree
+    sub = {"a": tree["a"]}
+    O.update_(sub, {"a": model["a"]}, {"a": grads["a"]})
+    assert O.state.plan_of(tree) is O.state.plan_of(sub) is not plan

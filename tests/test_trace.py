@@ -175,7 +175,7 @@ def test_a_users_rule_runs_compiled_on_torch_tensors(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(fused, "MIN_GROUP", 10**9)
             O.update_(twin_tree, twin, g)
-    group = O.plan.first_leaf(tree)._plan.groups[0]
+    group = O.state.plan_of(tree).groups[0]
     assert group.step.kind == "compiled"
     for k in model:
         torch.testing.assert_close(model[k], twin[k], rtol=1e-6, atol=1e-7)

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 from optimisers import backends
-from optimisers.leaf import restate
 from optimisers.rules import NewValue, OptimiserChain, Rule, call
 from optimisers.tree import keys_shown
 
@@ -247,7 +246,8 @@ class Group:
     def _restate(self, newsig: Any) -> None:
         build, scalars = _builder(newsig)
         self.states = build(self.arrays, scalars)
-        restate(self.leaves, self.states)
+        for leaf, state in zip(self.leaves, self.states):
+            leaf.state = state
         self.sig = newsig
 
 

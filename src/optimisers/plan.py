@@ -4,14 +4,13 @@ pair, checked by identity at the next step and reused.
 A training loop calls ``update_`` again and again with the same tree and model. The first
 call gathers (``gather.py``); :class:`Plan` keeps the edges it walked, the arrays at each
 slot and the fused groups that ran, so that the next call costs a few identity checks per
-node and array, reads the gradients by precomputed keys, and, when one group holds every
+node, array and Leaf, reads the gradients by precomputed keys, and, when one group holds every
 Leaf, steps it at once (:meth:`Plan.whole`).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +19,7 @@ from optimisers import backends
 from optimisers.fused import in_group
 from optimisers.gather import DOTGRAD, Entry, add, grad_array
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, writes
+from optimisers.leaf import Leaf
 from optimisers.tree import child_getter, children
 
 __all__ = ["Plan", "first_leaf"]
@@ -29,21 +28,27 @@ __all__ = ["Plan", "first_leaf"]
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 
 
-_FROZEN, _RULE, _STATE = (operator.attrgetter(a) for a in ("frozen", "rule", "state"))
-
-
 def first_leaf(t: Any) -> Leaf | None:
-    """The first Leaf of a state tree in walk order (where ``update_`` keeps its plan),
-    or ``None``."""
-    stack = [t]
+    """first_leaf(tree) -> the first Leaf of a state tree in walk order (where ``update_``
+    keeps its lock and plan), or ``None``.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, setup
+        >>> tree = setup(Descent(), {"config": {"n": 3}, "w": np.ones(2)})
+        >>> first_leaf(tree) is tree["w"]
+        True
+    """
+    stack = [iter((t,))]  # (the walk of leaf.nodes, in one call: this runs at every update_)
     while stack:
-        t = stack.pop()
-        if isinstance(t, Leaf):
-            return t
-        if isinstance(t, dict):
-            stack.extend(reversed(t.values()))
-        elif isinstance(t, (tuple, list)):
-            stack.extend(reversed(t))
+        for t in stack[-1]:
+            if isinstance(t, Leaf):
+                return t
+            if isinstance(t, (dict, tuple, list)):
+                stack.append(iter(t.values() if isinstance(t, dict) else t))
+                break
+        else:
+            stack.pop()
     return None
 
 
@@ -58,14 +63,13 @@ class Plan:
     """
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
-                 "groups", "group", "firsts", "columns", "seen")
+                 "groups", "group", "firsts", "columns")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
         self.groups: list = []  # the fused groups of the last step (see fused.Group)
         self.group = None  # the one group of every Leaf, if that is what the last step ran
-        self.seen = -1  # leaf.writes() after this plan's last step
-        self.edges: list = []  # (fetch, keys, children) per node of tree and model
+        self.edges: list = []  # (fetch, keys, children, by ==) per node of tree and model
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
         self.prog = self._compile(tree, model, KeyPath())
@@ -119,17 +123,20 @@ class Plan:
 
     def _edges(self, node: Any, get: Any, keys: tuple, kids: list) -> None:
         """Note ``node``'s children at ``keys``; a whole list or tuple is compared as it
-        is (its length is checked with :attr:`sizes`), without a lookup per key."""
+        is (its length is checked with :attr:`sizes`), without a lookup per key. Children
+        that are all Leafs or ``None`` (most nodes of a tree) are compared in one ``==``:
+        a Leaf equals only itself, so it is the identity check, done in C."""
+        by_eq = all(k is None or isinstance(k, Leaf) for k in kids)
         if isinstance(node, (list, tuple)) and keys == tuple(range(len(node))):
-            self.edges.append((None, node, kids))
+            self.edges.append((None, node, tuple(kids) if by_eq and isinstance(
+                node, tuple) else kids, by_eq))
         else:
             self.edges.append((node.__getitem__ if get is operator.getitem
-                               else functools.partial(get, node), keys, kids))
+                               else functools.partial(get, node), keys, kids, by_eq))
 
     def learn(self, groups: list) -> None:
         """Keep the fused groups of the last step; note a single group of every Leaf."""
         self.groups = groups
-        self.seen = writes()  # every Leaf is as this step left it (see whole)
         one = groups[0] if len(groups) == 1 else None
         self.group = one if (
             one is not None and one.write and not self.tied and not one.rule.raises()
@@ -145,16 +152,10 @@ class Plan:
             return False
         gs, leaves = per_tree[0], group.leaves
         txs, shapes, dtypes = self.columns
-        # the checks of entries() and fused.Group.holds, a column at a time; the Leafs'
-        # only when some Leaf was written since this plan's last step
+        # the checks of entries() and fused.Group.holds: the gradients a column at a time
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
                 or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
-                or group.moved()
-                or self.seen != writes() and (
-                    any(map(_FROZEN, leaves))
-                    or not all(map(operator.is_, map(_RULE, leaves),
-                                   itertools.repeat(group.rule)))
-                    or not all(map(operator.is_, map(_STATE, leaves), group.states)))):
+                or not _as_left(leaves, group.rule, group.states) or group.moved()):
             return False
         with backends.nograd():
             try:
@@ -162,7 +163,6 @@ class Plan:
             except (ValueError, TypeError, ArithmeticError) as err:
                 err.add_note(in_group([kp for _, _, kp in self.slots], group.rule))
                 raise
-        self.seen = writes()
         return True
 
     def read(self, tree: Any, model: Any, grads: tuple) -> list | None:
@@ -188,11 +188,17 @@ class Plan:
     def _unchanged(self) -> bool:
         """Whether every node of the tree and the model still has the children it had."""
         try:
-            for fetch, keys, kids in self.edges:
-                if not all(map(operator.is_, keys if fetch is None else map(fetch, keys),
-                               kids)):
+            for fetch, keys, kids, by_eq in self.edges:
+                now = keys if fetch is None else map(fetch, keys)
+                if by_eq:
+                    same = (now if fetch is None else list(now)) == kids
+                else:
+                    same = all(map(operator.is_, now, kids))
+                if not same:
                     return False
-        except (KeyError, IndexError, AttributeError):  # a child was removed
+        # a child removed, or (compared by ==) replaced by an array, which compares itself
+        # element by element with the Leaf it is compared with
+        except (KeyError, IndexError, AttributeError, ValueError, TypeError, RuntimeError):
             return False
         return all(len(c) == n for c, n in self.sizes)
 
@@ -218,6 +224,17 @@ class Plan:
             if not leaf.frozen:
                 add(plan, leaf, x, gs, kp)
         return list(plan.values())
+
+
+def _as_left(leaves: list, rule: Any, states: list) -> bool:
+    """Whether each Leaf is as its group left it: the group's rule and the very state object
+    the group gave it, and not frozen (anything written to a Leaf since shows here)."""
+    if len(states) != len(leaves):
+        return False
+    for leaf, state in zip(leaves, states):
+        if leaf.state is not state or leaf.rule is not rule or leaf.frozen:
+            return False
+    return True
 
 
 def _read(prog: tuple, g: Any, out: list) -> bool:

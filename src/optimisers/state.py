@@ -11,7 +11,7 @@ nothing when the input is bad.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
 import threading
 import warnings
@@ -157,32 +157,64 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def _lock_of(first: Leaf | None) -> Any:
-    """The lock of the tree whose first Leaf is ``first``: ``update_`` from several
-    threads on one tree steps it one thread at a time, none lost. Made once per process,
-    so that a child forked while a thread held it does not wait for ever."""
-    if first is None:
-        return contextlib.nullcontext()
-    kept = first._lock
-    if kept is None or kept[0] != _FORKS[0]:
+@dataclasses.dataclass(slots=True)
+class _Kept:
+    """What ``update_`` keeps for one tree, on its first Leaf: the lock that lets one
+    thread at a time step the tree in place (made anew in a forked child: ``forks``), and
+    the plan of its last step (see ``plan.py``)."""
+
+    forks: int
+    lock: Any
+    plan: Plan | None = None
+
+
+def _kept_of(first: Leaf) -> _Kept:
+    """What ``update_`` keeps for the tree whose first Leaf is ``first``. The lock is made
+    once per process, so that a child forked while a thread held it does not wait for ever."""
+    kept = getattr(first, "_kept", None)
+    if kept is None or kept.forks != _FORKS[0]:
         with _LOCKING[0]:
-            kept = first._lock
-            if kept is None or kept[0] != _FORKS[0]:
-                kept = first._lock = (_FORKS[0], threading.RLock())
-    return kept[1]
+            kept = getattr(first, "_kept", None)
+            if kept is None or kept.forks != _FORKS[0]:
+                plan = kept.plan if kept is not None else None
+                kept = first._kept = _Kept(_FORKS[0], threading.RLock(), plan)
+    return kept
+
+
+def plan_of(tree: Any) -> Plan | None:
+    """plan_of(tree) -> the plan that ``update_`` keeps for ``tree``: what its last step
+    learned (its fused groups: ``plan_of(tree).groups``), or ``None`` before any step.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Adam
+        >>> model = [np.ones(3), np.ones(3)]
+        >>> tree = setup(Adam(), model)
+        >>> plan_of(tree) is None
+        True
+        >>> _ = update_(tree, model, [np.ones(3), np.ones(3)])
+        >>> [len(group.leaves) for group in plan_of(tree).groups]
+        [2]
+    """
+    first = first_leaf(tree)
+    kept = getattr(first, "_kept", None)
+    return kept.plan if kept is not None else None
 
 
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
     if grads is not DOTGRAD:
         grads = tuple(nest_dotted(g, model) for g in grads)
     first = first_leaf(tree) if inplace else None
-    with _lock_of(first):
-        return _locked_update(tree, model, grads, inplace, first)
+    if first is None:
+        return _locked_update(tree, model, grads, inplace, None)
+    kept = _kept_of(first)
+    with kept.lock:
+        return _locked_update(tree, model, grads, inplace, kept)
 
 
-def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, first: Leaf | None
+def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Kept | None
                    ) -> tuple[Any, Any]:
-    known = first._plan if first is not None else None
+    known = kept.plan if kept is not None else None
     per_tree = known.read(tree, model, grads) if known is not None else None
     if per_tree is not None and known.whole(per_tree):
         return tree, model  # the usual training loop: one fused group, all checked
@@ -197,9 +229,9 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, first: Le
         if e.others:
             _share(e, new, inplace)
     if not new:
-        if first is not None and (known is None or known.tree is not tree
-                                  or known.model is not model):
-            known = first._plan = Plan(tree, model)  # the next step reuses what it learned
+        if kept is not None and (known is None or known.tree is not tree
+                                 or known.model is not model):
+            known = kept.plan = Plan(tree, model)  # the next step reuses what it learned
         if known is not None:
             known.learn(groups)
         return tree, model
@@ -229,19 +261,17 @@ def _copier() -> Any:
 
 def copy_tree(tree: Any) -> Any:
     """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept,
-    and state packed by :func:`fused.pack` stays packed."""
+    and state packed by :func:`fused.pack` stays packed. Each new Leaf is of its old one's
+    type: JAX's stay JAX's (``backends/jax.py``), so that a jitted call does not trace again."""
     memo: dict[int, Leaf] = {}
     copy = _copier()
 
     def leaf(t: Leaf) -> Leaf:
         if id(t) not in memo:
-            memo[id(t)] = Leaf(t.rule, fmap(copy, t.state), t.frozen)
+            memo[id(t)] = type(t)(t.rule, fmap(copy, t.state), t.frozen)
         return memo[id(t)]
 
     return map_leaves(leaf, tree)
-
-
-_map_leaves = map_leaves  # (the name adjust.py imports)
 
 
 @untraced  # in a function that torch.compile traces, the step runs as Python

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from optimisers import backends
+from optimisers.display import shown
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, leaves, shown
+from optimisers.leaf import Leaf, leaves
 from optimisers.tree import children
 from optimisers.walk import fleaves
 

@@ -16,7 +16,8 @@ numbers among the children (hyper-parameters, and counters such as Adam's ``b1^t
 state) are flattened as weakly typed 0-d arrays, so they are data under
 ``equinox.filter_jit`` too. A Leaf flattens with those numbers packed into one array (see
 "Leaf: its numbers packed" below), made once by ``setup`` (:func:`settle`) and kept by the
-Leafs that a jitted call returns.
+Leafs that a jitted call returns: JAX's Leafs are :class:`PackedLeaf`, a Leaf that holds
+that flat form.
 
 There are no concatenating group functions here (``flatcat`` and the rest, see
 ``fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
@@ -43,6 +44,7 @@ from jax.numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # no
 from jax.tree_util import GetAttrKey
 
 from optimisers.backends import common
+from optimisers.leaf import Leaf
 
 Array = jax.Array
 
@@ -219,15 +221,19 @@ def split(v: Array, stops: list, like: list) -> list:
 
 
 def settle(leaf: Any) -> Any:
-    """``leaf``, with its flat form for JAX made once (see :func:`_pack`).
+    """``leaf`` as a :class:`PackedLeaf`, its flat form for JAX made once (see :func:`_pack`).
 
     A jitted step takes the state tree as an argument and flattens it at every call. Made
     here, a tree straight from ``setup`` costs a call what any tree does, instead of
     turning its Python numbers into arrays each time (about 20 us each, six per Adam
-    Leaf: 0.3 s per call on 2,000 Leafs).
+    Leaf: 0.3 s per call on 2,000 Leafs). And it is of the type that a jitted call
+    returns, so that the call after the first does not trace again.
     """
-    _pack(leaf)
-    return leaf
+    settled = PackedLeaf(leaf.rule, leaf.state, leaf.frozen)
+    packed, traced = _pack(settled.rule, settled.state)
+    if not traced:
+        settled.packed = packed
+    return settled
 
 
 def fuse(entries: list) -> tuple[list, list]:
@@ -368,7 +374,7 @@ def register_rule(cls: type) -> None:
 # a step went from 124 ms to 61 ms (optax: 52 ms) and its compile from 105 s to 71 s
 # (optax: 21 s); flattening the tree from 10 ms to 1.6 ms, rebuilding it from 5 to 1.7 ms.
 # A Leaf rebuilt by JAX (the output of a jitted call) keeps that flat form and unpacks it
-# only when its rule or state is first read (Leaf._lazy), so a training loop that passes
+# only when its rule or state is first read (PackedLeaf), so a training loop that passes
 # the tree back in never unpacks it outside the trace. Read, a packed Leaf gives Python
 # numbers; traced, 0-d arrays; batched by ``jax.vmap`` (the pack is then ``(..., n)``),
 # one array per number with the batch in front.
@@ -441,12 +447,12 @@ def _packable(v: Any, dtype: Any) -> bool:
             and aval.dtype == dtype)
 
 
-def _pack(leaf: Any) -> tuple:
-    """The flat form ``(spec, *children)`` of a Leaf whose rule and state are at hand;
-    kept in the Leaf when no value in it is traced."""
+def _pack(rule: Any, state: Any) -> tuple[tuple, bool]:
+    """``(flat form, traced)``: the flat form ``(spec, *children)`` of a Leaf's rule and
+    state, and whether a value in it is traced (then it is not to be kept)."""
     _PACKING.on = True  # Python numbers go into the pack as they are: no array each
     try:
-        flat, treedef = jax.tree.flatten((leaf._rule, _dynamic(leaf._state)))
+        flat, treedef = jax.tree.flatten((rule, _dynamic(state)))
     finally:
         _PACKING.on = False
     dtype = jax.dtypes.canonicalize_dtype(np.float64)  # float32 unless x64: all alike
@@ -461,10 +467,81 @@ def _pack(leaf: Any) -> tuple:
     if numbers:
         numbers += [complement(v) for v in numbers[:spec.rule_n]]
         rest.insert(0, jnp.stack(numbers) if traced else _STACK(*numbers))
-    packed = (spec, *rest)
-    if not traced:
-        leaf._packed = packed
-    return packed
+    return (spec, *rest), traced
+
+
+class _Lazy:
+    """The value of a PackedLeaf's rule and state not yet unpacked from its flat form."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<not unpacked>"
+
+    def __reduce__(self) -> str:
+        return "_LAZY"  # copies (and deep copies) are the one object
+
+
+_LAZY = _Lazy()
+_RULE, _STATE = Leaf.rule, Leaf.state  # the record's own slots, behind PackedLeaf's properties
+
+
+def _unpacked(slot: Any, doc: str) -> property:
+    """A PackedLeaf's field kept in the Leaf's ``slot``: unpacked when first read; set, the
+    flat form goes stale (the other field is unpacked first, so it stays)."""
+    def get(leaf: PackedLeaf) -> Any:
+        value = slot.__get__(leaf, PackedLeaf)
+        if value is _LAZY:
+            leaf.unpack()
+            value = slot.__get__(leaf, PackedLeaf)
+        return value
+
+    def set_(leaf: PackedLeaf, value: Any) -> None:
+        if leaf.packed is not None:
+            leaf.unpack()
+            leaf.packed = None
+        slot.__set__(leaf, value)
+
+    return property(get, set_, doc=doc)
+
+
+class PackedLeaf(Leaf):
+    """PackedLeaf(rule, state, frozen=False, packed=None): a Leaf with JAX arrays, holding
+    its flat form for JAX, ``packed = (spec, *children)`` (see :func:`_pack`).
+
+    ``setup`` makes JAX's Leafs so (:func:`settle`), and JAX rebuilds every Leaf so (the
+    output of a jitted call): then ``rule`` and ``state`` are unpacked from the flat form
+    only when first read, so that a training loop passing the tree back in never unpacks
+    it outside the trace. Setting either drops the flat form; the next flatten makes it
+    again. A Leaf made from a Leaf keeps its type (``type(leaf)(rule, state, frozen)``):
+    JAX compares trees' node types, and a jitted call given a plain ``Leaf`` where it was
+    given a PackedLeaf would trace again.
+
+    Example:
+        >>> from optimisers import Descent
+        >>> leaf = jax.tree.map(lambda v: v * 2, settle(Leaf(Descent(0.25), None)))
+        >>> type(leaf).__name__, leaf
+        ('PackedLeaf', Leaf(Descent(eta=0.5), None))
+    """
+
+    __slots__ = ("packed",)
+
+    def __init__(self, rule: Any, state: Any, frozen: bool = False,
+                 packed: tuple | None = None) -> None:
+        _RULE.__set__(self, rule)
+        _STATE.__set__(self, state)
+        self.frozen, self.packed = frozen, packed
+
+    rule = _unpacked(_RULE, "The Leaf's rule.")
+    state = _unpacked(_STATE, "The rule's state for this Leaf's array.")
+
+    def unpack(self) -> None:
+        """Unpack ``rule`` and ``state`` from the flat form (nothing when they are at hand)."""
+        if _RULE.__get__(self, PackedLeaf) is _LAZY:
+            spec, *children = self.packed
+            rule, state = spec.unpack(children)
+            _RULE.__set__(self, rule)
+            _STATE.__set__(self, state)
 
 
 # --- complements: 1 - b as precise as optax's and the torch backend's -----------------------
@@ -511,10 +588,12 @@ def _unstack(packed: Any, n: int) -> list:
 
 
 def _flatten_leaf(leaf: Any) -> tuple:
-    packed = leaf._packed
+    packed = leaf.packed if type(leaf) is PackedLeaf else None
     if packed is None:
-        packed = _pack(leaf)
-    return packed[1:], (packed[0], leaf._frozen)
+        packed, traced = _pack(leaf.rule, leaf.state)
+        if not traced and type(leaf) is PackedLeaf:
+            leaf.packed = packed
+    return packed[1:], (packed[0], leaf.frozen)
 
 
 def _flatten_leaf_with_keys(leaf: Any) -> tuple:
@@ -522,15 +601,18 @@ def _flatten_leaf_with_keys(leaf: Any) -> tuple:
     return list(zip(aux[0].keys(), children)), aux
 
 
+def _unflatten_leaf(aux: tuple, children: Any) -> PackedLeaf:
+    return PackedLeaf(_LAZY, _LAZY, aux[1], (aux[0], *children))
+
+
 def _register_all() -> None:
-    from optimisers.leaf import Leaf
     from optimisers.rules import Rule
 
-    if Leaf not in _REGISTERED:
-        _REGISTERED.add(Leaf)
-        jax.tree_util.register_pytree_with_keys(
-            Leaf, _flatten_leaf_with_keys,
-            lambda aux, children: Leaf._lazy((aux[0], *children), aux[1]), _flatten_leaf)
+    for cls in (Leaf, PackedLeaf):  # a plain Leaf too, made by hand: rebuilt as a PackedLeaf
+        if cls not in _REGISTERED:
+            _REGISTERED.add(cls)
+            jax.tree_util.register_pytree_with_keys(
+                cls, _flatten_leaf_with_keys, _unflatten_leaf, _flatten_leaf)
     todo = list(Rule.__subclasses__())
     while todo:
         cls = todo.pop()

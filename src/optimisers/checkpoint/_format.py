@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from optimisers import backends
-from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf
 
 FORMAT = "optimisers.checkpoint"
 VERSION = 2  # 2: the state tree as a flat list of nodes, so any depth loads (1: nested)
@@ -45,25 +42,3 @@ def dtype_name(a: Any) -> str:
     """The name of the dtype of an array of any library, or of a NumPy scalar."""
     lib = backends.library(a)
     return backends.ops(lib).dtype_name(a) if lib is not None else str(a.dtype)
-
-
-def nodes(tree: Any) -> Iterator[tuple[KeyPath, Any]]:
-    """Every ``(KeyPath, node)`` of a state tree, parents before children, without recursion
-    (so a tree of any depth walks).
-
-    Raises:
-        TypeError: a node that is not None, a Leaf, a dict, a tuple or a list (a model
-            passed where the state tree belongs).
-    """
-    stack = [(KeyPath(), tree)]
-    while stack:
-        kp, t = stack.pop()
-        if isinstance(t, dict):
-            stack.extend((kp + (k,), v) for k, v in reversed(t.items()))
-        elif isinstance(t, (tuple, list)):
-            stack.extend((kp + (i,), v) for i, v in reversed(list(enumerate(t))))
-        elif t is not None and not isinstance(t, Leaf):
-            found = "an array" if hasattr(t, "shape") else f"a {type(t).__name__}"
-            raise TypeError(f"expected a state tree from setup(rule, model), but found {found} "
-                            f"at {kp!r}; pass the state tree, not the model")
-        yield kp, t

@@ -21,11 +21,10 @@ from optimisers.checkpoint._format import (
     Invalid,
     constructor_params,
     dtype_name,
-    nodes,
 )
 from optimisers.checkpoint._write import Measure, document, encode_dtype
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf
+from optimisers.leaf import Leaf, leaves
 from optimisers.rules import RULES, Rule
 
 
@@ -277,7 +276,8 @@ class Reader:
                           f"setup using the same rule classes (hyper-parameters may differ)")
         if not isinstance(rec["frozen"], bool):
             raise Invalid(f"the checkpoint is malformed: frozen={rec['frozen']!r} at {kp!r}")
-        leaf = Leaf(like.rule, self.value(rec["state"], like.state, kp, "", place), rec["frozen"])
+        state = self.value(rec["state"], like.state, kp, "", place)
+        leaf = type(like)(like.rule, state, rec["frozen"])  # like's type: JAX's stay JAX's
         self.rules.append((leaf, rec["rule"], kp, place))
         self.built[i] = (leaf, kp, id(like))
         return leaf
@@ -402,8 +402,8 @@ class Reader:
     def default(self) -> Any:
         """Where arrays go whose Leaf in ``like`` has none: the first array of ``like``."""
         if self.fallback is ...:
-            self.fallback = next((a for _, t in nodes(self.like) if isinstance(t, Leaf)
-                                  and (a := _first_array(t.state)) is not None), None)
+            self.fallback = next((a for _, t in leaves(self.like)
+                                  if (a := _first_array(t.state)) is not None), None)
         return self.fallback
 
 

@@ -26,10 +26,9 @@ from optimisers.checkpoint._format import (
     STANDARD,
     VERSION,
     constructor_params,
-    nodes,
 )
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf
+from optimisers.leaf import Leaf, nodes
 from optimisers.rules import RULES, Rule
 
 

@@ -8,9 +8,10 @@ from typing import Any
 
 from optimisers import fused
 from optimisers.checkpoint._archive import open_regular
-from optimisers.checkpoint._format import Invalid, nodes
+from optimisers.checkpoint._format import Invalid
 from optimisers.checkpoint._read import Reader
 from optimisers.checkpoint._write import Writer, document, write_atomic
+from optimisers.leaf import nodes
 from optimisers.rules import Rule
 
 __all__ = ["save", "load"]

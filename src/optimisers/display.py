@@ -1,0 +1,91 @@
+"""How a Leaf reads as text: its rule with the numbers it holds, its state by shape.
+
+Shared by ``Leaf.__repr__`` and :func:`~optimisers.summary.summary` (kept apart from both,
+so that the Leaf record imports no walk of trees and the summary no Leaf internals).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from optimisers import backends
+from optimisers.rules import Rule
+
+__all__ = ["brief", "shown", "leaf_text"]
+
+_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+          "complex64": "c64", "complex128": "c128", "int32": "i32", "int64": "i64",
+          "bool": "bool"}
+
+
+def leaf_text(rule: Rule, state: Any, frozen: bool) -> str:
+    """leaf_text(rule, state, frozen) -> ``Leaf(rule, state)`` as its ``repr`` shows it.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Momentum
+        >>> leaf_text(Momentum(), np.zeros((3, 2), np.float32), True)
+        'Leaf(Momentum(eta=0.01, rho=0.9), f32[3, 2], frozen=True)'
+    """
+    return f"Leaf({shown(rule)}, {brief(state)}{', frozen=True' if frozen else ''})"
+
+
+def brief(x: Any) -> str:
+    """brief(x) -> a compact text for a state: arrays as ``f32[3, 2]``, containers element
+    by element, anything else as its ``repr``.
+
+    Example:
+        >>> import numpy as np
+        >>> brief((np.zeros((3, 2), np.float32), [np.ones(4)], {"t": 2}))
+        "(f32[3, 2], [f64[4]], {'t': 2})"
+    """
+    lib = backends.library(x)
+    if lib is not None:
+        xp = backends.ops(lib)
+        name = xp.dtype_name(x)
+        return f"{_SHORT.get(name, name)}[{', '.join(map(str, xp.shape(x)))}]"
+    if isinstance(x, tuple):
+        inner = ", ".join(brief(v) for v in x)
+        return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if isinstance(x, list):
+        return "[" + ", ".join(brief(v) for v in x) + "]"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {brief(v)}" for k, v in x.items()) + "}"
+    return repr(x)
+
+
+def shown(rule: Rule) -> str:
+    """shown(rule) -> ``repr(rule)``, with hyper-parameters that are concrete 0-d arrays
+    (JAX's after ``jax.jit``, where they travel as data) shown as the numbers they hold.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent
+        >>> shown(Descent(np.float32(0.01)))
+        'Descent(eta=0.01)'
+    """
+    return repr(_numbers(rule))
+
+
+def _numbers(v: Any) -> Any:
+    if isinstance(v, Rule) and dataclasses.is_dataclass(v):
+        new = copy.copy(v)  # the rule's own repr, on numbers (fields set as __init__ would)
+        for f in dataclasses.fields(v):
+            object.__setattr__(new, f.name, _numbers(getattr(v, f.name)))
+        return new
+    if type(v) is tuple:
+        return tuple(map(_numbers, v))
+    if isinstance(v, np.generic):
+        a = v
+    elif backends.library(v) is None or backends.istraced(v) or getattr(v, "shape", 0) != ():
+        return v
+    else:
+        try:
+            a = np.asarray(v)[()]
+        except Exception:  # a tensor off the CPU, say: shown as it is
+            return v
+    return float(str(a)) if isinstance(a, np.floating) else a.item()  # float32 0.01: 0.01
