@@ -87,7 +87,7 @@ def rng():
 
 def spy_runs(monkeypatch) -> list:
     """A list that collects ``(id(group), number of arrays)`` for each fused group run."""
-    from optimisers import fused
+    from optimisers.fast import fused
 
     runs: list = []
     original = fused.Group.run
@@ -104,7 +104,7 @@ def run_fused(rule, model, grads_at, steps, inplace, fuse, monkeypatch, before=N
     """Set up ``rule`` on ``model``, freeze its ``frozen`` child, and take ``steps``
     steps with ``grads_at(model, step)``, by ``update_`` or ``update``; ``fuse=False``
     keeps every Leaf on the plain path. ``before(tree, step)`` runs first in each step."""
-    from optimisers import fused
+    from optimisers.fast import fused
 
     with monkeypatch.context() as m:
         if not fuse:

@@ -14,8 +14,8 @@ from conftest import (
     run_fused,
     spy_runs,
 )
-from optimisers import backends, fused
-from optimisers.backends import _numba, _packs, _ufuncs
+from optimisers import backends
+from optimisers.fast import fused, kernels, packs, ufuncs
 
 
 def make_model(dtype=np.float32, seed=0):
@@ -38,7 +38,7 @@ def grads_for(model, step, rng):
     return g
 
 
-HAVE_NUMBA = _numba.available()
+HAVE_NUMBA = kernels.available()
 
 
 @pytest.fixture(params=["compiled", "parallel", "vectorised", "ufuncs", "chunked"]
@@ -49,14 +49,14 @@ def path(request, monkeypatch):
     kernels' snippets over pieces of large arrays, or each rule's own apply piece by
     piece (for large arrays; here pieces of 2 or 3 elements make every array large)."""
     if request.param == "parallel":
-        monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
-        monkeypatch.setattr(_numba, "PIECE", 3)
+        monkeypatch.setattr(kernels, "PARALLEL_FROM", 1)
+        monkeypatch.setattr(kernels, "PIECE", 3)
     elif request.param != "compiled":
-        monkeypatch.setattr(_numba, "_AVAILABLE", False)
+        monkeypatch.setattr(kernels, "_AVAILABLE", False)
     if request.param == "ufuncs":
-        monkeypatch.setattr(_ufuncs, "PIECE", 3)
-        monkeypatch.setattr(_ufuncs, "LARGE", 1)
-        monkeypatch.setattr(_ufuncs, "THREADS", 2)  # several threads even on one core
+        monkeypatch.setattr(ufuncs, "PIECE", 3)
+        monkeypatch.setattr(ufuncs, "LARGE", 1)
+        monkeypatch.setattr(ufuncs, "THREADS", 2)  # several threads even on one core
     if request.param == "chunked":
         monkeypatch.setattr(fused, "CHUNK", 2)
     return request.param
@@ -177,7 +177,7 @@ def test_setup_packs_state_contiguously():
     assert flat.ctypes.data == m0.ctypes.data and m1.ctypes.data == m0.ctypes.data + 12
     # the first moments and the second begin at different places in a 4 KiB page
     places = {m0.ctypes.data % 4096, v0.ctypes.data % 4096}
-    assert len(places) == 2 and places <= set(_packs.SLOTS)
+    assert len(places) == 2 and places <= set(packs.SLOTS)
     assert tree[2].state[0].base is None  # alone in its dtype: not packed
     # a pure update keeps the layout
     new_tree, _ = O.update(tree, model, [np.ones_like(x) for x in model])
@@ -365,7 +365,7 @@ def test_arrays_are_cut_whole_or_in_pieces():
     """The one piece table of the NumPy pass and the XLA handler: per piece, its array,
     its first element there and in the concatenation, and its length; an empty array is
     one empty piece."""
-    cut = _numba.cutter()
+    cut = kernels.cutter()
     np.testing.assert_array_equal(cut(np.array([0, 7, 2]), 3).T, [
         [0, 0, 0, 0], [1, 0, 0, 3], [1, 3, 3, 3], [1, 6, 6, 1], [2, 0, 7, 2]])
     np.testing.assert_array_equal(cut(np.array([0, 7, 2]), 0).T, [

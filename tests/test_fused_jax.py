@@ -1,6 +1,6 @@
 """JAX under jax.jit on the CPU: groups of like large Leafs step as one XLA custom call
-into the numba one-pass kernel (``backends/_xla.py``). Every test compares with the
-plain path (``_xla.LARGE`` set beyond every array), which runs XLA's own kernels."""
+into the numba one-pass kernel (``fast/xla.py``). Every test compares with the
+plain path (``xla.LARGE`` set beyond every array), which runs XLA's own kernels."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ jnp = jax.numpy
 
 import optimisers as O  # noqa: E402
 from conftest import alone_and_together, numpy_adam_job, rules_param  # noqa: E402
-from optimisers.backends import _numba, _xla  # noqa: E402
-from optimisers.fast import trace  # noqa: E402
+from optimisers.fast import (  # noqa: E402
+    kernels,
+    trace,  # noqa: E402
+    xla,
+)
 from optimisers.leaf import leaves  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not _numba.available() or jax.default_backend() != "cpu",
+pytestmark = pytest.mark.skipif(not kernels.available() or jax.default_backend() != "cpu",
                                 reason="needs numba, and JAX on the CPU")
 
 # every rule with a one-pass kernel, alone and in chains
@@ -31,7 +34,7 @@ FUSED = [
     O.OptimiserChain(O.ClipGrad(0.5), O.WeightDecay(0.1), O.Lion(0.01)),
     O.OptimiserChain(),
 ]
-SIZE = 64  # elements that count as large here (monkeypatched into _xla.LARGE)
+SIZE = 64  # elements that count as large here (monkeypatched into xla.LARGE)
 
 
 def make_model(dtype=jnp.float32, seed=0):
@@ -64,7 +67,7 @@ def calls(f, *args) -> int:
 def run(rule, monkeypatch, fuse, *, inplace=False, donate=False, dtype=jnp.float32,
         steps=3, before=None):
     with monkeypatch.context() as m:
-        m.setattr(_xla, "LARGE", SIZE if fuse else 10**12)
+        m.setattr(xla, "LARGE", SIZE if fuse else 10**12)
         step = O.update_ if inplace else O.update
         f = jax.jit(lambda t, mo, g: step(t, mo, g), donate_argnums=(0, 1) if donate else ())
         model = make_model(dtype)
@@ -124,11 +127,11 @@ def test_each_dtype_and_rule_is_its_own_call(monkeypatch):
     tree["b"] = O.Leaf(O.Adam(0.01, (0.5, 0.6)), tree["b"].state)
     tree["d"] = O.setup(O.Momentum(0.1), model["d"])
     g = jax.tree.map(jnp.ones_like, model)
-    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    monkeypatch.setattr(xla, "LARGE", SIZE)
     f = fresh_jit()
     assert calls(f, tree, model, g) == 2  # Adam over a and b, Momentum over d; c plain
     new_tree, new = f(tree, model, g)
-    monkeypatch.setattr(_xla, "LARGE", 10**12)
+    monkeypatch.setattr(xla, "LARGE", 10**12)
     plain_tree, plain = fresh_jit()(tree, model, g)
     assert_close((new_tree, new), (plain_tree, plain), rtol=1e-6, atol=1e-6)
     assert not np.allclose(new["a"], new["b"])  # each Leaf its own eta and betas
@@ -144,7 +147,7 @@ def test_adjust_between_steps_does_not_retrace(monkeypatch):
     def before(tree, k):
         return O.adjust(tree, 0.01 * (k + 1), beta=(0.8, 0.9 + k / 100))
 
-    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    monkeypatch.setattr(xla, "LARGE", SIZE)
     f = jax.jit(step)
     model = make_model()
     tree = O.setup(O.Adam(), model)
@@ -161,12 +164,12 @@ def test_not_used_where_it_cannot_apply(monkeypatch):
     """Eager steps, derivatives through a step (the call has none), ``vmap``, rules
     whose ``apply`` the code generator cannot follow (RAdam branches on its step count),
     and rules it gives no program: plain path."""
-    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    monkeypatch.setattr(xla, "LARGE", SIZE)
     model = {"w": jnp.ones(100)}
     g = {"w": jnp.full(100, 0.5)}
     spy = []
-    call = _xla._call
-    monkeypatch.setattr(_xla, "_call", lambda *a: spy.append(1) or call(*a))
+    call = xla._call
+    monkeypatch.setattr(xla, "_call", lambda *a: spy.append(1) or call(*a))
     tree = O.setup(O.Adam(0.1), model)
     eager = O.update(tree, model, g)[1]["w"]
     assert not spy
@@ -189,8 +192,8 @@ def test_not_used_where_it_cannot_apply(monkeypatch):
 def test_steps_in_threads_with_numpy_kernels(monkeypatch):
     """JAX custom calls (in XLA's threads) and NumPy kernels (in Python threads) running
     at once give what they give alone: parallel kernels hold one process-wide mutex."""
-    monkeypatch.setattr(_xla, "LARGE", SIZE)
-    monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(xla, "LARGE", SIZE)
+    monkeypatch.setattr(kernels, "PARALLEL_FROM", 1)
     f = fresh_jit()
 
     def jax_run(key):
@@ -212,9 +215,9 @@ def test_a_kernel_that_cannot_be_built_warns_once_and_steps_plainly(monkeypatch)
     def broken(*args, **kwargs):
         raise RuntimeError("no compiler today")
 
-    monkeypatch.setattr(_xla, "LARGE", SIZE)
-    monkeypatch.setattr(_xla, "_TARGETS", {})
-    monkeypatch.setattr(_numba, "build", broken)
+    monkeypatch.setattr(xla, "LARGE", SIZE)
+    monkeypatch.setattr(xla, "_TARGETS", {})
+    monkeypatch.setattr(kernels, "build", broken)
     model = {"w": jnp.ones(100)}
     g = {"w": jnp.full(100, 0.5)}
     tree = O.setup(O.Momentum(0.1), model)
@@ -232,7 +235,7 @@ def test_the_custom_call_takes_the_complements_of_the_python_floats(monkeypatch)
     ``v = 1 - 0.999`` exactly as float32 rounds 0.001 (``1 - float32(0.999)`` is
     1.3e-5 off); after 30 steps the second moments are the plain path's under ``jit``
     to 1e-6 (with float32 complements they were 2e-5 off)."""
-    monkeypatch.setattr(_xla, "LARGE", SIZE)
+    monkeypatch.setattr(xla, "LARGE", SIZE)
     model = {"a": jnp.zeros(SIZE), "b": jnp.zeros(SIZE)}
     g = {"a": jnp.ones(SIZE), "b": jnp.ones(SIZE)}
     f = fresh_jit()
@@ -242,7 +245,7 @@ def test_the_custom_call_takes_the_complements_of_the_python_floats(monkeypatch)
     assert np.all(v == np.float32(1 - 0.999)) and np.float32(1 - 0.999) != 1 - np.float32(0.999)
 
     def steps(large):
-        monkeypatch.setattr(_xla, "LARGE", large)
+        monkeypatch.setattr(xla, "LARGE", large)
         step, t, m = fresh_jit(), O.setup(O.Adam(), make_model()), make_model()
         for k in range(30):
             t, m = step(t, m, grads_for(m, k))

@@ -9,9 +9,13 @@ torch = pytest.importorskip("torch")
 
 import optimisers as O  # noqa: E402
 from conftest import rules_param, run_fused, spy_runs  # noqa: E402
-from optimisers import backends, fused  # noqa: E402
-from optimisers.backends import _numba, _packs  # noqa: E402
-from optimisers.fast import trace  # noqa: E402
+from optimisers import backends  # noqa: E402
+from optimisers.fast import (  # noqa: E402
+    fused,  # noqa: E402
+    kernels,
+    packs,
+    trace,  # noqa: E402
+)
 
 tb = backends.ops("torch")
 
@@ -58,8 +62,8 @@ def run(rule, steps, inplace, fuse, monkeypatch, dtype=torch.float32, adjust_at=
 def has_program(rule) -> bool:
     """Whether the code generator follows the rule's ``apply`` (``fast/trace.py``), so
     that a group of it may run a compiled kernel."""
-    sig = O.fused.signature(rule.init(torch.zeros(2)), [])
-    return (O.fused.fusible(rule)[0] and not rule.raises()
+    sig = O.fast.fused.signature(rule.init(torch.zeros(2)), [])
+    return (O.fast.fused.fusible(rule)[0] and not rule.raises()
             and trace.trace(rule, sig) is not None)
 
 
@@ -95,7 +99,7 @@ def path(request, monkeypatch):
     Yields the list of groups that were stepped piece by piece."""
     chunked = []
     if request.param == "compiled":
-        if not _numba.available():
+        if not kernels.available():
             pytest.skip("numba is not installed")
         monkeypatch.setattr(tb, "COMPILED_FROM", 1)
     if request.param == "chunked":
@@ -125,7 +129,7 @@ def test_fused_equals_plain(rule, inplace, monkeypatch, path):
         assert any(kind(g) == "compiled" for g in O.state.plan_of(tree_f).groups)
     elif not exact:  # the kernel really ran
         assert any(kind(g) == "fused_adam" for g in O.state.plan_of(tree_f).groups)
-    elif path[0] == "chunked" and inplace and O.fused.fusible(rule)[0]:
+    elif path[0] == "chunked" and inplace and O.fast.fused.fusible(rule)[0]:
         assert any(path[1])  # the piece-by-piece path really ran
     assert_same(model_f, model_p, exact)
     assert model_f["tied_a"] is model_f["tied_b"]
@@ -269,7 +273,7 @@ def test_setup_packs_state_contiguously():
     assert isview and flat._base is m0._base and flat.numel() == 7
     assert flat.data_ptr() == m0.data_ptr() and m1.data_ptr() == m0.data_ptr() + 12
     places = {m0.data_ptr() % 4096, v0.data_ptr() % 4096}  # apart in a 4 KiB page
-    assert len(places) == 2 and places <= set(_packs.SLOTS)
+    assert len(places) == 2 and places <= set(packs.SLOTS)
     assert not tb.joined((m1, m0))[1]  # not in the buffer's order: a concatenation
     assert tree[2].state[0]._base is None  # alone in its dtype: not packed
     new_tree, _ = O.update(tree, model, [torch.ones_like(x) for x in model])
@@ -361,7 +365,7 @@ COMPILED_RULES = [O.Descent(0.1), O.Momentum(0.05), O.Nesterov(0.05), O.Adam(0.0
                                    O.Momentum(0.05))]
 
 
-@pytest.mark.skipif(not _numba.available(), reason="numba is not installed")
+@pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 @rules_param(COMPILED_RULES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_compiled_kernel_on_tensors_of_any_shape(rule, dtype, monkeypatch):
@@ -385,7 +389,7 @@ def test_compiled_kernel_on_tensors_of_any_shape(rule, dtype, monkeypatch):
     assert_same(model, steps(False)[1], exact=False)
 
 
-@pytest.mark.skipif(not _numba.available(), reason="numba is not installed")
+@pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
     """Writing memory behind torch's back, the kernel bumps version counters: a backward
     pass through a tensor it changed since raises, as after any in-place operation."""
@@ -401,7 +405,7 @@ def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
         loss.backward()
 
 
-@pytest.mark.skipif(not _numba.available(), reason="numba is not installed")
+@pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 def test_compiled_kernel_follows_replaced_memory(monkeypatch):
     """``p.data = ...`` gives a parameter new memory: the next step writes there."""
     monkeypatch.setattr(tb, "COMPILED_FROM", 1)

@@ -1,5 +1,5 @@
-"""The compiled kernels as a process meets them (``backends/_jit.py``, ``_numba.py``,
-``_ufuncs.py``, ``_xla.py``): they survive ``fork``, load from the disk cache in a new
+"""The compiled kernels as a process meets them (``fast/jit.py``, ``fast/kernels.py``,
+``fast/ufuncs.py``, ``fast/xla.py``): they survive ``fork``, load from the disk cache in a new
 process instead of compiling, and refuse any array they would index by a size they did
 not check. Whatever may hang or kill a process runs in a subprocess with a time limit."""
 
@@ -17,11 +17,9 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from optimisers import fused
-from optimisers.backends import _jit, _numba, _ufuncs
-from optimisers.fast import trace
+from optimisers.fast import fused, jit, kernels, trace, ufuncs
 
-HAVE_NUMBA = _numba.available()
+HAVE_NUMBA = kernels.available()
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 
@@ -29,7 +27,7 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 @pytest.fixture(autouse=True)
 def kernel_cache(tmp_path, monkeypatch):
     """Kernels compiled by these tests go to a temporary cache directory."""
-    monkeypatch.setenv(_jit.ENV, str(tmp_path / "kernels"))
+    monkeypatch.setenv(jit.ENV, str(tmp_path / "kernels"))
     return tmp_path / "kernels"
 
 
@@ -52,10 +50,10 @@ _COMMON = """
 import os, sys, threading, time
 import numpy as np
 import optimisers as O
-from optimisers.backends import _jit, _numba
+from optimisers.fast import jit, kernels
 
 if sys.argv[1] == "numpy":  # the thread pool of the NumPy path instead of numba's
-    _numba._AVAILABLE = False
+    kernels._AVAILABLE = False
 N = 1 << 19  # two of these: the parallel kernel, or the NumPy path's pool of threads
 
 
@@ -182,10 +180,10 @@ held = threading.Event()
 
 
 def hold():  # as a parallel kernel does while it runs
-    _jit._PTHREAD.lock(_jit._PTHREAD.memory)
+    jit._PTHREAD.lock(jit._PTHREAD.memory)
     held.set()
     time.sleep(0.5)
-    _jit._PTHREAD.unlock(_jit._PTHREAD.memory)
+    jit._PTHREAD.unlock(jit._PTHREAD.memory)
 
 
 thread = threading.Thread(target=hold)
@@ -203,7 +201,7 @@ def test_fork_while_a_thread_holds_the_kernel_mutex():
     """The process forks while another thread holds the parallel kernels' mutex; the
     child's parallel step (on a fork-safe threading layer) must not block on it. Before:
     the child inherited the mutex locked and hung."""
-    if not _jit.MUTEX:
+    if not jit.MUTEX:
         pytest.skip("no pthread mutex here")
     out = run_script(_HELD, "numba", env={"NUMBA_THREADING_LAYER": "workqueue"})
     assert out.split() == ["[0]"]
@@ -263,13 +261,13 @@ def test_a_second_process_compiles_no_kernel(library, kernel_cache):
 
 @needs_numba
 def test_cache_directory_is_chosen_by_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(_jit.ENV, "")
-    assert _jit.cache_dir() is None
-    monkeypatch.setenv(_jit.ENV, str(tmp_path / "here"))
-    assert _jit.cache_dir() == str(tmp_path / "here")
-    monkeypatch.delenv(_jit.ENV)
+    monkeypatch.setenv(jit.ENV, "")
+    assert jit.cache_dir() is None
+    monkeypatch.setenv(jit.ENV, str(tmp_path / "here"))
+    assert jit.cache_dir() == str(tmp_path / "here")
+    monkeypatch.delenv(jit.ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert _jit.cache_dir() == str(tmp_path / "xdg" / "optimisers")
+    assert jit.cache_dir() == str(tmp_path / "xdg" / "optimisers")
 
 
 @needs_numba
@@ -277,7 +275,7 @@ def test_a_cached_kernel_is_named_by_everything_it_depends_on(kernel_cache):
     """The same source compiled with other options or other globals is another file:
     numba's own cache index would not tell them apart."""
     source = "def f(a):\n    for i in range(a.size):\n        a[i] += K\n"
-    made = [_jit.compiled(source, "f", {"K": k}, **options)
+    made = [jit.compiled(source, "f", {"K": k}, **options)
             for k, options in [(1.0, {}), (2.0, {}), (1.0, {"nogil": True})]]
     for k, f in zip((1.0, 2.0, 1.0), made):
         a = np.zeros(3)
@@ -285,7 +283,7 @@ def test_a_cached_kernel_is_named_by_everything_it_depends_on(kernel_cache):
         assert a.tolist() == [k] * 3
     assert len([p for p in os.listdir(kernel_cache) if p.endswith(".py")]) == 3
     with pytest.raises(TypeError, match="'g'.*tag"):
-        _jit.compiled(source, "f", {"K": 1.0, "g": object()})
+        jit.compiled(source, "f", {"K": 1.0, "g": object()})
 
 
 # ------------------------------------------------- no kernel indexes by an unchecked size
@@ -313,13 +311,13 @@ MISFITS = {
 
 @pytest.mark.parametrize("misfit", MISFITS)
 @pytest.mark.parametrize("builder", [
-    pytest.param(_numba.onepass, marks=needs_numba, id="numba"),
-    pytest.param(_ufuncs.onepass, id="ufuncs")])
+    pytest.param(kernels.onepass, marks=needs_numba, id="numba"),
+    pytest.param(ufuncs.onepass, id="ufuncs")])
 def test_one_pass_steps_refuse_states_that_do_not_fit(builder, misfit, monkeypatch):
     """Each state array must have its parameter's size and the kernel's dtype, and each
     parameter as many state arrays as the rule reads: else no kernel (the caller takes
     the plain path). Before: the kernel indexed the state by its parameter's size."""
-    monkeypatch.setattr(_ufuncs, "LARGE", 1)
+    monkeypatch.setattr(ufuncs, "LARGE", 1)
     sig, xs, arrays = group(O.Adam(), [(8, 8), (64,)])
     assert builder(O.Adam(), sig, xs, arrays) is not None
     MISFITS[misfit](xs, arrays)
@@ -327,13 +325,13 @@ def test_one_pass_steps_refuse_states_that_do_not_fit(builder, misfit, monkeypat
 
 
 @pytest.mark.parametrize("builder", [
-    pytest.param(_numba.onepass, marks=needs_numba, id="numba"),
-    pytest.param(_ufuncs.onepass, id="ufuncs")])
+    pytest.param(kernels.onepass, marks=needs_numba, id="numba"),
+    pytest.param(ufuncs.onepass, id="ufuncs")])
 @pytest.mark.parametrize("many", [False, True], ids=["few", "many"])
 def test_one_pass_steps_refuse_gradients_that_do_not_fit(builder, many, monkeypatch):
     """A gradient of another size is a ValueError before anything is written, whether
     the gradients are read in place or concatenated first (many small arrays)."""
-    monkeypatch.setattr(_ufuncs, "LARGE", 1)
+    monkeypatch.setattr(ufuncs, "LARGE", 1)
     sig, xs, arrays = group(O.Momentum(), [(4, 4)] * (100 if many else 2))
     step = builder(O.Momentum(), sig, xs, arrays)
     assert step is not None
@@ -351,13 +349,13 @@ def test_one_pass_steps_refuse_gradients_that_do_not_fit(builder, many, monkeypa
 @needs_numba
 def test_scatter_sub_refuses_a_step_of_another_length():
     xs = [np.ones(3), np.ones(4)]
-    kernel = _numba.scatter_sub(xs)
+    kernel = kernels.scatter_sub(xs)
     with pytest.raises(ValueError, match="7"):
         kernel(np.ones(8))
     assert all((x == 1).all() for x in xs)
     kernel(np.arange(7.0))
     assert xs[1].tolist() == [-2.0, -3.0, -4.0, -5.0]
-    assert _numba.scatter_sub([np.ones(3), np.float64(1.0)]) is None
+    assert kernels.scatter_sub([np.ones(3), np.float64(1.0)]) is None
 
 
 @needs_numba
@@ -365,7 +363,7 @@ def test_a_kernel_is_built_only_for_the_states_its_rule_reads():
     program = trace.trace(O.Adam(), (fused.ARRAY, fused.ARRAY, (0.9, 0.999)))
     assert program.nstate == 2
     with pytest.raises(ValueError, match="1 state arrays for a rule reading 2"):
-        _numba.build(program.lines, 1, False, np.float32, _numba.constants(program))
+        kernels.build(program.lines, 1, False, np.float32, kernels.constants(program))
 
 
 @needs_numba
@@ -374,12 +372,12 @@ def test_xla_call_refuses_a_state_that_does_not_fit():
     to the plain path, quietly. Before: the kernel was built for the states that fit and
     failed to compile (a warning, and the kind of group marked unusable)."""
     jax = pytest.importorskip("jax")
-    from optimisers.backends import _xla
     from optimisers.backends import jax as jax_backend  # noqa: F401 (rules: pytrees)
+    from optimisers.fast import xla
 
-    if jax.default_backend() != "cpu" or not _xla._usable():
+    if jax.default_backend() != "cpu" or not xla._usable():
         pytest.skip("the custom call runs on the CPU with jax.ffi only")
-    n = _xla.LARGE
+    n = xla.LARGE
 
     def entries(x, g, m, v):
         return [types.SimpleNamespace(x=x, grads=(g,), leaf=O.Leaf(O.Adam(), (m, v, (0.9, 0.999))))
@@ -387,7 +385,7 @@ def test_xla_call_refuses_a_state_that_does_not_fit():
 
     def step(x, g, m, v):
         found = entries(x, g, m, v)
-        rest, done = _xla.fuse(found)
+        rest, done = xla.fuse(found)
         assert rest == found and done == []
         return x
 

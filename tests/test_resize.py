@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from optimisers import fused
-from optimisers.backends import _numba
+from optimisers.fast import fused, kernels
 from optimisers.leaf import leaves
 
 NUMPY_PATHS = ["numba", "parallel", "no-numba", "plain"]
@@ -22,12 +21,12 @@ NUMPY_PATHS = ["numba", "parallel", "no-numba", "plain"]
 
 @pytest.fixture(params=NUMPY_PATHS)
 def numpy_path(request, monkeypatch):
-    if request.param == "numba" and not _numba.available():
+    if request.param == "numba" and not kernels.available():
         pytest.skip("numba is not installed")
     if request.param == "parallel":
-        monkeypatch.setattr(_numba, "PARALLEL_FROM", 1)
+        monkeypatch.setattr(kernels, "PARALLEL_FROM", 1)
     if request.param == "no-numba":
-        monkeypatch.setattr(_numba, "_AVAILABLE", False)
+        monkeypatch.setattr(kernels, "_AVAILABLE", False)
     if request.param == "plain":
         monkeypatch.setattr(fused, "MIN_GROUP", 10**9)
     return request.param
@@ -123,7 +122,7 @@ def torch_path(request, monkeypatch):
     from optimisers.backends import torch as tb
 
     if request.param == "compiled":
-        if not _numba.available():
+        if not kernels.available():
             pytest.skip("numba is not installed")
         monkeypatch.setattr(tb, "COMPILED_FROM", 1)
     else:

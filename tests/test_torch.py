@@ -14,7 +14,8 @@ nn = torch.nn
 
 import optimisers as O  # noqa: E402
 from conftest import ALL_RULES, normal, rules_param  # noqa: E402
-from optimisers import backends, fused  # noqa: E402
+from optimisers import backends  # noqa: E402
+from optimisers.fast import fused  # noqa: E402
 
 
 def make_model(seed: int = 0) -> nn.Sequential:

@@ -11,12 +11,11 @@ import pytest
 
 import optimisers as O
 from conftest import ALL_RULES, rules_param, run_fused
-from optimisers import backends, fused
-from optimisers.backends import _numba, _ufuncs
-from optimisers.fast import trace
+from optimisers import backends
+from optimisers.fast import fused, kernels, trace, ufuncs
 from optimisers.fast.trace import Num, Untraceable
 
-HAVE_NUMBA = _numba.available()
+HAVE_NUMBA = kernels.available()
 needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
 
 
@@ -116,14 +115,14 @@ def user_grads(model, step):
 @needs_numba
 def test_a_users_elementwise_rule_runs_compiled_and_equals_the_plain_path(monkeypatch):
     runs = []
-    made = _numba.onepass
+    made = kernels.onepass
 
     def spy(*args, **kwargs):
         found = made(*args, **kwargs)
         runs.append(found is not None)
         return found
 
-    monkeypatch.setattr(_numba, "onepass", spy)
+    monkeypatch.setattr(kernels, "onepass", spy)
     fast = run_fused(SignMomentum(), user_model(), user_grads, 4, True, True, monkeypatch)
     assert runs and all(runs)
     plain = run_fused(SignMomentum(), user_model(), user_grads, 4, True, False, monkeypatch)
@@ -134,16 +133,13 @@ def test_a_users_elementwise_rule_runs_compiled_and_equals_the_plain_path(monkey
 
 
 def test_a_users_rule_runs_as_a_numpy_program_without_numba(monkeypatch):
-    monkeypatch.setattr(_numba, "_AVAILABLE", False)
-    monkeypatch.setattr(_ufuncs, "PIECE", 4)
-    monkeypatch.setattr(_ufuncs, "LARGE", 1)
+    monkeypatch.setattr(kernels, "_AVAILABLE", False)
+    monkeypatch.setattr(ufuncs, "PIECE", 4)
+    monkeypatch.setattr(ufuncs, "LARGE", 1)
     made = []
-    real = _ufuncs.onepass
-    monkeypatch.setattr(_ufuncs, "onepass",
+    real = ufuncs.onepass
+    monkeypatch.setattr(ufuncs, "onepass",
                         lambda *a: made.append(real(*a)) or made[-1])
-    import optimisers.backends.numpy as np_backend
-
-    monkeypatch.setattr(np_backend, "_ufuncs", _ufuncs)
     fast = run_fused(SignMomentum(), user_model(), user_grads, 3, True, True, monkeypatch)
     assert made and all(m is not None for m in made)
     plain = run_fused(SignMomentum(), user_model(), user_grads, 3, True, False, monkeypatch)
@@ -184,14 +180,14 @@ def test_a_users_rule_runs_compiled_on_torch_tensors(monkeypatch):
 def test_a_users_rule_runs_as_one_xla_call_under_jit(monkeypatch):
     jax = pytest.importorskip("jax")
     jnp = pytest.importorskip("jax.numpy")
-    from optimisers.backends import _xla
+    from optimisers.fast import xla
 
-    if not HAVE_NUMBA or jax.default_backend() != "cpu" or not _xla._usable():
+    if not HAVE_NUMBA or jax.default_backend() != "cpu" or not xla._usable():
         pytest.skip("the XLA custom call needs numba and JAX on the CPU")
-    monkeypatch.setattr(_xla, "LARGE", 4)
+    monkeypatch.setattr(xla, "LARGE", 4)
     calls = []
-    real = _xla._call
-    monkeypatch.setattr(_xla, "_call", lambda *a: calls.append(1) or real(*a))
+    real = xla._call
+    monkeypatch.setattr(xla, "_call", lambda *a: calls.append(1) or real(*a))
     model = {k: jnp.asarray(v) for k, v in user_model().items()}
     g = {k: jnp.asarray(v) for k, v in user_grads(model, 0).items()}
     tree = O.setup(SignMomentum(), model)

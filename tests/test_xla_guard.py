@@ -1,5 +1,5 @@
-"""The guard on XLA's FFI layout (``backends/_ffi.py``): the XLA custom calls of
-``backends/_xla.py`` read XLA's C structures by offset, so a probe checks once per process
+"""The guard on XLA's FFI layout (``fast/ffi.py``): the XLA custom calls of
+``fast/xla.py`` read XLA's C structures by offset, so a probe checks once per process
 that XLA passes them as tested. Here it passes and the custom call runs; with the tested
 layout changed (as a JAX with other structures would show it), the check fires: one
 warning, no custom call, the plain path's results. The probe's verdict is kept for the
@@ -19,9 +19,9 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from optimisers.backends import _ffi, _numba  # noqa: E402
+from optimisers.fast import ffi, kernels  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not _numba.available() or jax.default_backend() != "cpu",
+pytestmark = pytest.mark.skipif(not kernels.available() or jax.default_backend() != "cpu",
                                 reason="needs numba, and JAX on the CPU")
 
 # Adam steps under jax.jit, with the tested layout changed as argv[1] says; prints how many
@@ -31,13 +31,13 @@ import json, sys, warnings
 import numpy as np
 import jax, jax.numpy as jnp
 import optimisers as O
-from optimisers.backends import _ffi, _xla
+from optimisers.fast import ffi, xla
 
-_ffi.TESTED = _ffi.TESTED._replace(**json.loads(sys.argv[1]))
+ffi.TESTED = ffi.TESTED._replace(**json.loads(sys.argv[1]))
 
 
 def steps(large):
-    _xla.LARGE = large
+    xla.LARGE = large
     f = jax.jit(lambda t, m, g: O.update(t, m, g))
     rng = np.random.default_rng(0)
     model = {"w": jnp.asarray(rng.normal(size=(8, 16)), jnp.float32),
@@ -79,8 +79,8 @@ def child(patch: dict, timeout: float = 300) -> dict:
 
 
 def test_the_probe_finds_the_tested_layout_here():
-    assert _ffi.differences() == ()
-    assert _ffi.differences() == ()  # kept: the probe runs once
+    assert ffi.differences() == ()
+    assert ffi.differences() == ()  # kept: the probe runs once
 
 
 def test_the_custom_call_runs_where_the_layout_is_the_tested_one():
@@ -110,12 +110,12 @@ def test_a_layout_other_than_the_tested_one_turns_the_custom_call_off(patch, nam
 
 
 def test_the_comparison_names_each_difference():
-    expected = [np.nan if v is None else v for v in _ffi._expected()]
+    expected = [np.nan if v is None else v for v in ffi._expected()]
     record = np.asarray(expected, np.float32)
-    record[_ffi.FIELDS.index("API minor version")] = 7  # read, not compared
-    assert _ffi._compare(record) == ()
+    record[ffi.FIELDS.index("API minor version")] = 7  # read, not compared
+    assert ffi._compare(record) == ()
     record[0] = 176
-    record[_ffi.FIELDS.index("array dims[1]")] = -1
-    assert _ffi._compare(record) == ("call frame struct_size 176 (tested 168)",
+    record[ffi.FIELDS.index("array dims[1]")] = -1
+    assert ffi._compare(record) == ("call frame struct_size 176 (tested 168)",
                                      "array dims[1] unread (tested 3)")
-    assert "read nothing" in _ffi._compare(np.full(len(_ffi.FIELDS), -1, np.float32))[0]
+    assert "read nothing" in ffi._compare(np.full(len(ffi.FIELDS), -1, np.float32))[0]

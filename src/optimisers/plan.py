@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from optimisers import backends
-from optimisers.fused import in_group
+from optimisers.fast.fused import in_group
 from optimisers.gather import DOTGRAD, Entry, add, grad_array
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf

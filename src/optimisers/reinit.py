@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimisers import fused
 from optimisers.adjust import Where, select
+from optimisers.fast import fused
 from optimisers.leaf import Leaf, map_leaves
 from optimisers.state import setup
 from optimisers.walk import place

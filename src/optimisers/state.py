@@ -17,8 +17,9 @@ import threading
 import warnings
 from typing import Any
 
-from optimisers import backends, fused
+from optimisers import backends
 from optimisers.backends._compiler import untraced
+from optimisers.fast import fused
 from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves

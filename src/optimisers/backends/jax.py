@@ -20,11 +20,11 @@ Leafs that a jitted call returns: JAX's Leafs are :class:`PackedLeaf`, a Leaf th
 that flat form.
 
 There are no concatenating group functions here (``flatcat`` and the rest, see
-``fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
+``fast/fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
 XLA (on CPU) one compiled kernel per distinct slice. Measured with 200 arrays of 512
 elements: the concatenating step compiled in 22 s, the per-array one in 1.7 s. Instead,
 :func:`fuse` steps groups of large arrays under ``jax.jit`` as one XLA custom call into
-the numba kernel (``_xla.py``), and the plain path steps the rest.
+the numba kernel (``fast/xla.py``), and the plain path steps the rest.
 """
 
 from __future__ import annotations
@@ -238,11 +238,11 @@ def settle(leaf: Any) -> Any:
 
 def fuse(entries: list) -> tuple[list, list]:
     """Under ``jax.jit`` on the CPU with numba installed: step groups of like Leafs each
-    as one XLA custom call (``_xla.py``). Returns the entries left for the plain path
+    as one XLA custom call (``fast/xla.py``). Returns the entries left for the plain path
     and ``(leaf, new_state, new_x)`` for the others."""
-    from optimisers.backends import _xla
+    from optimisers.fast import xla
 
-    return _xla.fuse(entries)
+    return xla.fuse(entries)
 
 
 # --- pytree registration of Leaf and the rules ---------------------------------------------

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 from numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
 
-from optimisers.backends import _numba as _kernels
-from optimisers.backends import _ufuncs, common
-from optimisers.backends._packs import PAD, Packs
-from optimisers.backends._ufuncs import parallel  # noqa: F401 (fused.py uses it)
+from optimisers.backends import common
+from optimisers.fast import kernels, ufuncs
+from optimisers.fast.packs import PAD, Packs
+from optimisers.fast.ufuncs import parallel  # noqa: F401 (fast/fused.py uses it)
 
 Array = np.ndarray
 
@@ -205,7 +205,7 @@ def settle(leaf: Any) -> Any:
     return leaf
 
 
-# ---------------------------------------------------------------- fused groups (fused.py)
+# ---------------------------------------------------------------- fused groups (fast/fused.py)
 
 _PACKS = Packs(lambda a: a.base, lambda b, lo, n: b[lo:lo + n],
                lambda b: b.__array_interface__["data"][0])
@@ -278,7 +278,7 @@ def scatter(flat: Array, parts: tuple) -> list | None:
 def subtractor(xs: list) -> Any:
     """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place: one
     compiled loop where numba is installed, else over flat views of the ``xs``."""
-    kernel = _kernels.scatter_sub(xs)
+    kernel = kernels.scatter_sub(xs)
     if kernel is not None:
         return kernel
     views = _flat_views(xs)
@@ -315,9 +315,9 @@ def copier() -> Any:
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     """A one-pass step for a whole group, or ``None``: compiled by numba where it is
-    installed (``_numba.onepass``), else NumPy calls over pieces of large arrays
-    (``_ufuncs.onepass``)."""
-    return _kernels.onepass(rule, sig, xs, arrays) or _ufuncs.onepass(rule, sig, xs, arrays)
+    installed (``kernels.onepass``), else NumPy calls over pieces of large arrays
+    (``ufuncs.onepass``)."""
+    return kernels.onepass(rule, sig, xs, arrays) or ufuncs.onepass(rule, sig, xs, arrays)
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:

@@ -3,7 +3,7 @@
 A backend is a module (``backends/numpy.py``, ``torch.py``, ``jax.py``) that
 :func:`optimisers.backends.of` returns for an array of its library. Every backend provides
 all of :class:`Backend`: the array functions rules are written against, and two declared
-capabilities saying which fused path ``fused.py`` takes for it:
+capabilities saying which fused path ``fast/fused.py`` takes for it:
 
 - :attr:`Backend.CONCATENATES` (NumPy, PyTorch): ``fused.Group`` steps a group of like
   Leafs over flat concatenations of their arrays, with the functions of :class:`Grouping`;
@@ -155,6 +155,9 @@ class Backend(Protocol):
 
     def sign(self, x: Array, /) -> Array:
         """The sign elementwise; ``x/|x|`` (0 at 0) for complex ``x``."""
+
+    def cos(self, x: Any, /) -> Any:
+        """The cosine elementwise (schedules evaluate it on a step count)."""
 
     def real(self, x: Array, /) -> Array:
         """The real part."""

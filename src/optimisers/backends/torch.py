@@ -22,7 +22,6 @@ from torch import conj, nn, real, sqrt  # noqa: F401
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from optimisers.backends import common
-from optimisers.backends._packs import PAD, Packs
 from optimisers.backends._torchnn import (  # noqa: F401 (protocol.Carrying)
     hasmodule,
     module_grads,
@@ -30,6 +29,7 @@ from optimisers.backends._torchnn import (  # noqa: F401 (protocol.Carrying)
     unwrapped,
 )
 from optimisers.fast import trace
+from optimisers.fast.packs import PAD, Packs
 
 Array = torch.Tensor
 
@@ -270,7 +270,7 @@ def settle(leaf: Any) -> Any:
     return leaf
 
 
-# --- fused groups (fused.py) ---------------------------------------------------------------
+# --- fused groups (fast/fused.py) ---------------------------------------------------------------
 #
 # A group's tensors are flattened into one vector and written back by C++ loops (torch's
 # flatten helpers and foreach ops): no Python loop runs per tensor in an in-place step.
@@ -370,7 +370,7 @@ def copier() -> Any:
 
 COMPILED = True
 """Groups of large CPU tensors (:data:`COMPILED_FROM`) run the numba one-pass kernel
-(``_numba.py``) on their memory when numba is installed: faster than torch's fused Adam
+(``fast/kernels.py``) on their memory when numba is installed: faster than torch's fused Adam
 on shape A (benchmarks/README.md), and it serves every rule with a program. ``False``
 leaves them to torch's own kernels."""
 
@@ -396,13 +396,13 @@ def _compiled(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     bumps each written tensor's version counter, as torch's own in-place operations do,
     so that autograd still sees the change. (A tensor whose memory is replaced since,
     ``p.data = ...``, ends the group: ``fused.Group.moved``.)"""
-    from optimisers.backends import _numba
+    from optimisers.fast import kernels
 
     written = [*xs, *(a for member in arrays for a in member)]
-    if not _numba.available() or sum(x.numel() for x in xs) < COMPILED_FROM * len(xs) or not all(
+    if not kernels.available() or sum(x.numel() for x in xs) < COMPILED_FROM * len(xs) or not all(
             _viewable(t) and t.dtype in (torch.float32, torch.float64) for t in written):
         return None
-    inner = _numba.onepass(rule, sig, [x.detach().numpy() for x in xs],
+    inner = kernels.onepass(rule, sig, [x.detach().numpy() for x in xs],
                            [[a.detach().numpy() for a in member] for member in arrays],
                            scalars=float)  # hyper-parameters as this backend's hyper has them
     if inner is None:

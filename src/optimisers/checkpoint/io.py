@@ -6,11 +6,11 @@ import os
 import zipfile
 from typing import Any
 
-from optimisers import fused
 from optimisers.checkpoint._archive import open_regular
 from optimisers.checkpoint._format import Invalid
 from optimisers.checkpoint._read import Reader
 from optimisers.checkpoint._write import Writer, document, write_atomic
+from optimisers.fast import fused
 from optimisers.leaf import nodes
 from optimisers.rules import Rule
 

@@ -8,7 +8,7 @@ Rather than writing them again for each kernel, :func:`trace` runs the rule's ow
 a step runs) and its arrays :class:`Elem` (one element, as a kernel's loop sees it),
 and the arithmetic they meet writes those two programs down. :func:`stepper` turns
 the scalar program into Python for the NumPy and torch paths; the XLA custom
-call renders it into its kernel (``_xla.py``). So a rule's maths is written once, in
+call renders it into its kernel (``fast/xla.py``). So a rule's maths is written once, in
 ``apply``, and any elementwise rule, a user's too, gets the compiled paths.
 
 Symbols go through the backend interface like arrays do: ``backends.of(elem)`` is this
@@ -18,7 +18,7 @@ value, a function this module lacks, a new array) makes :func:`trace` return ``N
 and that rule takes the fused path that runs ``apply`` itself.
 
 The element program is lines of Python (the numba kernel's loop body, which
-``_ufuncs.py`` also translates into NumPy calls): temporaries ``t0 = K0 * s0[i]``, over
+``fast/ufuncs.py`` also translates into NumPy calls): temporaries ``t0 = K0 * s0[i]``, over
 the parameter ``xi``, the gradient ``g``, the state arrays ``s0[i]``, ``s1[i]`` ... and
 constants ``K0``, ``K1`` ...; then the parameter's store ``x[i] = ...`` and the states'.
 Scalar sources name the rule's numbers ``R0`` ..., their complements ``1 - R0`` as
@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from optimisers.backends import common, registry
-from optimisers.fused import ARRAY, Node
+from optimisers.fast.fused import ARRAY, Node
 from optimisers.rules import NewValue, Rule, call
 
 __all__ = ["Num", "Elem", "Program", "trace", "numbers", "scalars_of", "stepper",

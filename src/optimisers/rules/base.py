@@ -51,7 +51,7 @@ class Rule:
 
     elementwise = False
     """Whether each element's step depends only on that element (and on scalars equal
-    across arrays): such rules may run fused over many arrays at once (fused.py)."""
+    across arrays): such rules may run fused over many arrays at once (fast/fused.py)."""
     reads_x = False
     """Whether ``apply`` reads the parameter's values (else only its dtype)."""
 

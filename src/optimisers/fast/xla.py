@@ -3,7 +3,7 @@
 XLA on the CPU runs a compiled kernel per array it writes, a few microseconds each,
 and compiles each one: per-array work, not arithmetic, is what a step over 2,000 small
 arrays costs. Here a group's whole step is one custom call (XLA's FFI) into a numba
-kernel, the one-pass kernel of ``_numba.py`` that the NumPy backend runs: it reads every
+kernel, the one-pass kernel of ``fast/kernels.py`` that the NumPy backend runs: it reads every
 parameter, gradient and state array by address, writes their new values, and computes
 each Leaf's constants from that Leaf's own hyper-parameters and counters, which the call
 takes as run-time values. So ``adjust`` still never re-compiles, the state tree is what
@@ -12,7 +12,7 @@ path's (same operations in the same dtype; tests compare).
 
 It applies where the code generator follows the rule's ``apply`` (``fast/trace.py``),
 the arrays are float32 or float64, JAX runs on the CPU (and passes XLA's FFI structures
-as tested: ``_ffi.py``), and the step is being traced by ``jax.jit`` alone (not
+as tested: ``fast/ffi.py``), and the step is being traced by ``jax.jit`` alone (not
 differentiated or batched: the custom call has no derivative). Anywhere else the plain
 path runs, as it does without numba.
 
@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from optimisers.backends import _ffi, _jit, _numba
-from optimisers.fast import trace
-from optimisers.fused import ARRAY
+from optimisers.fast import ffi, jit, kernels, trace
+from optimisers.fast.fused import ARRAY
 
 LARGE = 1 << 15
 """Arrays of at least this many elements take the custom call; smaller ones the plain
@@ -48,8 +47,8 @@ _TARGETS: dict[tuple, str | None] = {}  # None: a kernel that could not be built
 _HANDLERS: list = []  # the compiled handlers stay alive while XLA may call them
 _NAMES = itertools.count()
 
-# XLA's FFI structures are read at the word offsets of _ffi.WORDS (BUF_DATA, BUF_RANK,
-# BUF_DIMS ...), trusted once _ffi.differences() has found this process's XLA passing
+# XLA's FFI structures are read at the word offsets of ffi.WORDS (BUF_DATA, BUF_RANK,
+# BUF_DIMS ...), trusted once ffi.differences() has found this process's XLA passing
 # them as tested: _usable() is false before, and no handler is registered.
 _HANDLER = '''
 def run(args, rets):
@@ -119,15 +118,15 @@ def put(buffer, value):  # a 0-d float32 or float64 result
 @functools.cache
 def _helpers() -> dict:
     """The names the handler's source uses, made once (loaded from the disk cache where
-    an earlier process compiled them, as the kernels are: ``_jit.compiled``)."""
+    an earlier process compiled them, as the kernels are: ``jit.compiled``)."""
     import numba
 
-    pointers = {name: _numba._pointer(t) for name, t in (
+    pointers = {name: kernels._pointer(t) for name, t in (
         ("i64", np.int64), ("i32", np.int32), ("f32", np.float32), ("f64", np.float64))}
-    layout = _ffi.kernel_globals()  # the names XLA's structures are read with
+    layout = ffi.kernel_globals()  # the names XLA's structures are read with
     scope = dict(pointers, numba=numba, np=np, **layout)
-    get, put = (_jit.compiled(_SCALARS, name, scope, nogil=True) for name in ("get", "put"))
-    return dict(pointers, numba=numba, np=np, get=get, put=put, cut=_numba.cutter(),
+    get, put = (jit.compiled(_SCALARS, name, scope, nogil=True) for name in ("get", "put"))
+    return dict(pointers, numba=numba, np=np, get=get, put=put, cut=kernels.cutter(),
                 **layout)
 
 
@@ -160,11 +159,11 @@ def _target(key: tuple, program: Any, dtype: Any) -> str | None:
         return _TARGETS[key]
     import jax
 
-    parallel = _jit.MUTEX and not _jit.SERIAL  # in parallel it holds the mutex
+    parallel = jit.MUTEX and not jit.SERIAL  # in parallel it holds the mutex
     nstate, news = program.nstate, program.news
     prelude = _raws(program, dtype, "c[{}]") + [
         f"K{k} = {_render(c, dtype)}" for k, c in enumerate(program.consts)]
-    kernel = _numba.build(program.lines, nstate, parallel, dtype, tuple(prelude))
+    kernel = kernels.build(program.lines, nstate, parallel, dtype, tuple(prelude))
     body = "".join(f"        {line}\n" for line in _raws(program, np.float64, "P[j, {}]"))
     body += "".join(f"        put(rets[out + j * {len(news)} + {t}], "
                     f"{_render(e, np.float64)})\n" for t, e in enumerate(news))
@@ -173,11 +172,11 @@ def _target(key: tuple, program: Any, dtype: Any) -> str | None:
     namespace = dict(_helpers(), kernel=kernel, NOUT=1 + nstate + len(news),
                      NSTATE=nstate,
                      NRAW=program.nrule + len(_complements(program)) + program.nscalar,
-                     PIECE=_numba.PIECE, PARALLEL=parallel,
+                     PIECE=kernels.PIECE, PARALLEL=parallel,
                      ITEMSIZE=np.dtype(dtype).itemsize)
-    namespace["run"] = _jit.compiled(source, "run", namespace, nogil=True,
+    namespace["run"] = jit.compiled(source, "run", namespace, nogil=True,
                                      error_model="numpy")
-    handler = _jit.compiled(source, "handler", namespace, cfunc="intp(intp)", nogil=True)
+    handler = jit.compiled(source, "handler", namespace, cfunc="intp(intp)", nogil=True)
     name = f"optimisers_onepass_{next(_NAMES)}"
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler.address), platform="cpu")
     _HANDLERS.append(handler)
@@ -189,13 +188,13 @@ def _target(key: tuple, program: Any, dtype: Any) -> str | None:
 def _usable() -> bool:
     """Whether numba is installed, JAX runs on the CPU and has the FFI (``jax.ffi``, JAX
     0.5 on), and XLA passes its structures as the handlers read them: checked by a probe
-    once per process (``_ffi.differences``; where they differ, one warning)."""
+    once per process (``ffi.differences``; where they differ, one warning)."""
     import jax
 
-    ffi = getattr(jax, "ffi", None)
-    return (_numba.available() and jax.default_backend() == "cpu"
-            and all(hasattr(ffi, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
-            and not _ffi.differences())
+    api = getattr(jax, "ffi", None)
+    return (kernels.available() and jax.default_backend() == "cpu"
+            and all(hasattr(api, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
+            and not ffi.differences())
 
 
 def _jit_traced(v: Any) -> bool:

@@ -1,4 +1,4 @@
-"""How the generated numba kernels (``_numba.py``, ``_xla.py``) are compiled and run in a
+"""How the generated numba kernels (``fast/kernels.py``, ``fast/xla.py``) are compiled and run in a
 process: cached on disk, kept one at a time on the thread pool, and usable after ``fork``.
 
 Disk cache. numba caches only functions defined in a real source file, and these kernels
@@ -125,7 +125,7 @@ def compiled(source: str, name: str, namespace: dict, cfunc: str | None = None,
 
     described = [f"{key}={_describe(key, value)}" for key, value in sorted(namespace.items())]
     text = "\n".join([source, *described, repr(sorted(options.items())), repr(cfunc),
-                      numba.__version__])
+                      numba.__version__, __name__])  # numba re-imports the kernel's module
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
     path = _written(source, digest)
     scope = dict(namespace, __name__=__name__)  # numba rebuilds a cached kernel's module
@@ -133,7 +133,7 @@ def compiled(source: str, name: str, namespace: dict, cfunc: str | None = None,
     function = scope[name]
     scope.update(namespace)  # the given globals, over other functions the source defines
     cache = path is not None
-    if options.get("parallel"):  # a cached caller of this kernel (``_xla``'s handler)
+    if options.get("parallel"):  # a cached caller of this kernel (``xla``'s handler)
         numba.get_num_threads()  # is loaded without it: it needs the thread pool started
     out = (numba.cfunc(cfunc, cache=cache, **options)(function) if cfunc
            else numba.njit(cache=cache, **options)(function))

@@ -18,7 +18,7 @@ pay for grouping again.
 
 A backend that ``FUSES_ITSELF`` (JAX) groups its entries itself: under ``jax.jit``
 the hyper-parameters are traced values, so its groups are Leafs whose rules have the
-same structure, and each Leaf's values travel with it (``backends/_xla.py``).
+same structure, and each Leaf's values travel with it (``fast/xla.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Compiled loops for NumPy groups, and for JAX groups under ``jax.jit`` (through an XLA
-custom call, ``_xla.py``), when numba is installed (``optimisers[fast]``).
+custom call, ``fast/xla.py``), when numba is installed (``optimisers[fast]``).
 
 Only what NumPy cannot do in one call: writing one flat step into many separate
 parameter arrays. The loop reads each parameter's address, computed once per group,
@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from optimisers.backends import _jit
-from optimisers.fast import trace
+from optimisers.fast import jit, trace
 
 _AVAILABLE = importlib.util.find_spec("numba") is not None
 _KERNELS: dict[Any, Any] = {}
@@ -46,7 +45,7 @@ def _kernel(dtype: np.dtype) -> Any:
     if dtype not in _KERNELS:
         import numba
 
-        _KERNELS[dtype] = _jit.compiled(
+        _KERNELS[dtype] = jit.compiled(
             _SCATTER_SUB, "scatter_sub", {"numba": numba, "as_pointer": _pointer(dtype)},
             nogil=True, error_model="numpy")
     return _KERNELS[dtype]
@@ -104,7 +103,7 @@ def _compile(source_lines: list, nstate: int, parallel: bool, prelude: tuple = (
     (states), and reads its constants from row ``rows[j]`` of ``C`` (one row for a
     NumPy group; a row of raw hyper-parameters per Leaf for a JAX group, turned into
     constants by the ``prelude`` lines). Pieces run in parallel (``prange``) when
-    ``parallel``, holding the process-wide mutex (``_jit.mutex_calls``) where there is
+    ``parallel``, holding the process-wide mutex (``jit.mutex_calls``) where there is
     one."""
     states = "".join(f", sa{k}" for k in range(nstate))
     views = "".join(f"\n        s{k} = numba.carray(as_pointer(sa{k}[j]), (n,))"
@@ -112,7 +111,7 @@ def _compile(source_lines: list, nstate: int, parallel: bool, prelude: tuple = (
     pre = "".join(f"\n        {line}" for line in prelude)
     body = "\n".join("            " + line for line in source_lines)
     loop = "numba.prange" if parallel else "range"
-    held = parallel and _jit.MUTEX
+    held = parallel and jit.MUTEX
     lock, unlock = ("\n    lock()", "\n    unlock()") if held else ("", "")
     src = f'''
 def kernel(xa, ga, sizes, rows, C{states}):{lock}
@@ -131,7 +130,7 @@ def kernel(xa, ga, sizes, rows, C{states}):{lock}
 
 def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple = ()) -> Any:
     """The compiled kernel of :func:`_compile` (made once per source, and loaded from the
-    disk cache where an earlier process compiled it: ``_jit.compiled``). ``ValueError``
+    disk cache where an earlier process compiled it: ``jit.compiled``). ``ValueError``
     where ``lines`` read a state array beyond the ``nstate`` it is given."""
     used = max(map(int, _STATE.findall("\n".join(lines))), default=-1) + 1
     if used > nstate:
@@ -141,10 +140,10 @@ def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple =
         import numba
 
         namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
-        if parallel and _jit.MUTEX:
-            namespace["lock"], namespace["unlock"] = _jit.mutex_calls()
+        if parallel and jit.MUTEX:
+            namespace["lock"], namespace["unlock"] = jit.mutex_calls()
         source = _compile(lines, nstate, parallel, prelude)
-        _ONEPASS[key] = _jit.compiled(source, "kernel", namespace, nogil=True,
+        _ONEPASS[key] = jit.compiled(source, "kernel", namespace, nogil=True,
                                       error_model="numpy", parallel=parallel)
     return _ONEPASS[key]
 
@@ -183,8 +182,8 @@ def cutter() -> Any:
     pieces of ``step`` elements (``step`` 0: each array whole, one piece even when empty).
     Returns a ``(4, pieces)`` table: each piece's array, its first element there, its
     first element in the arrays' concatenation, and its length. :class:`_Pieces` cuts
-    with it, and so does the XLA handler (``_xla``), at run time."""
-    return _jit.compiled(_CUT, "cut", {"np": np}, nogil=True)
+    with it, and so does the XLA handler (``xla``), at run time."""
+    return jit.compiled(_CUT, "cut", {"np": np}, nogil=True)
 
 
 class _Pieces:
@@ -261,7 +260,7 @@ class _OnePass:
         self.lines, self.sizes = program.lines, [x.size for x in xs]
         # many small arrays: concatenating the gradients (one call) beats reading addresses
         self.flat_g = len(xs) > 64 and sum(self.sizes) < 16384 * len(xs)
-        self.parallel = sum(self.sizes) >= PARALLEL_FROM and not _jit.SERIAL
+        self.parallel = sum(self.sizes) >= PARALLEL_FROM and not jit.SERIAL
         self.kernel = build(self.lines, self.nstate, self.parallel, self.dtype, self.prelude)
         self.pieces = pieces = _Pieces(self.sizes, self.parallel)
         self.rows = np.zeros(pieces.sizes.size, dtype=np.intp)  # every piece: the one row
@@ -277,10 +276,10 @@ class _OnePass:
         c = np.array([consts], dtype=self.dtype)
         ga, keep, own = self._gradients(grads)
         kernel = self.kernel
-        if self.parallel and _jit.SERIAL:  # made before a fork; the child's pool is unusable
+        if self.parallel and jit.SERIAL:  # made before a fork; the child's pool is unusable
             kernel = build(self.lines, self.nstate, False, self.dtype, self.prelude)
-        if self.parallel and not _jit.MUTEX:  # else the kernel holds the mutex itself
-            with _jit.LOCK:
+        if self.parallel and not jit.MUTEX:  # else the kernel holds the mutex itself
+            with jit.LOCK:
                 kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)
         else:
             kernel(self.xa, ga, self.pieces.sizes, self.rows, c, *self.sa)
@@ -330,5 +329,5 @@ def _pointer(dtype: Any) -> Any:
                 return builder.inttoptr(args[0], context.get_value_type(pointer))
             return pointer(types.intp), codegen
 
-        _POINTERS[dtype] = _jit.tag(as_pointer, f"pointer to {dtype.str}")
+        _POINTERS[dtype] = jit.tag(as_pointer, f"pointer to {dtype.str}")
     return _POINTERS[dtype]

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from optimisers.backends import _numba
-from optimisers.fast import trace
+from optimisers.fast import kernels, trace
 
 PIECE = 1 << 18
 """Elements per piece: one piece per thread at a time, its buffers in cache."""
@@ -167,7 +166,7 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
         return None
     dtype = xs[0].dtype
     if (sum(x.size for x in xs) < LARGE * len(xs)
-            or not _numba.fits(xs, arrays, dtype, program.nstate)):
+            or not kernels.fits(xs, arrays, dtype, program.nstate)):
         return None
     made = _program(program.lines, program.nstate)
     if made is None:

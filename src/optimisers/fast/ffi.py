@@ -1,4 +1,4 @@
-"""XLA's FFI as the custom calls of ``_xla.py`` read it, and the check, once per process,
+"""XLA's FFI as the custom calls of ``fast/xla.py`` read it, and the check, once per process,
 that this process's XLA passes it so.
 
 JAX's documented FFI for compiled code is the C API of ``xla/ffi/api/c_api.h`` (shipped
@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from optimisers.backends import _jit, _numba
+from optimisers.fast import jit, kernels
 
 
 class Layout(NamedTuple):
@@ -196,7 +196,7 @@ def _constants_key() -> tuple:
 
 
 def _pointers() -> dict:
-    return {name: _numba._pointer(t) for name, t in (
+    return {name: kernels._pointer(t) for name, t in (
         ("i64", np.int64), ("i32", np.int32), ("f32", np.float32), ("f64", np.float64))}
 
 
@@ -204,7 +204,7 @@ def _pointers() -> dict:
 def _declared(key: tuple) -> Any:
     import numba
 
-    return _jit.compiled(_DECLARED, "declared", dict(_pointers(), numba=numba, **dict(key)),
+    return jit.compiled(_DECLARED, "declared", dict(_pointers(), numba=numba, **dict(key)),
                          nogil=True)
 
 
@@ -246,8 +246,8 @@ def _probe() -> np.ndarray:
 
     jax.devices("cpu")  # the backend started: a registration XLA refuses raises here
     namespace = dict(_pointers(), numba=numba, np=np, RECORD=len(FIELDS), **kernel_globals())
-    namespace["read"] = _jit.compiled(_PROBE, "read", namespace, nogil=True)
-    handler = _jit.compiled(_PROBE, "probe", namespace, cfunc="intp(intp)", nogil=True)
+    namespace["read"] = jit.compiled(_PROBE, "read", namespace, nogil=True)
+    handler = jit.compiled(_PROBE, "probe", namespace, cfunc="intp(intp)", nogil=True)
     _HANDLERS.append(handler)
     jax.ffi.register_ffi_target(_NAME, jax.ffi.pycapsule(handler.address), platform="cpu")
     record = np.full(len(FIELDS), -1, np.float32)
