@@ -21,7 +21,7 @@ collect_ignore = [f"src/optimisers/backends/{lib}.py" for lib in ("torch", "jax"
                   if _missing(lib)]
 
 if _missing("numba"):
-    collect_ignore.append("src/optimisers/backends/_jit.py")
+    collect_ignore.append("src/optimisers/fast/jit.py")
 
 if "OPTIMISERS_CACHE_DIR" not in os.environ:  # compiled kernels: not in the user's cache
     _KERNELS = tempfile.mkdtemp(prefix="optimisers-kernels-")
