@@ -20,3 +20,21 @@ def test_structural_check_passes():
     done = subprocess.run([sys.executable, str(CHECK), str(ROOT)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "4 passed, 0 failed" in done.stdout, done.stdout[-3000:]
+
+
+def test_a_steady_update_visits_five_files_at_most():
+    """Issue 17: a steady-state ``update_`` reads top to bottom, state -> plan -> fused group
+    -> backend -> kernel (``benchmarks/hops.py`` counts it)."""
+    pytest.importorskip("numba")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import hops
+    finally:
+        sys.path.pop(0)
+    files, _, calls = hops.count("numpy")
+    assert files == ["state.py", "plan.py", "fast/fused.py", "backends/numpy.py",
+                     "fast/kernels.py"], files
+    assert calls < 40
+    pytest.importorskip("torch")
+    files, _, _ = hops.count("torch")
+    assert len(files) <= 5, files

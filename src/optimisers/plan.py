@@ -63,10 +63,12 @@ class Plan:
     """
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
-                 "groups", "group", "firsts", "columns")
+                 "groups", "group", "firsts", "columns", "dotted", "nograd")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
+        self.dotted = False  # gradients came as dicts of dotted names (state nests them)
+        self.nograd = backends.registry.nograd_maker()  # torch.no_grad, where torch is
         self.groups: list = []  # the fused groups of the last step (see fused.Group)
         self.group = None  # the one group of every Leaf, if that is what the last step ran
         self.edges: list = []  # (fetch, keys, children, by ==) per node of tree and model
@@ -157,7 +159,7 @@ class Plan:
                 or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
                 or not _as_left(leaves, group.rule, group.states) or group.moved()):
             return False
-        with backends.nograd():
+        with self.nograd():  # (the maker kept: no call into the registry per step)
             try:
                 group.run(gs, {})
             except (ValueError, TypeError, ArithmeticError) as err:

@@ -12,13 +12,14 @@ nothing when the input is bad.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 import threading
 import warnings
 from typing import Any
 
 from optimisers import backends
-from optimisers.backends._compiler import untraced
+from optimisers.backends.registry import COMPILERS
 from optimisers.fast import fused
 from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
 from optimisers.keypath import KeyPath
@@ -203,8 +204,6 @@ def plan_of(tree: Any) -> Plan | None:
 
 
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
-    if grads is not DOTGRAD:
-        grads = tuple(nest_dotted(g, model) for g in grads)
     first = first_leaf(tree) if inplace else None
     if first is None:
         return _locked_update(tree, model, grads, inplace, None)
@@ -213,17 +212,29 @@ def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, An
         return _locked_update(tree, model, grads, inplace, kept)
 
 
+def _nested(grads: Any, model: Any) -> Any:
+    """The gradient trees with dicts of dotted names nested as the model is (the very
+    ``grads`` where none was such a dict; see :func:`~optimisers.gather.nest_dotted`)."""
+    if grads is DOTGRAD:
+        return grads
+    nested = tuple(nest_dotted(g, model) for g in grads)
+    return grads if all(map(operator.is_, nested, grads)) else nested
+
+
 def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Kept | None
                    ) -> tuple[Any, Any]:
-    known = kept.plan if kept is not None else None
+    known, given = kept.plan if kept is not None else None, grads
+    if known is not None and known.dotted:
+        grads = _nested(given, model)
     per_tree = known.read(tree, model, grads) if known is not None else None
     if per_tree is not None and known.whole(per_tree):
         return tree, model  # the usual training loop: one fused group, all checked
     entries = known.entries(per_tree) if per_tree is not None else None
     if entries is None:
-        if grads is DOTGRAD:
-            grads = (module_grads(model),)
-        entries = gather(tree, model, grads)
+        grads = _nested(given, model)
+        if known is not None:
+            known.dotted = grads is not given
+        entries = gather(tree, model, (module_grads(model),) if grads is DOTGRAD else grads)
     with backends.nograd():  # PyTorch: no autograd graph through the step
         new, groups = _step(entries, inplace, known.groups if known is not None else None)
     for e in entries:
@@ -233,6 +244,7 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Ke
         if kept is not None and (known is None or known.tree is not tree
                                  or known.model is not model):
             known = kept.plan = Plan(tree, model)  # the next step reuses what it learned
+            known.dotted = grads is not given
         if known is not None:
             known.learn(groups)
         return tree, model
@@ -275,7 +287,6 @@ def copy_tree(tree: Any) -> Any:
     return map_leaves(leaf, tree)
 
 
-@untraced  # in a function that torch.compile traces, the step runs as Python
 def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
     """update(tree, model, grads) -> (tree, model): one optimisation step, pure.
 
@@ -310,13 +321,15 @@ def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
         >>> new["w"], model["w"]
         (array([0., 2.]), array([1., 2.]))
     """
+    for compiling, untraced in COMPILERS:  # traced by torch.compile: run as Python
+        if compiling():
+            return untraced(update)(tree, model, grads, *higher)
     return _update(copy_tree(tree), model, (grads, *higher), inplace=False)
 
 
 _NOGRAD = object()
 
 
-@untraced  # in a function that torch.compile traces, the step runs as Python
 def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[Any, Any]:
     """update_(tree, model, grads) -> (tree, model): one optimisation step, in place.
 
@@ -335,6 +348,9 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
         >>> model[0], same is model
         (array([0.9, 1.9]), True)
     """
+    for compiling, untraced in COMPILERS:  # traced by torch.compile: run as Python
+        if compiling():
+            return untraced(update_)(tree, model, grads, *higher)
     if grads is _NOGRAD:
         return _update(tree, model, DOTGRAD, inplace=True)
     return _update(tree, model, (grads, *higher), inplace=True)

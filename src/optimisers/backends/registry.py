@@ -87,8 +87,30 @@ def of(x: Any) -> Backend:
 
 def nograd() -> contextlib.AbstractContextManager:
     """``torch.no_grad()`` when PyTorch is loaded, else a context that does nothing."""
+    return nograd_maker()()
+
+
+def nograd_maker() -> Any:
+    """nograd_maker() -> what makes the context of :func:`nograd` (``torch.no_grad`` when
+    PyTorch is loaded, else ``contextlib.nullcontext``), for a caller that enters it at
+    every step.
+
+    Example:
+        >>> with nograd_maker()():
+        ...     pass
+    """
     torch = sys.modules.get("torch")
-    return torch.no_grad() if torch is not None else contextlib.nullcontext()
+    return torch.no_grad if torch is not None else contextlib.nullcontext
+
+
+COMPILERS: list = []
+"""``(compiling, untraced)`` of each graph compiler loaded (``torch.compile``, added by the
+torch backend as it loads): while ``compiling()``, ``update`` and ``update_`` run as
+``untraced(update)``, Python outside the graph (a graph break). The library's step is
+Python bookkeeping around a few large array operations (a cached plan, and Python numbers
+in the Leafs' state, such as Adam's bias corrections, that move at every step): a trace
+would freeze them into guards and constants. So a compiled step runs the same fused kernels
+with the same results as an eager one."""
 
 
 def istraced(v: Any) -> bool:

@@ -21,7 +21,7 @@ import torch
 from torch import conj, nn, real, sqrt  # noqa: F401
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from optimisers.backends import common
+from optimisers.backends import common, registry
 from optimisers.backends._torchnn import (  # noqa: F401 (protocol.Carrying)
     hasmodule,
     module_grads,
@@ -545,7 +545,7 @@ _UNTRACED: dict[Callable, Callable] = {}
 def untraced(fn: Callable) -> Callable:
     """untraced(fn) -> ``fn`` run eagerly, outside the graph, when ``torch.compile`` traces a
     call to it (a graph break): how ``update`` and ``update_`` run inside a compiled step
-    (``backends/_compiler.py`` says why), with the same fused kernels and results as
+    (``registry.COMPILERS`` says why), with the same fused kernels and results as
     outside it, while the step's forward and backward passes are compiled around them.
 
     Example:
@@ -557,6 +557,8 @@ def untraced(fn: Callable) -> Callable:
         found = _UNTRACED[fn] = torch.compiler.disable(fn, recursive=True)
     return found
 
+
+registry.COMPILERS.append((torch.compiler.is_compiling, untraced))
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
