@@ -10,12 +10,7 @@ torch = pytest.importorskip("torch")
 import optimisers as O  # noqa: E402
 from conftest import rules_param, run_fused, spy_runs  # noqa: E402
 from optimisers import backends  # noqa: E402
-from optimisers.fast import (  # noqa: E402
-    fused,  # noqa: E402
-    kernels,
-    packs,
-    trace,  # noqa: E402
-)
+from optimisers.fast import fused, kernels, packs, torchsteps, trace  # noqa: E402
 
 tb = backends.ops("torch")
 
@@ -101,7 +96,7 @@ def path(request, monkeypatch):
     if request.param == "compiled":
         if not kernels.available():
             pytest.skip("numba is not installed")
-        monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+        monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
     if request.param == "chunked":
         monkeypatch.setattr(fused, "CHUNK", 2)
         real = tb.flat
@@ -167,7 +162,7 @@ def test_adam_kernel_follows_adjusted_betas(rule, monkeypatch):
 @rules_param([O.Adam(0.05), O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False)])
 def test_adam_kernel_modes(rule, mode, monkeypatch):
     """Torch's kernel, on all threads or (for small tensors on CPU) on one."""
-    monkeypatch.setattr(tb, "SERIAL_BELOW", 0 if mode == "parallel" else 10**9)
+    monkeypatch.setattr(torchsteps, "SERIAL_BELOW", 0 if mode == "parallel" else 10**9)
     threads = torch.get_num_threads()
 
     def once(fuse):
@@ -319,9 +314,9 @@ def test_kernel_not_used_where_it_cannot_match(monkeypatch):
         tree, model = O.update_(tree, model, g)
     (group,) = O.state.plan_of(tree).groups
     assert kind(group) != "fused_adam"  # float16: our formula rounds per operation
-    assert tb._adam_scalars(O.Adam(), (0.9, 0.999)) == pytest.approx((1e-3, 1.0, 0.0))
-    assert tb._adam_scalars(O.Adam(), (0.9**3, 0.999**3))[1] == 3.0
-    assert tb._adam_scalars(O.Adam(beta=(0.9, 0.0)), (0.9, 0.0)) is None  # no log(b2)
+    assert torchsteps._adam_scalars(O.Adam(), (0.9, 0.999)) == pytest.approx((1e-3, 1.0, 0.0))
+    assert torchsteps._adam_scalars(O.Adam(), (0.9**3, 0.999**3))[1] == 3.0
+    assert torchsteps._adam_scalars(O.Adam(beta=(0.9, 0.0)), (0.9, 0.0)) is None  # no log(b2)
 
 
 def test_many_small_tensors_of_random_sizes(monkeypatch):
@@ -370,7 +365,7 @@ COMPILED_RULES = [O.Descent(0.1), O.Momentum(0.05), O.Nesterov(0.05), O.Adam(0.0
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_compiled_kernel_on_tensors_of_any_shape(rule, dtype, monkeypatch):
     """numba's kernel on tensors' memory, against torch's plain path, to rounding."""
-    monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+    monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
 
     def steps(fuse):
         g = torch.Generator().manual_seed(0)
@@ -393,7 +388,7 @@ def test_compiled_kernel_on_tensors_of_any_shape(rule, dtype, monkeypatch):
 def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
     """Writing memory behind torch's back, the kernel bumps version counters: a backward
     pass through a tensor it changed since raises, as after any in-place operation."""
-    monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+    monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
     model = [torch.ones(50, requires_grad=True), torch.ones(50, requires_grad=True)]
     tree = O.setup(O.Adam(0.1), model)
     loss = (model[0] * model[0]).sum()  # keeps model[0] for its backward pass
@@ -408,7 +403,7 @@ def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
 @pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 def test_compiled_kernel_follows_replaced_memory(monkeypatch):
     """``p.data = ...`` gives a parameter new memory: the next step writes there."""
-    monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+    monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
 
     def steps(fuse):
         with monkeypatch.context() as m:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from optimisers.fast import fused, kernels
+from optimisers.fast import fused, kernels, torchsteps
 from optimisers.leaf import leaves
 
 NUMPY_PATHS = ["numba", "parallel", "no-numba", "plain"]
@@ -119,16 +119,15 @@ TORCH_PATHS = ["compiled", "fused-adam", "concatenated", "plain"]
 
 @pytest.fixture(params=TORCH_PATHS)
 def torch_path(request, monkeypatch):
-    from optimisers.backends import torch as tb
 
     if request.param == "compiled":
         if not kernels.available():
             pytest.skip("numba is not installed")
-        monkeypatch.setattr(tb, "COMPILED_FROM", 1)
+        monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
     else:
-        monkeypatch.setattr(tb, "COMPILED", False)
+        monkeypatch.setattr(torchsteps, "COMPILED", False)
     if request.param == "concatenated":
-        monkeypatch.setattr(tb, "_fused_adam", lambda *a: None)
+        monkeypatch.setattr(torchsteps, "_fused_adam", lambda *a: None)
     if request.param == "plain":
         monkeypatch.setattr(fused, "MIN_GROUP", 10**9)
     return request.param

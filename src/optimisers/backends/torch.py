@@ -28,7 +28,6 @@ from optimisers.backends._torchnn import (  # noqa: F401 (protocol.Carrying)
     register_nodes,
     unwrapped,
 )
-from optimisers.fast import trace
 from optimisers.fast.packs import PAD, Packs
 
 Array = torch.Tensor
@@ -368,173 +367,11 @@ def copier() -> Any:
     return _PACKS.copier(copy, packed)
 
 
-COMPILED = True
-"""Groups of large CPU tensors (:data:`COMPILED_FROM`) run the numba one-pass kernel
-(``fast/kernels.py``) on their memory when numba is installed: faster than torch's fused Adam
-on shape A (benchmarks/README.md), and it serves every rule with a program. ``False``
-leaves them to torch's own kernels."""
-
-COMPILED_FROM = 1 << 14
-"""Tensors must average this many elements for :data:`COMPILED`: below it the per-tensor
-NumPy views and version bumps cost more than torch's fused Adam kernel saves
-(benchmarks/README.md)."""
-
-
 def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
-    """A one-pass step for a whole group, or ``None``: the numba kernel on CPU tensors
-    (:func:`_compiled`), else, for Adam and AdamW, torch's own fused kernel
-    (:func:`_fused_adam`). The step has a ``kind``: ``"compiled"`` or ``"fused_adam"``."""
-    return (_compiled(rule, sig, xs, arrays) if COMPILED else None) or _fused_adam(
-        rule, sig, xs, arrays)
+    """A one-pass step for a whole group, or ``None`` (``fast/torchsteps.py``)."""
+    from optimisers.fast import torchsteps
 
-
-def _compiled(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
-    """The NumPy backend's numba kernel over NumPy views of the group's CPU tensors, or
-    ``None``. Its constants come from Python-float hyper-parameters, as this backend's
-    plain path has them; it agrees with that path to rounding (torch divides by a scalar
-    as a multiplication by its reciprocal). Writing memory behind torch's back, it then
-    bumps each written tensor's version counter, as torch's own in-place operations do,
-    so that autograd still sees the change. (A tensor whose memory is replaced since,
-    ``p.data = ...``, ends the group: ``fused.Group.moved``.)"""
-    from optimisers.fast import kernels
-
-    written = [*xs, *(a for member in arrays for a in member)]
-    if not kernels.available() or sum(x.numel() for x in xs) < COMPILED_FROM * len(xs) or not all(
-            _viewable(t) and t.dtype in (torch.float32, torch.float64) for t in written):
-        return None
-    inner = kernels.onepass(rule, sig, [x.detach().numpy() for x in xs],
-                           [[a.detach().numpy() for a in member] for member in arrays],
-                           scalars=float)  # hyper-parameters as this backend's hyper has them
-    if inner is None:
-        return None
-    bump = torch.autograd.graph.increment_version
-
-    def step(grads: list, sig: Any) -> Any:
-        if not all(map(_viewable, grads)):
-            grads = [g.to_dense().resolve_conj().resolve_neg().cpu() for g in grads]
-        after = inner([g.detach().numpy() for g in grads], sig)
-        bump(written)
-        return after
-
-    step.kind = "compiled"
-    return step
-
-
-def _viewable(t: Array) -> bool:
-    """Whether ``t.detach().numpy()`` is a view of ``t``'s memory, values as they read."""
-    return (t.device.type == "cpu" and t.layout == torch.strided and not t.is_conj()
-            and not t.is_neg())
-
-
-def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
-    """A step running a whole Adam or AdamW group in torch's fused kernel, or ``None``.
-
-    The kernel is torch's own (``torch.optim.Adam(fused=True)``): it computes the same
-    formula in a different order of operations, so it agrees with the plain path to
-    rounding, not bit for bit; tests check it to float32 rounding. Used only where it can
-    express the step exactly: float32 or float64 contiguous tensors, Python-number
-    hyper-parameters, and bias corrections ``(b1^t, b2^t)`` that the kernel, which takes a
-    step count, can reproduce (it does after any :func:`~optimisers.adjust`, to rounding).
-    """
-    kernel = _AdamKernel.make(rule, xs, arrays)
-    program = trace.trace(rule, sig) if kernel is not None else None
-    if program is None or _adam_scalars(rule, sig[2]) is None:
-        return None
-    numbers, scalars = trace.numbers(rule), trace.stepper(program, float)
-
-    def step(grads: list, sig: Any) -> Any:
-        args = _adam_scalars(rule, sig[2])
-        if args is None:  # bias corrections the kernel cannot take: the group's other path
-            return NotImplemented
-        kernel(grads, *args)
-        return scalars(numbers, sig)[1]
-
-    step.kind, step.kernel = "fused_adam", kernel
-    return step
-
-
-SERIAL_BELOW = 4096
-"""On CPU, groups whose tensors average fewer elements than this run the kernel on one
-thread: it would start a parallel region per tensor, which costs more than it saves."""
-
-
-class _AdamKernel:
-    """torch's fused Adam kernel set up for one group."""
-
-    __slots__ = ("rule", "xs", "ms", "vs", "steps", "serial")
-
-    @classmethod
-    def make(cls, rule: Any, xs: list, arrays: list) -> _AdamKernel | None:
-        from optimisers.rules import Adam, AdamW
-
-        if type(rule) not in (Adam, AdamW) or not hasattr(torch, "_fused_adam_"):
-            return None
-        fields = (rule.eta, *rule.beta, rule.epsilon, getattr(rule, "lambd", 0.0))
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fields):
-            return None
-        x0 = xs[0]
-        if x0.dtype not in (torch.float32, torch.float64) or x0.device.type not in (
-                "cpu", "cuda"):
-            return None
-        ms, vs = [a[0] for a in arrays], [a[1] for a in arrays]
-        if not all(t.dtype == x0.dtype and t.device == x0.device and t.is_contiguous()
-                   for t in (*xs, *ms, *vs)) or not all(
-                m.numel() == x.numel() == v.numel() for x, m, v in zip(xs, ms, vs)):
-            return None  # the kernel indexes each state by its parameter's size
-        return cls(rule, xs, ms, vs)
-
-    def __init__(self, rule: Any, xs: list, ms: list, vs: list) -> None:
-        self.rule, self.xs, self.ms, self.vs = rule, list(xs), ms, vs
-        self.steps = [torch.zeros((), dtype=torch.float32, device=xs[0].device)] * len(xs)
-        self.serial = xs[0].device.type == "cpu" and (
-            sum(x.numel() for x in xs) < SERIAL_BELOW * len(xs))
-
-    def __call__(self, grads: list, lr: float, step: float, wd: float) -> None:
-        rule = self.rule
-        if not _dense(grads):
-            grads = [g.to_dense().contiguous() for g in grads]
-        self.steps[0].fill_(step)  # the same tensor for all: the kernel only reads it
-        fn = torch._fused_adamw_ if wd else torch._fused_adam_  # wd: AdamW's decay only
-        threads = torch.get_num_threads() if self.serial else 1
-        if threads > 1:
-            torch.set_num_threads(1)
-        try:
-            fn(self.xs, grads, self.ms, self.vs, [], self.steps, lr=lr,
-               beta1=float(rule.beta[0]), beta2=float(rule.beta[1]), weight_decay=wd,
-               eps=float(rule.epsilon), amsgrad=False, maximize=False)
-        finally:
-            if threads > 1:
-                torch.set_num_threads(threads)
-
-
-def _dense(grads: list) -> bool:
-    """Whether all ``grads`` are dense contiguous tensors, as the kernel needs them."""
-    try:
-        return all(map(torch.Tensor.is_contiguous, grads))
-    except RuntimeError:  # a sparse gradient
-        return False
-
-
-def _adam_scalars(rule: Any, bt: tuple) -> tuple | None:
-    """``(lr, step, weight_decay)`` for torch's kernel so that its step is ours:
-    ``eta * m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)`` (plus AdamW's decay), or ``None``."""
-    b1, b2 = float(rule.beta[0]), float(rule.beta[1])
-    bt0, bt1 = bt
-    if not (isinstance(bt0, float) and isinstance(bt1, float)
-            and 0 <= b1 < 1 and 0 < b2 < 1 and 0 <= bt0 < 1 and 0 <= bt1 < 1):
-        return None
-    # the kernel reads the step count as float32 and corrects by 1 - b2**step
-    step = float(np.float32(math.log(bt1) / math.log(b2))) if bt1 > 0 else 3e38
-    if step <= 0 or math.fabs((1 - b2**step) - (1 - bt1)) > 1e-7 * (1 - bt1):
-        return None
-    lr = float(rule.eta) * (1 - b1**step) / (1 - bt0)  # the kernel divides by 1 - b1**step
-    lambd = float(getattr(rule, "lambd", 0.0))
-    if not lambd:
-        return lr, step, 0.0
-    if lr <= 0:
-        return None
-    # AdamW: the kernel multiplies x by 1 - lr*wd before the step
-    return lr, step, (float(rule.eta) * lambd if rule.couple else lambd) / lr
+    return torchsteps.onepass(rule, sig, xs, arrays)
 
 
 # --- torch.compile ------------------------------------------------------------------------
