@@ -21,8 +21,8 @@ that flat form.
 
 There are no concatenating group functions here (``flatcat`` and the rest, see
 ``fast/fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
-XLA (on CPU) one compiled kernel per distinct slice. Measured with 200 arrays of 512
-elements: the concatenating step compiled in 22 s, the per-array one in 1.7 s. Instead,
+XLA (on CPU) one compiled kernel per distinct slice, and so compile time
+(benchmarks/README.md). Instead,
 :func:`fuse` steps groups of large arrays under ``jax.jit`` as one XLA custom call into
 the numba kernel (``fast/xla.py``), and the plain path steps the rest.
 """
@@ -225,8 +225,8 @@ def settle(leaf: Any) -> Any:
 
     A jitted step takes the state tree as an argument and flattens it at every call. Made
     here, a tree straight from ``setup`` costs a call what any tree does, instead of
-    turning its Python numbers into arrays each time (about 20 us each, six per Adam
-    Leaf: 0.3 s per call on 2,000 Leafs). And it is of the type that a jitted call
+    turning its Python numbers into arrays each time (six per Adam Leaf; the cost is in
+    benchmarks/README.md). And it is of the type that a jitted call
     returns, so that the call after the first does not trace again.
     """
     settled = PackedLeaf(leaf.rule, leaf.state, leaf.frozen)
@@ -370,9 +370,7 @@ def register_rule(cls: type) -> None:
 # hyper-parameters and counters are many such arrays: an Adam Leaf has six (eta, b1, b2,
 # eps and the two b^t) beside its two moments. So a Leaf flattens with its weakly typed
 # floating 0-d values packed into one 1-D array: an Adam Leaf is then 3 arrays, not 8.
-# Measured with 2,000 Adam Leafs of 512 elements (shape B of benchmarks/run.py, donated):
-# a step went from 124 ms to 61 ms (optax: 52 ms) and its compile from 105 s to 71 s
-# (optax: 21 s); flattening the tree from 10 ms to 1.6 ms, rebuilding it from 5 to 1.7 ms.
+# (What it saves on shape B: benchmarks/README.md.)
 # A Leaf rebuilt by JAX (the output of a jitted call) keeps that flat form and unpacks it
 # only when its rule or state is first read (PackedLeaf), so a training loop that passes
 # the tree back in never unpacks it outside the trace. Read, a packed Leaf gives Python
