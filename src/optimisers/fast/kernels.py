@@ -193,7 +193,7 @@ class _Pieces:
     flat gradient and its length."""
 
     def __init__(self, sizes: list, parallel: bool) -> None:
-        # the same function, run by Python: compiling it costs ~0.4 s, once per process
+        # the same function, run by Python: compiling it would cost more, once per process
         table = cutter().py_func(np.asarray(sizes, np.intp), PIECE if parallel else 0)
         self.owner, self.offset, self.starts, self.sizes = table
 
