@@ -611,10 +611,15 @@ def _register_all() -> None:
             _REGISTERED.add(cls)
             jax.tree_util.register_pytree_with_keys(
                 cls, _flatten_leaf_with_keys, _unflatten_leaf, _flatten_leaf)
-    todo = list(Rule.__subclasses__())
+    _register_subclasses(Rule, register_rule)
+
+
+def _register_subclasses(base: type, register: Any) -> None:
+    """``register`` every subclass of ``base`` defined so far, at any depth."""
+    todo = list(base.__subclasses__())
     while todo:
         cls = todo.pop()
-        register_rule(cls)
+        register(cls)
         todo.extend(cls.__subclasses__())
 
 
@@ -718,11 +723,7 @@ def register_schedule(cls: type) -> None:
 def _register_schedules() -> None:
     from optimisers.schedules import Schedule
 
-    todo = list(Schedule.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        register_schedule(cls)
-        todo.extend(cls.__subclasses__())
+    _register_subclasses(Schedule, register_schedule)
 
 
 _register_schedules()
