@@ -3,10 +3,18 @@
 ``setup`` walks the model once, asking ``trainable`` which children to enter, and
 returns a tree of :class:`Leaf` objects that mirrors it. ``update`` and ``update_``
 never ask ``trainable`` again: a Leaf marks a parameter to train, ``None`` anything else.
-Each update runs in two phases: *gather* (``gather.py``) walks tree, model and
-gradients together, validating everything and summing the gradients of tied
-parameters, and only then *step* runs each Leaf's rule once. So ``update_`` writes
-nothing when the input is bad.
+
+An update reads top to bottom, in three phases:
+
+1. *plan* (``plan.py``): a tree and model stepped before by ``update_`` keep what that
+   step learned; when nothing changed, the gradients are read by precomputed keys and
+   the same fused groups run again (the usual training loop ends here);
+2. else *gather* (``gather.py``) walks tree, model and gradients together, validating
+   everything and summing the gradients of tied parameters, into entries;
+3. *step* (:func:`_step`) runs each Leaf's rule once: fused groups of like Leafs
+   (``fast/fused.py``, whose compiled passes the code generator ``fast/trace.py`` makes
+   from the rules' own ``apply``), the rest one by one. Rules that may raise run first,
+   on copies, so that ``update_`` writes nothing when the input is bad.
 """
 
 from __future__ import annotations
