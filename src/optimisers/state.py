@@ -24,9 +24,11 @@ import operator
 import os
 import threading
 import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from optimisers import backends
+from optimisers.adjust import matches
 from optimisers.backends.registry import COMPILERS
 from optimisers.fast import fused
 from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
@@ -40,7 +42,10 @@ from optimisers.walk import fmap, mirror, place, substitute, walk
 __all__ = ["Leaf", "setup", "update", "update_", "leaves"]
 
 
-def setup(rule: Rule, model: Any) -> Any:
+Rules = Rule | Mapping[str, "Rule | None"] | Callable[[KeyPath, Any], "Rule | None"]
+
+
+def setup(rule: Rules, model: Any) -> Any:
     """setup(rule, model) -> tree: the optimiser state tree for ``model``.
 
     Walks the model once. Each trainable numeric array (by :func:`trainable` and
@@ -49,8 +54,13 @@ def setup(rule: Rule, model: Any) -> Any:
     lists lists, so ``tree["layers"][0]["weight"]`` addresses a Leaf. A mutable array
     reached by several paths (a tie) gets one shared Leaf.
 
+    Rules per subset, as torch's parameter groups and optax's ``partition``: ``rule`` may
+    be a mapping from ``where=`` patterns (see :func:`~optimisers.adjust.matches`) to
+    rules, the first pattern that matches an array's path winning, ``None`` meaning "not
+    trained"; or a function ``(KeyPath, array) -> Rule | None``.
+
     Args:
-        rule: the optimisation rule, e.g. ``Adam()``.
+        rule: the optimisation rule, e.g. ``Adam()``; or rules by path, as above.
         model: any nesting of arrays in tuples, lists, dicts, dataclasses, registered
             classes or ``torch.nn.Module``.
 
@@ -58,29 +68,36 @@ def setup(rule: Rule, model: Any) -> Any:
         The state tree, to be passed to :func:`update` / :func:`update_`.
 
     Raises:
-        TypeError: when ``rule`` is not a :class:`Rule`.
+        TypeError: when ``rule`` is not a :class:`Rule`, a mapping or a function, or the
+            function gives something else than a rule or ``None`` (naming the path).
+        ValueError: when no pattern matches a trainable array, or the paths of one tied
+            array pick different rules (naming the paths).
 
     Example:
         >>> import numpy as np
-        >>> from optimisers import Descent
+        >>> from optimisers import AdamW, Descent
         >>> w = np.ones(2)
         >>> tree = setup(Descent(), {"enc": w, "dec": w, "steps": np.arange(3)})
         >>> tree
         {'enc': Leaf(Descent(eta=0.1), None), 'dec': Leaf(Descent(eta=0.1), None), 'steps': None}
         >>> tree["enc"] is tree["dec"]
         True
+        >>> tree = setup({"*.bias": AdamW(lambd=0.0), "*": AdamW(lambd=0.1)},
+        ...              {"enc": {"weight": np.ones(2), "bias": np.ones(2)}})
+        >>> tree["enc"]["bias"].rule.lambd, tree["enc"]["weight"].rule.lambd
+        (0.0, 0.1)
     """
-    if not isinstance(rule, Rule):
-        raise TypeError(f"setup(rule, model) takes a Rule first, got {type(rule).__name__}; "
-                        f"e.g. setup(Adam(), model)")
+    choose = _chooser(rule)
+    picked = _picks(choose, model) if choose is not None else None
     made: list[Leaf] = []
 
     def make(kp: KeyPath, x: Any) -> Leaf | None:
         if not isnumeric(x):
             return None
-        leaf = Leaf(rule, rule.init(x))
-        xp = backends.of(x)
-        made.append(xp.settle(leaf))
+        r = rule if picked is None else picked[id(x)][1] if ismutable(x) else choose(kp, x)
+        if r is None:
+            return None
+        made.append(backends.of(x).settle(Leaf(r, r.init(x))))
         return made[-1]
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
@@ -90,6 +107,65 @@ def setup(rule: Rule, model: Any) -> Any:
         warnings.warn("setup found no trainable parameter in the model: no floating-point "
                       "array sits at a trainable position", UserWarning, stacklevel=2)
     return tree
+
+
+def _chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None] | None:
+    """``rule`` as a function ``(KeyPath, array) -> Rule | None`` checking what it gives;
+    ``None`` for a single rule."""
+    if isinstance(rule, Rule):
+        return None
+    if isinstance(rule, Mapping):
+        return _by_pattern(rule)
+    if not callable(rule):
+        raise TypeError(f"setup(rule, model) takes a Rule first (or a mapping of patterns "
+                        f"to rules, or a function of the path and array), got "
+                        f"{type(rule).__name__}; e.g. setup(Adam(), model)")
+
+    def by_function(kp: KeyPath, x: Any) -> Rule | None:
+        r = rule(kp, x)
+        if r is not None and not isinstance(r, Rule):
+            raise TypeError(f"setup's function gave a {type(r).__name__} for {kp}; it must "
+                            f"give a Rule or None")
+        return r
+    return by_function
+
+
+def _by_pattern(rules: Mapping) -> Callable[[KeyPath, Any], Rule | None]:
+    """The rule of the first pattern of ``rules`` that matches a path."""
+    patterns = list(rules.items())
+    for pattern, r in patterns:
+        if r is not None and not isinstance(r, Rule):
+            raise TypeError(f"setup(rule, model) takes a Rule first, got "
+                            f"{type(rules).__name__} mapping {pattern!r} to a "
+                            f"{type(r).__name__} (a mapping gives rules or None by where= "
+                            f"pattern); e.g. setup(Adam(), model)")
+
+    def by_pattern(kp: KeyPath, x: Any) -> Rule | None:
+        for pattern, r in patterns:
+            if matches(pattern, kp):
+                return r
+        raise ValueError(f"no pattern of setup matches the trainable array at {kp} "
+                         f"(patterns: {', '.join(map(repr, rules))}); add one, or "
+                         f"'*': None to leave the rest untrained")
+    return by_pattern
+
+
+def _picks(choose: Callable, model: Any) -> dict[int, tuple]:
+    """``{id(array): (path, rule)}`` for the mutable trainable arrays of ``model``, every
+    path of a tied one asked: ``ValueError`` where two of them pick different rules."""
+    picks: dict[int, tuple] = {}
+
+    def note(kp: KeyPath, x: Any) -> None:
+        if isnumeric(x) and ismutable(x):
+            r = choose(kp, x)
+            first = picks.setdefault(id(x), (kp, r, x))
+            if first[1] != r:
+                raise ValueError(f"the tied array at {first[0]} and {kp} would get two "
+                                 f"rules, {first[1]!r} and {r!r}; give its paths one rule")
+
+    walk(note, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
+         build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
+    return picks
 
 
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
