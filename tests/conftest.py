@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from optimisers import (
+    EMA,
     AccumGrad,
     AdaBelief,
     AdaDelta,
@@ -48,6 +49,7 @@ DESCENDING = [
     OptimiserChain(SignDecay(1e-4), Descent(0.1)),
     OptimiserChain(AccumGrad(2), Adam(0.05)),
     MixedPrecision(Adam(0.05)), MixedPrecision(OptimiserChain(ClipGrad(1.0), Momentum(0.05))),
+    EMA(Adam(0.05), 0.9),
 ]
 # Rules that only transform gradients: they "descend" as gradient descent with step 1.
 TRANSFORMS = [WeightDecay(), SignDecay(), ClipGrad(), ClipNorm(), OptimiserChain(),

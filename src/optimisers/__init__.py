@@ -6,11 +6,13 @@ any nesting of containers, dataclasses and registered classes.
 """
 
 from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_
+from optimisers.averaged import averaged
 from optimisers.checkpoint import load, save
 from optimisers.destructure import Restructure, destructure, trainables
 from optimisers.keypath import KeyPath, getkeypath, haskeypath
 from optimisers.reinit import reinit
 from optimisers.rules import (
+    EMA,
     RULES,
     AccumGrad,
     AdaBelief,
@@ -70,7 +72,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AccumGrad", "AdaBelief", "AdaDelta", "AdaGrad", "Adam", "AdaMax", "AdamW", "AMSGrad",
-    "ClipGrad", "ClipNorm", "Descent", "KeyPath", "Leaf", "Lion", "MixedPrecision", "Momentum",
+    "ClipGrad", "ClipNorm", "Descent", "EMA", "averaged", "KeyPath", "Leaf", "Lion",
+    "MixedPrecision", "Momentum",
     "NAdam", "Nesterov", "NewValue", "OAdam", "OptimiserChain", "RAdam", "Restructure",
     "RMSProp", "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
     # schedules

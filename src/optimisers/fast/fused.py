@@ -48,16 +48,24 @@ def fusible(rule: Rule) -> tuple[bool, bool]:
         return _FUSIBLE[rule]
     except (KeyError, TypeError):
         pass
-    if type(rule) is OptimiserChain:
-        parts = [fusible(r) for r in rule.rules]
-        out = (all(p[0] for p in parts), any(p[1] for p in parts))
-    else:
-        out = (type(rule).elementwise, type(rule).reads_x)
+    parts = [fusible(r) for r in _inner(rule)]
+    own = (True, False) if type(rule) is OptimiserChain else (
+        type(rule).elementwise, type(rule).reads_x)
+    out = (own[0] and all(p[0] for p in parts), own[1] or any(p[1] for p in parts))
     try:
         _FUSIBLE[rule] = out
     except TypeError:  # an unhashable field (a JAX tracer under jit): asked each time
         pass
     return out
+
+
+def _inner(rule: Rule) -> list:
+    """The rules a rule holds in its fields (a chain's, EMA's): it is elementwise only
+    where they all are."""
+    if type(rule) is OptimiserChain:
+        return list(rule.rules)
+    fields = getattr(rule, "__dataclass_fields__", {})
+    return [v for v in (getattr(rule, f) for f in fields) if isinstance(v, Rule)]
 
 
 class Node(tuple):

@@ -21,7 +21,7 @@ from optimisers.rules.adaptive import (
     RMSProp,
 )
 from optimisers.rules.base import RULES, NewValue, Rule, call, ngrads
-from optimisers.rules.composite import AccumGrad, MixedPrecision, OptimiserChain
+from optimisers.rules.composite import EMA, AccumGrad, MixedPrecision, OptimiserChain
 from optimisers.rules.descent import Descent, Momentum, Nesterov, Rprop
 from optimisers.rules.transforms import ClipGrad, ClipNorm, SignDecay, WeightDecay
 
@@ -29,5 +29,5 @@ __all__ = [
     "Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Rprop", "Adam", "RAdam",
     "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad", "NAdam", "AdamW", "AdaBelief",
     "Lion", "WeightDecay", "SignDecay", "ClipGrad", "ClipNorm", "OptimiserChain",
-    "AccumGrad", "MixedPrecision", "NewValue", "RULES", "call", "ngrads",
+    "AccumGrad", "MixedPrecision", "EMA", "NewValue", "RULES", "call", "ngrads",
 ]

@@ -80,6 +80,18 @@ class Rule:
         """One step: ``(new_state, d)``; the parameter becomes ``x - d``."""
         raise NotImplementedError(f"{type(self).__name__} must define apply(state, x, dx)")
 
+    def averaged(self, state: Any, x: Any) -> Any:
+        """The parameter to evaluate with, kept in ``state`` (an average of ``x``, say), or
+        ``None`` for ``x`` itself: what :func:`~optimisers.averaged` puts in the model.
+
+        Example:
+            >>> import numpy as np
+            >>> from optimisers import Adam
+            >>> Adam().averaged(None, np.ones(1)) is None
+            True
+        """
+        return None
+
     def misfit(self, state: Any, x: Any) -> tuple | None:
         """misfit(state, x) -> None when ``state`` can be this rule's state for ``x``, else
         the shape found and the shape needed, ``(found, needed)``.

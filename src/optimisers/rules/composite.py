@@ -15,7 +15,7 @@ from optimisers.rules.base import NewValue, Rule, call
 from optimisers.rules.descent import Descent
 from optimisers.rules.fields import hyperparameter
 
-__all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision"]
+__all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision", "EMA"]
 
 
 @dataclass(frozen=True, init=False, repr=False)
@@ -166,3 +166,51 @@ class MixedPrecision(Rule):
             return (xT, st), None
         xT = xp.subtract(xT, d, inplace=True)
         return (xT, st), NewValue(xp.astype(xT, x.dtype))  # a copy, never xT itself
+
+
+@dataclass(frozen=True)
+class EMA(Rule):
+    """EMA(rule, decay=0.999): run ``rule``, and keep an exponential moving average of the
+    parameter in the state, for evaluation (:func:`~optimisers.averaged` reads it).
+
+    The state is ``(rule_state, avg)``. ``avg`` starts as a copy of the parameter at
+    ``setup``, and after each step that moves the parameter becomes
+    ``decay*avg + (1-decay)*x``, ``x`` the parameter after the step (as
+    ``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn`` and
+    ``optax.ema`` of the parameters do, without debiasing). Elementwise, and so fused,
+    when ``rule`` is.
+
+    Example:
+        >>> import numpy as np
+        >>> rule, x = EMA(Descent(0.5), decay=0.9), np.array([1.0])
+        >>> s = rule.init(x)
+        >>> s, d = rule.apply(s, x, np.array([1.0]))
+        >>> x - d, s[1]     # the new x, and 0.9*1 + 0.1*0.5
+        (array([0.5]), array([0.95]))
+    """
+
+    elementwise = True
+    reads_x = True
+
+    rule: Rule = hyperparameter(default_factory=Descent, kind="rule")
+    decay: float = hyperparameter(0.999, "[0, 1]")
+
+    def raises(self) -> bool:
+        return self.rule.raises()
+
+    def init(self, x):
+        return self.rule.init(x), backends.of(x).copy(x)
+
+    def apply(self, state, x, dx, *higher):
+        xp = backends.of(x)
+        inner, avg = state
+        inner, d = call(self.rule, inner, x, (dx, *higher))
+        if d is None:
+            return (inner, avg), None
+        new = d.value if isinstance(d, NewValue) else x - d
+        b, c = xp.hyper(x, self.decay, xp.complement(self.decay))
+        return (inner, xp.assign(avg, b * avg + c * new)), d
+
+    def averaged(self, state: Any, x: Any) -> Any:
+        """The average, for :func:`~optimisers.averaged`."""
+        return state[1]
