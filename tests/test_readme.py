@@ -92,7 +92,7 @@ def test_rules_table_defaults_are_right(name):
     """Each row's call, evaluated, is the rule with its defaults (composites by fields)."""
     cls = getattr(optimisers, name)
     signature = rule_rows()[name]
-    if name in ("OptimiserChain", "AccumGrad", "MixedPrecision"):
+    if name in ("OptimiserChain", "AccumGrad", "MixedPrecision", "EMA"):
         fields = [f.name for f in dataclasses.fields(cls)]
         shown = re.findall(r"[(,] ?\*?(\w+)", signature)
         assert shown == fields or name == "OptimiserChain" and shown == ["rules"], signature
