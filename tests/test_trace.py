@@ -195,3 +195,71 @@ def test_a_users_rule_runs_as_one_xla_call_under_jit(monkeypatch):
     plain = O.update(tree, model, g)
     for k in model:
         np.testing.assert_allclose(fast[1][k], plain[1][k], rtol=1e-6, atol=1e-7)
+
+
+@dataclass(frozen=True)
+class KeepsPrevious(O.Rule):
+    """A user's rule that sets the new parameter itself and remembers the old one."""
+
+    elementwise = True
+    reads_x = True
+
+    eta: float = 0.1
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x)
+
+    def apply(self, state, x, dx):
+        p, q = state
+        xp = backends.of(x)
+        new = x - self.eta * dx
+        xp.assign(q, q * 0.5 + p)
+        xp.assign(p, x)  # the parameter before this step
+        return (p, q), O.NewValue(new)
+
+    def raises(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Derived(O.Rule):
+    """A user's rule keeping a value beside its fields: no program (it would be baked in)."""
+
+    elementwise = True
+
+    eta: float = 0.1
+
+    def __post_init__(self):
+        object.__setattr__(self, "k", self.eta * 2)
+
+    def apply(self, state, x, dx):
+        return state, dx * self.k * np.float32(1.0)
+
+    def raises(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["numba", "ufuncs", "joined", "update"])
+@pytest.mark.parametrize("rule", [KeepsPrevious(), Derived(0.1)], ids=["NewValue", "derived"])
+def test_review_cases_equal_the_plain_path(rule, mode, monkeypatch):
+    """Found by review: the ufunc program stored a state given the old parameter after
+    writing the new one; the concatenating path could not take a NewValue; a value kept
+    beside a rule's fields was baked into a program that other rules of the class reused;
+    a NumPy scalar literal broke the scalar program."""
+    if mode == "numba" and not HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    if mode != "numba":
+        monkeypatch.setattr(kernels, "_AVAILABLE", False)
+    if mode == "ufuncs":
+        monkeypatch.setattr(ufuncs, "LARGE", 1)
+        monkeypatch.setattr(ufuncs, "PIECE", 4)
+    other = type(rule)(1.0)
+    rules = {"p0": rule, "p1": rule, "*": other}
+    inplace = mode != "update"
+    fast = run_fused(rules, user_model(), user_grads, 3, inplace, True, monkeypatch)
+    plain = run_fused(rules, user_model(), user_grads, 3, inplace, False, monkeypatch)
+    for k in fast[1]:
+        np.testing.assert_array_equal(fast[1][k], plain[1][k])
+        for a, b in zip(fast[0][k].state or (), plain[0][k].state or ()):
+            np.testing.assert_array_equal(a, b)

@@ -23,6 +23,7 @@ same structure, and each Leaf's values travel with it (``fast/xla.py``).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from optimisers import backends
@@ -206,6 +207,9 @@ class Group:
         self._restate(newsig)
         if d is None:
             return
+        if isinstance(d, NewValue):
+            self._place(d.value, new)
+            return
         if self.write:
             if self.subtract is None:
                 self.subtract = xp.subtractor(self.xs)
@@ -213,6 +217,15 @@ class Group:
         else:
             for leaf, y in zip(self.leaves, xp.split_like(d, self.xs)):
                 new[id(leaf)] = y
+
+    def _place(self, value: Any, new: dict) -> None:
+        """The parameters become the consecutive segments of ``value`` (a step that is a
+        :class:`NewValue`): written in place where they may be, else new arrays."""
+        xp = self.xp
+        made = xp.scatter(value, self.xs) if self.write else xp.split(
+            value, list(itertools.accumulate(map(xp.size, self.xs))), self.xs)
+        for leaf, x, y in zip(self.leaves, self.xs, made or ()):
+            new[id(leaf)] = xp.like(y, x)
 
     def _chunked(self, grads: list) -> bool:
         """In place, for groups of large arrays: the rule on cache-sized pieces of each

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -98,9 +99,8 @@ class Num:
 def _num(v: Any) -> Num:
     if isinstance(v, Num):
         return v
-    if isinstance(v, (bool, int, float, np.number)) and not isinstance(v, np.bool_) and (
-            np.isfinite(v)):
-        return Num(f"NUM({v!r})")
+    if type(v) in (bool, int, float) and math.isfinite(v):  # Python's own numbers only:
+        return Num(f"NUM({v!r})")  # a NumPy scalar's type would decide the result's dtype
     raise Untraceable(f"a {type(v).__name__} in scalar arithmetic")
 
 
@@ -370,10 +370,13 @@ def _render(ops: list, stores: list) -> tuple:
     for the last time (a store into ``x[i]`` ends the reads of ``xi``)."""
     needed, last = _liveness(ops, stores)
     after: dict[int, list] = {}
-    for target, a in stores:
+    placed: dict[str, int] = {}
+    for target, a in sorted(stores, key=lambda s: s[0] == "x[i]"):  # x's store last
         old = "xi" if target == "x[i]" else target
         readers = [n for n in needed if old in ops[n][1]]
-        at = max([a.ref if isinstance(a.ref, int) else -1, *readers])
+        if target == "x[i]":  # a state given the old parameter reads it too
+            readers += [placed[t] for t, b in stores if b.ref == "xi" and t in placed]
+        at = placed[target] = max([a.ref if isinstance(a.ref, int) else -1, *readers])
         after.setdefault(at, []).append((target, a.ref))
     names: dict[int, str] = {}
     free: list[str] = []
@@ -418,7 +421,10 @@ def shape_of(v: Any) -> Any:
         True
     """
     if isinstance(v, Rule):
-        return (type(v), *(shape_of(getattr(v, f.name)) for f in dataclasses.fields(v)))
+        fields = dataclasses.fields(v)
+        if set(getattr(v, "__dict__", ())) - {f.name for f in fields}:
+            raise TypeError(f"{type(v).__name__} keeps values beside its fields: no program")
+        return (type(v), *(shape_of(getattr(v, f.name)) for f in fields))
     if isinstance(v, tuple):
         return (type(v), *map(shape_of, v))
     if _isnumber(v):
