@@ -89,3 +89,9 @@ def test_ema_with_torch_keeps_parameters():
     ev = O.averaged(tree, net)
     assert ev is not net and isinstance(ev.weight, torch.nn.Parameter)
     assert not torch.equal(ev.weight, net.weight)
+
+
+def test_ema_inside_a_chain_is_refused():
+    with pytest.raises(ValueError, match=r"wrap the chain instead: EMA\(OptimiserChain"):
+        O.OptimiserChain(O.EMA(O.Descent()), O.ClipGrad())
+    O.EMA(O.OptimiserChain(O.ClipGrad(), O.Descent()))  # the way round that works

@@ -44,6 +44,10 @@ class OptimiserChain(Rule):
                 raise ValueError("MixedPrecision writes the parameter itself, so it cannot sit "
                                  "inside an OptimiserChain; wrap the chain instead: "
                                  "MixedPrecision(OptimiserChain(...))")
+            if isinstance(r, EMA):
+                raise ValueError("EMA averages the parameter after the whole step, which a "
+                                 "rule inside an OptimiserChain does not see; wrap the chain "
+                                 "instead: EMA(OptimiserChain(...))")
         object.__setattr__(self, "rules", tuple(rules))
 
     def __repr__(self) -> str:
