@@ -104,9 +104,6 @@ def _num(v: Any) -> Num:
     raise Untraceable(f"a {type(v).__name__} in scalar arithmetic")
 
 
-_BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "truediv"}
-
-
 class _Tape:
     """What one :func:`trace` records: element operations and the constants they read."""
 
@@ -170,16 +167,8 @@ class Elem:
     def __bool__(self) -> bool:
         raise Untraceable("a Python branch on an array's values")
 
-    @property
-    def real(self) -> Elem:
-        return self
-
 
 # ------------------------------------------------- the backend functions, on symbols
-
-def isfloating(x: Elem) -> bool:
-    return True
-
 
 def dtype_name(x: Elem) -> str:
     """Real: kernels serve float32 and float64 arrays only."""
@@ -216,7 +205,7 @@ def assign(dst: Elem, value: Any) -> Elem:
     """``dst`` now holds ``value`` (as an in-place write leaves a NumPy state array)."""
     if not isinstance(dst, Elem):
         raise Untraceable("a write into something other than a state array")
-    dst.ref = value.ref if isinstance(value, Elem) else dst.tape.op("{0} + {1}", 0.0, value).ref
+    dst.ref = _elem(dst.tape, value).ref
     return dst
 
 
@@ -445,8 +434,7 @@ def _isnumber(v: Any) -> bool:
 def _symbolic(rule: Rule, fresh: Any) -> Rule:
     """A copy of ``rule`` with each number a fresh symbol (not checked: no
     ``__post_init__``)."""
-    made = object.__new__(type(rule))
-    made.__dict__.update(rule.__dict__)
+    made = object.__new__(type(rule))  # (its fields are all it holds: see shape_of)
     for f in dataclasses.fields(rule):
         object.__setattr__(made, f.name, _symbols(getattr(rule, f.name), fresh, None))
     return made

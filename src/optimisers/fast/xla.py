@@ -280,7 +280,7 @@ def fuse(entries: list) -> tuple[list, list]:
     return rest, done
 
 
-def _program(key: tuple, member: _Member) -> Any:
+def _program(member: _Member) -> Any:
     """The rule's program for this kind of group, or ``None`` (no program; a counter
     made or dropped, which the call's results could not hold)."""
     program = trace.trace(member.rule, member.sig)
@@ -298,7 +298,7 @@ def _call(key: tuple, members: list) -> list | None:
 
     from optimisers.backends.jax import complement
 
-    program = _program(key, members[0])
+    program = _program(members[0])
     dtype = key[-1]
     if program is None:
         return None
