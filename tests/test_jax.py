@@ -207,8 +207,9 @@ def test_pytree_layout():
     assert float(jax.tree.map(lambda v: v * 2, chain).rule.rules[0].eta) == pytest.approx(0.6)
     state = O.setup(O.RAdam(), {"w": jnp.ones(2)})["w"].state
     assert [(a.shape, a.dtype) for a in jax.tree.leaves(O.Leaf(O.Descent(), state))] == [
-        ((4,), jnp.float32), ((2,), jnp.float32), ((2,), jnp.float32), ((), jnp.int32)
-    ]  # eta, b1^t, b2^t and 1 - eta packed (see test_leaf_packs_its_numbers); m, v, t
+        ((4,), jnp.float32), ((2,), jnp.float32), ((2,), jnp.float32), ((), jnp.int32),
+        ((), jnp.int32)
+    ]  # eta, b1^t, b2^t and 1 - eta packed (see test_leaf_packs_its_numbers); m, v, t; clock
     frozen = O.Leaf(O.Descent(0.1), None, frozen=True)
     assert jax.tree.structure(frozen) != jax.tree.structure(O.Leaf(O.Descent(0.1), None))
     assert jax.tree.unflatten(*reversed(jax.tree.flatten(frozen))).frozen
@@ -239,20 +240,21 @@ def test_setup_makes_numbers_arrays_once(rule):
 
 def test_leaf_packs_its_numbers():
     """A Leaf flattens with its weakly typed floating numbers (hyper-parameters, counters)
-    packed in one array, so that jit takes 3 arrays for an Adam Leaf, not 8; a Leaf with a
-    single number keeps it as it is."""
+    packed in one array, so that jit takes 3 arrays for an Adam Leaf (and its clock), not 8;
+    a Leaf with a single number keeps it as it is. The clock, an integer, is its own."""
     model = {"w": jnp.ones((2, 3))}
-    numbers, m, v = jax.tree.leaves(O.setup(O.Adam(0.01), model))
+    numbers, m, v, clock = jax.tree.leaves(O.setup(O.Adam(0.01), model))
+    assert clock.shape == () and clock.dtype == jnp.int32 and int(clock) == 0
     rule, state = [0.01, 0.9, 0.999, 1e-8], [0.9, 0.999]  # then 1 - each of the rule's
     np.testing.assert_allclose(numbers, rule + state + [1 - v for v in rule], rtol=1e-6)
     assert numbers.weak_type and m.shape == v.shape == (2, 3)
     paths = [jax.tree_util.keystr(p)
              for p, _ in jax.tree_util.tree_flatten_with_path(O.setup(O.Adam(), model))[0]]
-    assert paths == ["['w'].numbers", "['w'].state[0]", "['w'].state[1]"]
-    (eta,) = jax.tree.leaves(O.setup(O.Descent(0.5), model))
+    assert paths == ["['w'].numbers", "['w'].state[0]", "['w'].state[1]", "['w'].clock"]
+    eta, _ = jax.tree.leaves(O.setup(O.Descent(0.5), model))
     assert eta.shape == () and float(eta) == 0.5
     chain = O.setup(O.OptimiserChain(O.ClipGrad(2.0), O.Momentum(0.1, 0.8)), model)
-    numbers, v = jax.tree.leaves(chain)
+    numbers, v, _ = jax.tree.leaves(chain)
     np.testing.assert_allclose(numbers, [2.0, 0.1, 0.8, -1.0, 0.9, 0.2], rtol=1e-6)
     nones = jax.tree.map(lambda a: None, chain)  # anything jax.tree.map puts there
     assert nones["w"].rule.rules[1].rho is None

@@ -224,7 +224,7 @@ def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields
     def renew(leaf: Leaf) -> Leaf:
         if id(leaf) not in memo:
             rule = adjusted(leaf.rule) if id(leaf) in ids else leaf.rule
-            memo[id(leaf)] = type(leaf)(rule, leaf.state, leaf.frozen)  # see copy_tree
+            memo[id(leaf)] = type(leaf)(rule, leaf.state, leaf.frozen, leaf.clock)  # see copy_tree
         return memo[id(leaf)]
 
     return map_leaves(renew, tree)

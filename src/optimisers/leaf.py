@@ -14,11 +14,14 @@ __all__ = ["Leaf", "nodes", "leaves", "map_leaves"]
 
 
 class Leaf:
-    """Leaf(rule, state, frozen=False): the optimiser state of one trainable array.
+    """Leaf(rule, state, frozen=False, clock=0): the optimiser state of one trainable array.
 
     A small mutable record; its identity encodes sharing: a tied parameter has one Leaf,
     reached from every path to it. ``frozen`` Leafs are skipped by updates (see
-    :func:`freeze_`). The ``repr`` shows the state by shape and dtype, never its numbers.
+    :func:`freeze_`). ``clock`` counts the steps the rule has taken here (a step that
+    :meth:`~optimisers.Rule.stepped` says was real): a schedule in the rule's fields is
+    evaluated at it (:func:`~optimisers.schedules.at`). The ``repr`` shows the state by
+    shape and dtype, never its numbers.
 
     Example:
         >>> import numpy as np
@@ -30,16 +33,36 @@ class Leaf:
     # _kept: set by update_ on the first Leaf of a tree it steps (unset elsewhere): the
     # tree's lock and plan (state.py). Not in a table keyed weakly by the Leaf: the plan
     # holds the tree, so that table would keep every tree alive. Not copied, not shown.
-    __slots__ = ("rule", "state", "frozen", "_kept")
+    __slots__ = ("rule", "state", "frozen", "clock", "_kept")
 
-    def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
-        self.rule, self.state, self.frozen = rule, state, frozen
+    def __init__(self, rule: Rule, state: Any, frozen: bool = False, clock: Any = 0) -> None:
+        self.rule, self.state, self.frozen, self.clock = rule, state, frozen, clock
 
     def __repr__(self) -> str:
         return leaf_text(self.rule, self.state, self.frozen)
 
     def __reduce__(self) -> tuple:
-        return type(self), (self.rule, self.state, self.frozen)  # a copy has no lock, no plan
+        # a copy has no lock, no plan
+        return type(self), (self.rule, self.state, self.frozen, self.clock)
+
+    def advance(self, state: Any) -> None:
+        """Take ``state`` as the Leaf's new state after a step of its rule, and count the
+        step on the clock where the rule says it was real (:meth:`~optimisers.Rule.stepped`;
+        under ``jax.jit`` that may be a traced truth value, added as 0 or 1).
+
+        Example:
+            >>> import numpy as np
+            >>> from optimisers import AccumGrad
+            >>> leaf = Leaf(AccumGrad(2), AccumGrad(2).init(np.zeros(1)))
+            >>> leaf.advance((np.zeros(1), 2)); leaf.clock    # accumulated only
+            0
+            >>> leaf.advance((np.zeros(1), 1)); leaf.clock    # a real step
+            1
+        """
+        self.state = state
+        real = self.rule.stepped(state)
+        if real is not False:
+            self.clock = self.clock + (1 if real is True else real)
 
 
 def nodes(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Any]]:

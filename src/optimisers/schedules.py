@@ -39,6 +39,7 @@ this                                        optax / torch
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import sys
@@ -46,11 +47,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimisers import backends
-from optimisers.rules import fields
+from optimisers.rules import Rule, fields
 from optimisers.rules.fields import Allowed, Interval, InvalidKind, hyperparameter
 
-__all__ = ["Schedule", "SCHEDULES", "Constant", "Linear", "Cosine", "Exponential", "Step",
-           "Polynomial", "Warmup", "Join", "OneCycle"]
+__all__ = ["Schedule", "SCHEDULES", "at", "timed", "Constant", "Linear", "Cosine",
+           "Exponential", "Step", "Polynomial", "Warmup", "Join", "OneCycle"]
 
 SCHEDULES: dict[str, type] = {}
 """SCHEDULES: every subclass of :class:`Schedule` by name, as :data:`~optimisers.RULES` is
@@ -119,6 +120,71 @@ class Schedule:
                 value = getattr(self, f.name)
                 if type(value) is int:
                     object.__setattr__(self, f.name, float(value))
+
+
+def timed(rule: Any) -> bool:
+    """timed(rule) -> whether a schedule sits in any field of ``rule`` (in a tuple, or in a
+    rule it holds): whether its steps depend on the Leaf's clock.
+
+    Example:
+        >>> from optimisers import Adam, OptimiserChain, ClipGrad
+        >>> timed(Adam()), timed(OptimiserChain(ClipGrad(), Adam(eta=Cosine(1e-3, steps=9))))
+        (False, True)
+    """
+    try:
+        return _TIMED[rule]
+    except (KeyError, TypeError):  # not seen; or unhashable (a value traced under jit)
+        pass
+    found = _holds_schedule(rule)
+    try:
+        _TIMED[rule] = found
+    except TypeError:
+        pass
+    return found
+
+
+_TIMED: dict[Any, bool] = {}
+
+
+def _holds_schedule(v: Any) -> bool:
+    if isinstance(v, Schedule):
+        return True
+    if isinstance(v, tuple):
+        return any(map(_holds_schedule, v))
+    return isinstance(v, Rule) and any(  # (a rule that is no dataclass holds none)
+        _holds_schedule(getattr(v, name)) for name in getattr(v, "__dataclass_fields__", ()))
+
+
+def at(rule: Rule, t: Any) -> Rule:
+    """at(rule, t) -> ``rule`` with each schedule in its fields replaced by its value at
+    step ``t`` (the Leaf's clock); ``rule`` itself when it holds none. What every path of
+    ``update`` steps with. The new rule is checked as ``adjust`` checks one: a schedule
+    that reaches a value its field does not allow raises here.
+
+    Example:
+        >>> from optimisers import AdamW
+        >>> at(AdamW(eta=Warmup(Constant(1e-3), steps=10), lambd=0.1), 5).eta
+        0.0005
+    """
+    if not timed(rule):
+        return rule
+    if type(t) is not int and not backends.istraced(t):
+        t = int(t)  # a clock a jitted step returned: evaluated as a Python int's would be
+    return _resolved(rule, t)
+
+
+def _resolved(v: Any, t: Any) -> Any:
+    if isinstance(v, Schedule):
+        return v(t)
+    if isinstance(v, tuple):
+        return tuple(_resolved(e, t) for e in v)
+    if not (isinstance(v, Rule) and timed(v)):
+        return v
+    new = copy.copy(v)  # (not the constructor: OptimiserChain's takes its rules unnamed)
+    for f in dataclasses.fields(v):
+        object.__setattr__(new, f.name, _resolved(getattr(v, f.name), t))
+    new.__post_init__()
+    return new
 
 
 class _Numbers:

@@ -36,6 +36,7 @@ from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.plan import Plan, first_leaf
 from optimisers.rules import NewValue, Rule, call
+from optimisers.schedules import at, timed
 from optimisers.tree import isleaf, ismutable, isnumeric, maywrite, trainable
 from optimisers.walk import fmap, mirror, place, substitute, walk
 
@@ -97,7 +98,7 @@ def setup(rule: Rules, model: Any) -> Any:
         r = rule if picked is None else picked[id(x)][1] if ismutable(x) else choose(kp, x)
         if r is None:
             return None
-        made.append(backends.of(x).settle(Leaf(r, r.init(x))))
+        made.append(backends.of(x).settle(Leaf(r, at(r, 0).init(x))))
         return made[-1]
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
@@ -175,8 +176,12 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     Nothing is written before every check has passed and every rule that may raise
     (see :meth:`Rule.raises`) has run, on a copy of its state: its result lands below.
     """
+    timed_by_id: dict[int, bool] = {}
     for e in entries:
         _check_fit(e)
+        rule = e.leaf.rule
+        if timed_by_id.setdefault(id(rule), timed(rule)):
+            _apply(e, None, dry=True)  # a schedule's value out of its field's range
     risky = [e for e in entries if e.leaf.rule.raises()] if inplace else []
     copy = _copier() if risky else None
     done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state)) for e in risky}
@@ -184,7 +189,8 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
                                           inplace, known)
     for e in (*rest, *risky):
         leaf, x = e.leaf, e.x
-        leaf.state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state)
+        state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state)
+        leaf.advance(state)
         if isinstance(d, NewValue):
             xp = backends.of(x)
             y = xp.assign(x, d.value) if inplace else xp.like(d.value, x)
@@ -223,10 +229,12 @@ def _check_fit(e: Entry) -> None:
             f"reinit(tree, model, where={str(e.paths[0])!r})")
 
 
-def _apply(e: Entry, state: Any) -> tuple[Any, Any]:
-    """``(new_state, step)`` of one entry's rule; an error names the entry's path."""
+def _apply(e: Entry, state: Any, dry: bool = False) -> tuple[Any, Any]:
+    """``(new_state, step)`` of one entry's rule, at its Leaf's clock (``dry``: only the
+    rule at the clock made, and so checked); an error names the entry's path."""
     try:
-        return call(e.leaf.rule, state, e.x, tuple(e.grads))
+        now = at(e.leaf.rule, e.leaf.clock)
+        return (None, None) if dry else call(now, state, e.x, tuple(e.grads))
     except (ValueError, TypeError, ArithmeticError) as err:
         raise type(err)(f"{err} (in {e.leaf.rule!r} at {e.paths[0]!r})") from err
 
@@ -365,7 +373,7 @@ def copy_tree(tree: Any) -> Any:
 
     def leaf(t: Leaf) -> Leaf:
         if id(t) not in memo:
-            memo[id(t)] = type(t)(t.rule, fmap(copy, t.state), t.frozen)
+            memo[id(t)] = type(t)(t.rule, fmap(copy, t.state), t.frozen, t.clock)
         return memo[id(t)]
 
     return map_leaves(leaf, tree)

@@ -229,8 +229,8 @@ def settle(leaf: Any) -> Any:
     benchmarks/README.md). And it is of the type that a jitted call
     returns, so that the call after the first does not trace again.
     """
-    settled = PackedLeaf(leaf.rule, leaf.state, leaf.frozen)
-    packed, traced = _pack(settled.rule, settled.state)
+    settled = PackedLeaf(leaf.rule, leaf.state, leaf.frozen, leaf.clock)
+    packed, traced = _pack(settled.rule, settled.state, settled.clock)
     if not traced:
         settled.packed = packed
     return settled
@@ -381,7 +381,7 @@ _NUMBERS = GetAttrKey("numbers")
 
 
 class _Spec:
-    """How a Leaf flattens: the pytree structure of its ``(rule, state)``, and which leaves
+    """How a Leaf flattens: the pytree structure of its ``(rule, state, clock)``, and which leaves
     of that structure travel packed (``packs``; ``n`` of them, none when fewer than two).
 
     Specs are interned: two Leafs of one structure share their spec, so treedefs compare
@@ -408,7 +408,7 @@ class _Spec:
         return f"<{self.n} numbers packed of {self.treedef}>"
 
     def unpack(self, children: list) -> tuple:
-        """``(rule, state)`` from a flat form's children; traced numbers come with their
+        """``(rule, state, clock)`` from a flat form's children; traced numbers come with their
         complements (see :func:`complement`)."""
         if not self.n:
             return jax.tree.unflatten(self.treedef, children)
@@ -427,8 +427,8 @@ class _Spec:
             dummy = jax.tree.unflatten(self.treedef, [0] * len(self.packs))
             paths = [jax.tree_util.keystr(p) for p, _ in
                      jax.tree_util.tree_flatten_with_path(dummy)[0]]
-            rest = [GetAttrKey(("rule" if p.startswith("[0]") else "state") + p[3:])
-                    for p, w in zip(paths, self.packs) if not w]
+            names = {"[0]": "rule", "[1]": "state", "[2]": "clock"}
+            rest = [GetAttrKey(names[p[:3]] + p[3:]) for p, w in zip(paths, self.packs) if not w]
             self._keys = [_NUMBERS, *rest] if self.n else rest
         return self._keys
 
@@ -445,12 +445,13 @@ def _packable(v: Any, dtype: Any) -> bool:
             and aval.dtype == dtype)
 
 
-def _pack(rule: Any, state: Any) -> tuple[tuple, bool]:
-    """``(flat form, traced)``: the flat form ``(spec, *children)`` of a Leaf's rule and
-    state, and whether a value in it is traced (then it is not to be kept)."""
+def _pack(rule: Any, state: Any, clock: Any) -> tuple[tuple, bool]:
+    """``(flat form, traced)``: the flat form ``(spec, *children)`` of a Leaf's rule,
+    state and clock (an integer: never packed), and whether a value in it is traced (then
+    it is not to be kept)."""
     _PACKING.on = True  # Python numbers go into the pack as they are: no array each
     try:
-        flat, treedef = jax.tree.flatten((rule, _dynamic(state)))
+        flat, treedef = jax.tree.flatten((rule, _dynamic(state), clock))
     finally:
         _PACKING.on = False
     dtype = jax.dtypes.canonicalize_dtype(np.float64)  # float32 unless x64: all alike
@@ -481,7 +482,8 @@ class _Lazy:
 
 
 _LAZY = _Lazy()
-_RULE, _STATE = Leaf.rule, Leaf.state  # the record's own slots, behind PackedLeaf's properties
+# the record's own slots, behind PackedLeaf's properties
+_RULE, _STATE, _CLOCK = Leaf.rule, Leaf.state, Leaf.clock
 
 
 def _unpacked(slot: Any, doc: str) -> property:
@@ -504,14 +506,14 @@ def _unpacked(slot: Any, doc: str) -> property:
 
 
 class PackedLeaf(Leaf):
-    """PackedLeaf(rule, state, frozen=False, packed=None): a Leaf with JAX arrays, holding
+    """PackedLeaf(rule, state, frozen=False, clock=0, packed=None): a Leaf with JAX arrays, holding
     its flat form for JAX, ``packed = (spec, *children)`` (see :func:`_pack`).
 
     ``setup`` makes JAX's Leafs so (:func:`settle`), and JAX rebuilds every Leaf so (the
     output of a jitted call): then ``rule`` and ``state`` are unpacked from the flat form
     only when first read, so that a training loop passing the tree back in never unpacks
     it outside the trace. Setting either drops the flat form; the next flatten makes it
-    again. A Leaf made from a Leaf keeps its type (``type(leaf)(rule, state, frozen)``):
+    again. A Leaf made from a Leaf keeps its type (``type(leaf)(rule, state, frozen, clock)``):
     JAX compares trees' node types, and a jitted call given a plain ``Leaf`` where it was
     given a PackedLeaf would trace again.
 
@@ -524,22 +526,26 @@ class PackedLeaf(Leaf):
 
     __slots__ = ("packed",)
 
-    def __init__(self, rule: Any, state: Any, frozen: bool = False,
+    def __init__(self, rule: Any, state: Any, frozen: bool = False, clock: Any = 0,
                  packed: tuple | None = None) -> None:
         _RULE.__set__(self, rule)
         _STATE.__set__(self, state)
+        _CLOCK.__set__(self, clock)
         self.frozen, self.packed = frozen, packed
 
     rule = _unpacked(_RULE, "The Leaf's rule.")
     state = _unpacked(_STATE, "The rule's state for this Leaf's array.")
+    clock = _unpacked(_CLOCK, "The steps the rule has taken here.")
 
     def unpack(self) -> None:
-        """Unpack ``rule`` and ``state`` from the flat form (nothing when they are at hand)."""
+        """Unpack ``rule``, ``state`` and ``clock`` from the flat form (nothing when they
+        are at hand)."""
         if _RULE.__get__(self, PackedLeaf) is _LAZY:
             spec, *children = self.packed
-            rule, state = spec.unpack(children)
+            rule, state, clock = spec.unpack(children)
             _RULE.__set__(self, rule)
             _STATE.__set__(self, state)
+            _CLOCK.__set__(self, clock)
 
 
 # --- complements: 1 - b as precise as optax's and the torch backend's -----------------------
@@ -588,7 +594,7 @@ def _unstack(packed: Any, n: int) -> list:
 def _flatten_leaf(leaf: Any) -> tuple:
     packed = leaf.packed if type(leaf) is PackedLeaf else None
     if packed is None:
-        packed, traced = _pack(leaf.rule, leaf.state)
+        packed, traced = _pack(leaf.rule, leaf.state, leaf.clock)
         if not traced and type(leaf) is PackedLeaf:
             leaf.packed = packed
     return packed[1:], (packed[0], leaf.frozen)
@@ -600,7 +606,7 @@ def _flatten_leaf_with_keys(leaf: Any) -> tuple:
 
 
 def _unflatten_leaf(aux: tuple, children: Any) -> PackedLeaf:
-    return PackedLeaf(_LAZY, _LAZY, aux[1], (aux[0], *children))
+    return PackedLeaf(_LAZY, _LAZY, aux[1], _LAZY, (aux[0], *children))
 
 
 def _register_all() -> None:

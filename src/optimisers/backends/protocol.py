@@ -247,7 +247,10 @@ class Grouping(Protocol):
         """New arrays ``x_i - segment of d``, each like ``x_i``."""
 
     def onepass(self, rule: Any, sig: Any, xs: list, arrays: list) -> Callable | None:
-        """A one-pass step for a whole group written in place, or ``None``."""
+        """A one-pass step for a whole group written in place, or ``None``: a function
+        ``step(grads, sig, rule) -> sig after`` (or ``NotImplemented``, nothing written),
+        given at each step the rule of ``rule``'s structure that the group steps with
+        (a schedule's values change its numbers)."""
 
     def flat(self, x: Array, g: Array, arrays: list) -> tuple | None:
         """``(x, g, [states])`` as flat views to step piece by piece, or ``None``."""

@@ -26,6 +26,7 @@ from optimisers.checkpoint._write import Measure, document, encode_dtype
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
 from optimisers.rules import RULES, Rule
+from optimisers.schedules import SCHEDULES, Schedule
 
 
 def _tag(j: Any, tags: tuple, what: str) -> tuple[str, Any]:
@@ -276,8 +277,12 @@ class Reader:
                           f"setup using the same rule classes (hyper-parameters may differ)")
         if not isinstance(rec["frozen"], bool):
             raise Invalid(f"the checkpoint is malformed: frozen={rec['frozen']!r} at {kp!r}")
+        clock = rec.get("clock", 0)  # (files written before clocks: none taken)
+        if not isinstance(clock, int) or isinstance(clock, bool) or clock < 0:
+            raise Invalid(f"the checkpoint is malformed: clock={clock!r} at {kp!r}")
         state = self.value(rec["state"], like.state, kp, "", place)
-        leaf = type(like)(like.rule, state, rec["frozen"])  # like's type: JAX's stay JAX's
+        # like's type: JAX's stay JAX's
+        leaf = type(like)(like.rule, state, rec["frozen"], clock)
         self.rules.append((leaf, rec["rule"], kp, place))
         self.built[i] = (leaf, kp, id(like))
         return leaf
@@ -293,7 +298,7 @@ class Reader:
             out = j
         else:
             tag, body = _tag(j, ("array", "tuple", "list", "dict", "float", "complex", "rule",
-                                 "dtype"), "a value")
+                                 "schedule", "dtype"), "a value")
             if tag == "array":
                 return self.array(j, like, kp, sub, place)
             if tag in ("dict", "tuple", "list"):
@@ -302,11 +307,11 @@ class Reader:
                 out = float(_str(body))
             elif tag == "complex":
                 out = complex(float(_str(body[0])), float(_str(body[1])))
-            elif tag == "rule":
-                if not free and (not isinstance(like, Rule) or _kinds_json(j, kp) != _kinds(
-                        like)):
+            elif tag in ("rule", "schedule"):
+                if tag == "rule" and not free and (
+                        not isinstance(like, Rule) or _kinds_json(j, kp) != _kinds(like)):
                     raise _mismatch(kp, sub, f"the rule {_kinds_json(j, kp)}", like)
-                out = self.rule(j, kp, place, depth)
+                out = self.rule(j, kp, place, depth, tag)
             else:
                 out = _dtype(j)
         if not free and not _compatible(out, like):
@@ -332,19 +337,23 @@ class Reader:
             return out
         return type(like)._make(out) if hasattr(type(like), "_make") else tuple(out)
 
-    def rule(self, j: dict, kp: KeyPath, place: Any, depth: int = 0) -> Rule:
-        """A rule from the registry, never from a name imported at the file's request."""
-        name, fields = _str(j["rule"]), j["fields"]
-        cls = RULES.get(name)
-        if not (isinstance(cls, type) and issubclass(cls, Rule)):
-            raise Invalid(f"the checkpoint names the rule {name!r} at {kp!r}, which is not in "
-                          f"optimisers.RULES; define (import) that Rule subclass first")
+    def rule(self, j: dict, kp: KeyPath, place: Any, depth: int = 0, tag: str = "rule"
+             ) -> Rule | Schedule:
+        """A rule (or a schedule in a rule's field) from the registry, never from a name
+        imported at the file's request."""
+        name, fields = _str(j[tag]), j["fields"]
+        registry, base = (RULES, Rule) if tag == "rule" else (SCHEDULES, Schedule)
+        cls = registry.get(name)
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise Invalid(f"the checkpoint names the {tag} {name!r} at {kp!r}, which is not "
+                          f"in optimisers.{tag.upper()}S; define (import) that "
+                          f"{base.__name__} subclass first")
         params = {p.name: p for p in constructor_params(cls)}
         args, kwargs = [], {}
         for field, v in dict(fields).items():
             p = params.get(field)
             if p is None or p.kind is p.POSITIONAL_ONLY:
-                raise Invalid(f"the checkpoint gives the rule {name} at {kp!r} a field "
+                raise Invalid(f"the checkpoint gives the {tag} {name} at {kp!r} a field "
                               f"{field!r}, which {name}'s constructor does not take")
             v = self.value(v, FREE, kp, place=place, depth=depth + 1)
             if p.kind is p.VAR_POSITIONAL:
@@ -354,7 +363,7 @@ class Reader:
         try:
             return cls(*args, **kwargs)
         except Exception as e:
-            raise Invalid(f"the checkpoint's rule {name} at {kp!r} cannot be rebuilt: "
+            raise Invalid(f"the checkpoint's {tag} {name} at {kp!r} cannot be rebuilt: "
                           f"{type(e).__name__}: {e}") from e
 
     def array(self, j: dict, like: Any, kp: KeyPath, sub: str, place: Any) -> Any:

@@ -30,6 +30,7 @@ from optimisers.checkpoint._format import (
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, nodes
 from optimisers.rules import RULES, Rule
+from optimisers.schedules import SCHEDULES, Schedule
 
 
 class Writer:
@@ -70,7 +71,7 @@ class Writer:
         if id(t) not in self.leaf_ids:
             self.leaf_ids[id(t)] = len(self.leaves)
             self.leaves.append({"path": str(kp), "rule": self.value(t.rule, kp, "the rule"),
-                                "frozen": bool(t.frozen),
+                                "frozen": bool(t.frozen), "clock": int(t.clock),
                                 "state": self.value(t.state, kp, "the state")})
         return self.leaf_ids[id(t)]
 
@@ -93,7 +94,7 @@ class Writer:
         if isinstance(v, dict):
             return {"dict": [[self.value(k, kp, where, depth + 1),
                               self.value(x, kp, where, depth + 1)] for k, x in v.items()]}
-        if isinstance(v, Rule):
+        if isinstance(v, (Rule, Schedule)):
             return self.rule(v, kp, depth)
         dtype = encode_dtype(v)
         return dtype if dtype is not None else self.unsaveable(v, kp, where)
@@ -108,16 +109,22 @@ class Writer:
                         f"({v!r:.60}), which a checkpoint stores only by pickling; use "
                         f"numbers, strings, tuples, lists, dicts, dtypes, arrays and rules")
 
-    def registered(self, cls: type, kp: KeyPath) -> None:
+    def registered(self, cls: type, kp: KeyPath) -> str:
+        """``"rule"`` or ``"schedule"``: the tag, after checking that the registry loading
+        reads builds this very class."""
         name = cls.__name__
-        if RULES.get(name) is not cls:
-            raise TypeError(f"cannot save the rule {name} at {kp!r}: optimisers.RULES maps "
-                            f"{name!r} to {RULES.get(name)!r}, not to this class, so loading "
-                            f"would build a different rule; give the class a unique name")
+        tag, registry = ("rule", RULES) if issubclass(cls, Rule) else ("schedule", SCHEDULES)
+        if registry.get(name) is not cls:
+            raise TypeError(f"cannot save the {tag} {name} at {kp!r}: optimisers."
+                            f"{tag.upper()}S maps {name!r} to {registry.get(name)!r}, not to "
+                            f"this class, so loading would build a different {tag}; give the "
+                            f"class a unique name")
+        return tag
 
-    def rule(self, rule: Rule, kp: KeyPath, depth: int = 0) -> dict:
+    def rule(self, rule: Rule | Schedule, kp: KeyPath, depth: int = 0) -> dict:
+        """A rule, or a schedule in a rule's field: its class name and fields."""
         cls, name = type(rule), type(rule).__name__
-        self.registered(cls, kp)
+        tag = self.registered(cls, kp)
         fields = {}
         for p in constructor_params(cls):
             if not hasattr(rule, p.name):
@@ -126,7 +133,7 @@ class Writer:
                                 f"name; make the rule a dataclass")
             fields[p.name] = self.value(getattr(rule, p.name), kp, f"{name}.{p.name}",
                                         depth + 1)
-        return {"rule": name, "fields": fields}
+        return {tag: name, "fields": fields}
 
     def array(self, a: Any, kp: KeyPath, where: str) -> dict:
         if id(a) in self.array_ids:

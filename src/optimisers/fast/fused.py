@@ -28,6 +28,7 @@ from typing import Any
 
 from optimisers import backends
 from optimisers.rules import NewValue, OptimiserChain, Rule, call
+from optimisers.schedules import at, timed
 from optimisers.tree import keys_shown
 
 __all__ = ["fusible", "step_groups", "pack", "Group", "MIN_GROUP", "Node", "ARRAY", "signature"]
@@ -134,11 +135,15 @@ class Group:
     """Leafs stepped together: their rule, state signature, arrays, and parameters."""
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
-                 "step", "large", "subtract", "prints")
+                 "step", "large", "subtract", "prints", "t", "timed", "now")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
         self.leaves = [e.leaf for e, _ in members]
+        # the members' one clock (groups are made of Leafs whose clocks agree), and the
+        # rule at it: evaluated once per step where a schedule is in the rule's fields
+        self.t, self.timed = self.leaves[0].clock, timed(rule)
+        self.now = at(rule, self.t)
         self.arrays = [arrays for _, arrays in members]
         self.xs = [e.x for e, _ in members]
         self.states: list = []  # the state objects this group last gave its Leafs
@@ -158,31 +163,35 @@ class Group:
     def holds(self, entries: list) -> bool:
         """Whether ``entries`` (in member order) can step as this group now: the same
         parameters and rule, and each Leaf still holding the very state object this group
-        gave it last time (so the same arrays, and the one shared non-array state)."""
-        rule = self.rule
+        gave it last time (so the same arrays, and the one shared non-array state) and the
+        clock it set."""
+        rule, t = self.rule, self.t
         return bool(self.states) and len(entries) == len(self.leaves) and all(
             e is not None and e.leaf is leaf and e.x is x and leaf.rule is rule
-            and leaf.state is st
+            and leaf.state is st and leaf.clock is t
             for e, leaf, x, st in zip(entries, self.leaves, self.xs, self.states)
         ) and not self.moved()
 
     def run(self, grads: list, new: dict) -> None:
         """One fused step: one compiled pass where the backend has one for this rule,
         else the rule's ``apply`` on cache-sized pieces of large arrays, else on the
-        concatenation of all, scattered back."""
+        concatenation of all, scattered back. The rule is taken at the group's clock."""
+        if self.timed:
+            self.now = at(self.rule, self.t)
         if not (self._onepass(grads) or self._chunked(grads)):
             self._joined(grads, new)
 
     def _onepass(self, grads: list) -> bool:
         """The backend's one-pass step (``xp.onepass``, made at the first run): a function
-        of the gradients and the state's signature giving the signature after the step,
-        or ``NotImplemented`` having written nothing. ``False`` where there is none."""
+        of the gradients, the state's signature and the rule (of the same structure at
+        every step: its numbers may differ) giving the signature after the step, or
+        ``NotImplemented`` having written nothing. ``False`` where there is none."""
         step = self.step
         if step is _UNMADE:
             xp = self.xp
-            step = self.step = (xp.onepass(self.rule, self.sig, self.xs, self.arrays)
+            step = self.step = (xp.onepass(self.now, self.sig, self.xs, self.arrays)
                                 if self.write else None)
-        after = step(grads, self.sig) if step is not None else NotImplemented
+        after = step(grads, self.sig, self.now) if step is not None else NotImplemented
         if after is NotImplemented:
             return False
         self._restate(after)
@@ -195,7 +204,7 @@ class Group:
         x = xp.flatcat(self.xs) if self.uses_x else g
         slots = list(zip(*self.arrays))  # per state array: one per member
         joined = [xp.joined(parts) for parts in slots]
-        state, d = call(self.rule, _fill(self.sig, iter([f for f, _ in joined])), x, (g,))
+        state, d = call(self.now, _fill(self.sig, iter([f for f, _ in joined])), x, (g,))
         out: list = []
         newsig = signature(state, out)
         for k, (parts, (flat, isview), now) in enumerate(zip(slots, joined, out)):
@@ -252,7 +261,7 @@ class Group:
         """Step ``(x, g, state parts)`` pieces in place; return the new signature."""
         xp, newsig = self.xp, None
         for x, g, parts in pieces:
-            state, d = call(self.rule, _fill(self.sig, iter(parts)), x, (g,))
+            state, d = call(self.now, _fill(self.sig, iter(parts)), x, (g,))
             out: list = []
             newsig = signature(state, out)
             for part, now in zip(parts, out):
@@ -265,10 +274,16 @@ class Group:
         return newsig
 
     def _restate(self, newsig: Any) -> None:
+        """Give each Leaf its new state, and the clock one more where the step was real
+        (:meth:`~optimisers.Leaf.advance`, for the whole group at once)."""
         build, scalars = _builder(newsig)
         self.states = build(self.arrays, scalars)
+        if self.rule.stepped(newsig):
+            self.t += 1
+        t = self.t
         for leaf, state in zip(self.leaves, self.states):
             leaf.state = state
+            leaf.clock = t
         self.sig = newsig
 
 
@@ -296,7 +311,7 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
         left, done = xp.fuse(batch)
         rest.extend(left)
         for leaf, state, y in done:
-            leaf.state = state
+            leaf.advance(state)
             new[id(leaf)] = y
     return rest, new, ran
 
@@ -333,7 +348,8 @@ def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
         else:
             arrays: list = []
             sig = signature(e.leaf.state, arrays)
-            key = (rule, sig, type(x), x.dtype, xp.device(x), inplace and xp.maywrite(x))
+            key = (rule, sig, e.leaf.clock, type(x), x.dtype, xp.device(x),
+                   inplace and xp.maywrite(x))
             try:
                 fresh.setdefault(key, []).append((e, arrays))
             except TypeError:  # an unhashable scalar in the state: no group

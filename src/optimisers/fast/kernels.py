@@ -204,8 +204,9 @@ class _Pieces:
 
 
 def onepass(rule: Any, sig: Any, xs: list, arrays: list, scalars: Any = None) -> Any:
-    """A function ``step(grads, sig) -> sig after`` running the whole group's update in
-    one compiled pass, or ``None`` where that is not possible (no numba, a rule whose
+    """A function ``step(grads, sig, rule) -> sig after`` running the whole group's update
+    in one compiled pass (given a rule of ``rule``'s structure: its numbers may change),
+    or ``None`` where that is not possible (no numba, a rule whose
     ``apply`` the code generator cannot follow, a dtype or layout the kernel cannot
     take, or state arrays that do not fit their parameters: see :func:`fits`); then the
     caller takes the vectorised NumPy path.
@@ -255,7 +256,8 @@ class _OnePass:
 
     def __init__(self, rule: Any, program: Any, xs: list, arrays: list, cast: Any) -> None:
         self.program, self.cast, self.dtype = program, cast, xs[0].dtype
-        self.numbers, self.scalars = trace.numbers(rule), trace.stepper(program, cast)
+        self.rule, self.numbers = rule, trace.numbers(rule)
+        self.scalars = trace.stepper(program, cast)
         self.nstate, self.prelude = program.nstate, constants(program)
         self.lines, self.sizes = program.lines, [x.size for x in xs]
         # many small arrays: concatenating the gradients (one call) beats reading addresses
@@ -271,7 +273,9 @@ class _OnePass:
         self.last: list = [None, None]  # the last step's gradient arrays; own addresses
         self.keep: tuple = (xs, arrays)  # the addresses stay valid while these live
 
-    def __call__(self, grads: list, sig: Any) -> Any:
+    def __call__(self, grads: list, sig: Any, rule: Any) -> Any:
+        if rule is not self.rule:  # a schedule's new values
+            self.rule, self.numbers = rule, trace.numbers(rule)
         consts, after = self.scalars(self.numbers, sig)
         c = np.array([consts], dtype=self.dtype)
         ga, keep, own = self._gradients(grads)

@@ -52,10 +52,10 @@ def _compiled(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
         return None
     bump = torch.autograd.graph.increment_version
 
-    def step(grads: list, sig: Any) -> Any:
+    def step(grads: list, sig: Any, rule: Any) -> Any:
         if not all(map(_viewable, grads)):
             grads = [g.to_dense().resolve_conj().resolve_neg().cpu() for g in grads]
-        after = inner([g.detach().numpy() for g in grads], sig)
+        after = inner([g.detach().numpy() for g in grads], sig, rule)
         bump(written)
         return after
 
@@ -81,16 +81,18 @@ def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     """
     kernel = _AdamKernel.make(rule, xs, arrays)
     program = trace.trace(rule, sig) if kernel is not None else None
-    if program is None or _adam_scalars(rule, sig[2]) is None:
+    if program is None:
         return None
-    numbers, scalars = trace.numbers(rule), trace.stepper(program, float)
+    scalars, last = trace.stepper(program, float), [rule, trace.numbers(rule)]
 
-    def step(grads: list, sig: Any) -> Any:
-        args = _adam_scalars(rule, sig[2])
+    def step(grads: list, sig: Any, now: Any) -> Any:
+        args = _adam_scalars(now, sig[2]) if _AdamKernel.takes(now) else None
         if args is None:  # bias corrections the kernel cannot take: the group's other path
             return NotImplemented
-        kernel(grads, *args)
-        return scalars(numbers, sig)[1]
+        kernel(grads, now, *args)
+        if now is not last[0]:  # a schedule's new values
+            last[:] = now, trace.numbers(now)
+        return scalars(last[1], sig)[1]
 
     step.kind, step.kernel = "fused_adam", kernel
     return step
@@ -104,16 +106,14 @@ thread: it would start a parallel region per tensor, which costs more than it sa
 class _AdamKernel:
     """torch's fused Adam kernel set up for one group."""
 
-    __slots__ = ("rule", "xs", "ms", "vs", "steps", "serial")
+    __slots__ = ("xs", "ms", "vs", "steps", "serial")
 
     @classmethod
     def make(cls, rule: Any, xs: list, arrays: list) -> _AdamKernel | None:
         from optimisers.rules import Adam, AdamW
 
-        if type(rule) not in (Adam, AdamW) or not hasattr(torch, "_fused_adam_"):
-            return None
-        fields = (rule.eta, *rule.beta, rule.epsilon, getattr(rule, "lambd", 0.0))
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fields):
+        if type(rule) not in (Adam, AdamW) or not hasattr(torch, "_fused_adam_") or not (
+                cls.takes(rule)):
             return None
         x0 = xs[0]
         if x0.dtype not in (torch.float32, torch.float64) or x0.device.type not in (
@@ -124,16 +124,21 @@ class _AdamKernel:
                    for t in (*xs, *ms, *vs)) or not all(
                 m.numel() == x.numel() == v.numel() for x, m, v in zip(xs, ms, vs)):
             return None  # the kernel indexes each state by its parameter's size
-        return cls(rule, xs, ms, vs)
+        return cls(xs, ms, vs)
 
-    def __init__(self, rule: Any, xs: list, ms: list, vs: list) -> None:
-        self.rule, self.xs, self.ms, self.vs = rule, list(xs), ms, vs
+    @staticmethod
+    def takes(rule: Any) -> bool:
+        """Whether the kernel can take the rule's numbers: Python numbers, all."""
+        fields = (rule.eta, *rule.beta, rule.epsilon, getattr(rule, "lambd", 0.0))
+        return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fields)
+
+    def __init__(self, xs: list, ms: list, vs: list) -> None:
+        self.xs, self.ms, self.vs = list(xs), ms, vs
         self.steps = [torch.zeros((), dtype=torch.float32, device=xs[0].device)] * len(xs)
         self.serial = xs[0].device.type == "cpu" and (
             sum(x.numel() for x in xs) < SERIAL_BELOW * len(xs))
 
-    def __call__(self, grads: list, lr: float, step: float, wd: float) -> None:
-        rule = self.rule
+    def __call__(self, grads: list, rule: Any, lr: float, step: float, wd: float) -> None:
         if not _dense(grads):
             grads = [g.to_dense().contiguous() for g in grads]
         self.steps[0].fill_(step)  # the same tensor for all: the kernel only reads it

@@ -181,13 +181,15 @@ class _Steps:
 
     def __init__(self, rule: Any, program: Any, xs: list, arrays: list, piece: Any,
                  nscratch: int) -> None:
-        self.numbers = trace.numbers(rule)
+        self.rule, self.numbers = rule, trace.numbers(rule)
         self.scalars = trace.stepper(program, xs[0].dtype.type)
         self.dtype, self.piece, self.nscratch = xs[0].dtype, piece, nscratch
         self.flat = [[a.reshape(-1) for a in (x, *member)] for x, member in zip(xs, arrays)]
 
-    def __call__(self, grads: list, sig: Any) -> Any:
+    def __call__(self, grads: list, sig: Any, rule: Any) -> Any:
         dtype = self.dtype
+        if rule is not self.rule:  # a schedule's new values
+            self.rule, self.numbers = rule, trace.numbers(rule)
         consts, after = self.scalars(self.numbers, sig)
         c = list(np.array(consts, dtype=dtype))
         if len(grads) != len(self.flat):

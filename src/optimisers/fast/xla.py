@@ -35,6 +35,7 @@ import numpy as np
 
 from optimisers.fast import ffi, jit, kernels, trace
 from optimisers.fast.fused import ARRAY
+from optimisers.schedules import at
 
 LARGE = 1 << 15
 """Arrays of at least this many elements take the custom call; smaller ones the plain
@@ -207,9 +208,10 @@ class _Member:
 
     __slots__ = ("entry", "g", "arrays", "raws", "rule", "sig")
 
-    def __init__(self, entry: Any, g: Any, arrays: list, raws: list, sig: Any) -> None:
+    def __init__(self, entry: Any, g: Any, arrays: list, raws: list, sig: Any, rule: Any
+                 ) -> None:
         self.entry, self.g, self.arrays, self.raws = entry, g, arrays, raws
-        self.rule, self.sig = entry.leaf.rule, sig
+        self.rule, self.sig = rule, sig
 
 
 def _signature(state: Any, x: Any, dtype: Any, arrays: list) -> Any:
@@ -229,7 +231,7 @@ def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
     import jax
     import jax.numpy as jnp
 
-    x, g, rule = e.x, e.grads[0], e.leaf.rule
+    x, g, rule = e.x, e.grads[0], at(e.leaf.rule, e.leaf.clock)
     if g is None or tuple(g.shape) != tuple(x.shape):
         return None
     arrays: list = []
@@ -247,7 +249,7 @@ def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
         key = (trace.shape_of(rule), trace.shape_of(sig), np.dtype(dtype))
     except TypeError:
         return None
-    return key, _Member(e, g, arrays, raws, sig)
+    return key, _Member(e, g, arrays, raws, sig, rule)
 
 
 def fuse(entries: list) -> tuple[list, list]:

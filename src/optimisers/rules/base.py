@@ -80,6 +80,21 @@ class Rule:
         """One step: ``(new_state, d)``; the parameter becomes ``x - d``."""
         raise NotImplementedError(f"{type(self).__name__} must define apply(state, x, dx)")
 
+    def stepped(self, state: Any) -> Any:
+        """Whether the step that gave ``state`` was a real one: ``True`` for most rules;
+        :class:`~optimisers.AccumGrad` says ``False`` while it only accumulates (under
+        ``jax.jit``, a traced truth value). A Leaf's clock counts the real steps (see
+        :meth:`~optimisers.Leaf.advance`), and a schedule in a field is evaluated at it.
+        Reads only the non-array parts of ``state``: a fused group asks it of its state's
+        signature, where arrays are marks.
+
+        Example:
+            >>> from optimisers import Adam
+            >>> Adam().stepped(None)
+            True
+        """
+        return True
+
     def averaged(self, state: Any, x: Any) -> Any:
         """The parameter to evaluate with, kept in ``state`` (an average of ``x``, say), or
         ``None`` for ``x`` itself: what :func:`~optimisers.averaged` puts in the model.

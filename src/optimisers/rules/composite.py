@@ -59,6 +59,14 @@ class OptimiserChain(Rule):
     def init(self, x):
         return tuple(r.init(x) for r in self.rules)
 
+    def stepped(self, state: Any) -> Any:
+        """Real when every rule's step was (an :class:`AccumGrad` in it decides)."""
+        real: Any = True
+        for r, s in zip(self.rules, state):
+            now = r.stepped(s)
+            real = now if real is True else real if now is True else real & now
+        return real
+
     def apply(self, state, x, dx, *higher):
         states = list(state)
         stepped = None  # under jax.jit, after an AccumGrad: whether it really stepped
@@ -109,6 +117,10 @@ class AccumGrad(Rule):
 
     def init(self, x):
         return backends.of(x).zeros_like(x), 1
+
+    def stepped(self, state: Any) -> Any:
+        """Real when the counter came back to 1: the mean went on as the step."""
+        return state[1] == 1
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
@@ -162,6 +174,9 @@ class MixedPrecision(Rule):
         xT = backends.of(x).astype(x, self.dtype)
         return xT, self.rule.init(xT)
 
+    def stepped(self, state: Any) -> Any:
+        return self.rule.stepped(state[1])
+
     def apply(self, state, x, dx, *higher):
         xp = backends.of(x)
         xT, st = state
@@ -204,6 +219,9 @@ class EMA(Rule):
 
     def init(self, x):
         return self.rule.init(x), backends.of(x).copy(x)
+
+    def stepped(self, state: Any) -> Any:
+        return self.rule.stepped(state[0])
 
     def apply(self, state, x, dx, *higher):
         xp = backends.of(x)

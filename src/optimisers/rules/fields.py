@@ -163,8 +163,8 @@ def _numbers(value: Any) -> list | None:
     """
     if isinstance(value, (int, float)):
         return [value]
-    if backends.istraced(value):
-        return None
+    if backends.istraced(value) or _isschedule(value):
+        return None  # a schedule's values are checked where it is evaluated (schedules.at)
     if isinstance(value, np.generic) or backends.library(value) is not None:
         flat = value.tolist()
         stack, out = [flat], []
@@ -178,11 +178,17 @@ def _numbers(value: Any) -> list | None:
     return []
 
 
+def _isschedule(value: Any) -> bool:
+    from optimisers.schedules import Schedule  # (schedules imports this module)
+
+    return isinstance(value, Schedule)
+
+
 def _fits(kind: str, value: Any, numbers: list | None) -> bool:
     """Whether ``value`` is of ``kind`` (for numbers: read as ``numbers``)."""
     if kind in ("number", "whole"):
         if numbers is None:
-            return True  # traced: its kind is a number's, its value unknown
+            return True  # traced or a schedule: its kind is a number's, its value unknown
         whole = kind == "whole"
         return bool(numbers) and all(
             type(v) is int or (not whole and type(v) is float) for v in numbers)
