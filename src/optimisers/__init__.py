@@ -22,6 +22,7 @@ from optimisers.rules import (
     AdaMax,
     AdamW,
     AMSGrad,
+    ClipGlobalNorm,
     ClipGrad,
     ClipNorm,
     Descent,
@@ -38,6 +39,8 @@ from optimisers.rules import (
     Rprop,
     Rule,
     SignDecay,
+    SkipNonFinite,
+    TreeRule,
     WeightDecay,
 )
 from optimisers.schedules import (
@@ -76,6 +79,7 @@ __all__ = [
     "MixedPrecision", "Momentum",
     "NAdam", "Nesterov", "NewValue", "OAdam", "OptimiserChain", "RAdam", "Restructure",
     "RMSProp", "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
+    "ClipGlobalNorm", "SkipNonFinite", "TreeRule",
     # schedules
     "Constant", "Cosine", "Exponential", "Join", "Linear", "OneCycle", "Polynomial",
     "Schedule", "SCHEDULES", "Step", "Warmup",

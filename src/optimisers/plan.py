@@ -142,6 +142,7 @@ class Plan:
         one = groups[0] if len(groups) == 1 else None
         self.group = one if (
             one is not None and one.write and not self.tied and not one.rule.raises()
+            and not one.reduced  # (a tree-level rule reduces over the entries first)
             and len(one.leaves) == len(self.slots)
             and all(map(operator.is_, one.leaves, (leaf for leaf, _, _ in self.slots)))
         ) else None

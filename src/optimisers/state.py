@@ -36,6 +36,7 @@ from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.plan import Plan, first_leaf
 from optimisers.rules import NewValue, Rule, call
+from optimisers.reduce import copier, given, places, totals
 from optimisers.schedules import at, timed
 from optimisers.tree import isleaf, ismutable, isnumeric, maywrite, trainable
 from optimisers.walk import fmap, mirror, place, substitute, walk
@@ -176,20 +177,25 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     Nothing is written before every check has passed and every rule that may raise
     (see :meth:`Rule.raises`) has run, on a copy of its state: its result lands below.
     """
-    timed_by_id: dict[int, bool] = {}
+    kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
+    where: dict[int, tuple] = {}
     for e in entries:
         _check_fit(e)
         rule = e.leaf.rule
-        if timed_by_id.setdefault(id(rule), timed(rule)):
-            _apply(e, None, dry=True)  # a schedule's value out of its field's range
+        kind = kinds.get(id(rule)) or kinds.setdefault(id(rule), (timed(rule), places(rule)))
+        if kind[0]:
+            _apply(e, None, {}, dry=True)  # a schedule's value out of its field's range
+        if kind[1]:
+            where[id(e)] = kind[1]
+    found = totals(entries, where) if where else {}  # tree-level rules' reductions
     risky = [e for e in entries if e.leaf.rule.raises()] if inplace else []
-    copy = _copier() if risky else None
-    done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state)) for e in risky}
+    copy = copier() if risky else None
+    done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state), found) for e in risky}
     rest, new, groups = fused.step_groups([e for e in entries if id(e.leaf) not in done],
-                                          inplace, known)
+                                          inplace, known, found)
     for e in (*rest, *risky):
         leaf, x = e.leaf, e.x
-        state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state)
+        state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state, found)
         leaf.advance(state)
         if isinstance(d, NewValue):
             xp = backends.of(x)
@@ -229,11 +235,13 @@ def _check_fit(e: Entry) -> None:
             f"reinit(tree, model, where={str(e.paths[0])!r})")
 
 
-def _apply(e: Entry, state: Any, dry: bool = False) -> tuple[Any, Any]:
-    """``(new_state, step)`` of one entry's rule, at its Leaf's clock (``dry``: only the
-    rule at the clock made, and so checked); an error names the entry's path."""
+def _apply(e: Entry, state: Any, found: dict, dry: bool = False) -> tuple[Any, Any]:
+    """``(new_state, step)`` of one entry's rule, at its Leaf's clock and with the totals
+    ``found`` of its tree-level rules (``dry``: only the rule at the clock made, and so
+    checked); an error names the entry's path."""
     try:
         now = at(e.leaf.rule, e.leaf.clock)
+        now = given(now, found) if found else now
         return (None, None) if dry else call(now, state, e.x, tuple(e.grads))
     except (ValueError, TypeError, ArithmeticError) as err:
         raise type(err)(f"{err} (in {e.leaf.rule!r} at {e.paths[0]!r})") from err
@@ -348,28 +356,12 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Ke
     return tree, substitute(model, moved) if moved else model
 
 
-def _copier() -> Any:
-    """A function copying writable arrays (packed state stays packed), leaving the rest."""
-    copiers: dict[str, Any] = {}
-
-    def copy(a: Any) -> Any:
-        lib = backends.library(a)
-        if lib is None:
-            return a
-        if lib not in copiers:
-            xp = backends.ops(lib)
-            copiers[lib] = xp.copier()
-        return copiers[lib](a)
-
-    return copy
-
-
 def copy_tree(tree: Any) -> Any:
     """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept,
     and state packed by :func:`fused.pack` stays packed. Each new Leaf is of its old one's
     type: JAX's stay JAX's (``backends/jax.py``), so that a jitted call does not trace again."""
     memo: dict[int, Leaf] = {}
-    copy = _copier()
+    copy = copier()
 
     def leaf(t: Leaf) -> Leaf:
         if id(t) not in memo:

@@ -28,6 +28,7 @@ from typing import Any
 
 from optimisers import backends
 from optimisers.rules import NewValue, OptimiserChain, Rule, call
+from optimisers.reduce import given, places
 from optimisers.schedules import at, timed
 from optimisers.tree import keys_shown
 
@@ -68,6 +69,11 @@ def _inner(rule: Rule) -> list:
         return list(rule.rules)
     fields = getattr(rule, "__dataclass_fields__", {})
     return [v for v in (getattr(rule, f) for f in fields) if isinstance(v, Rule)]
+
+
+def _classes(rule: Rule) -> tuple:
+    """The classes of a rule and of the rules it holds: its step's structure."""
+    return (type(rule), *(c for r in _inner(rule) for c in _classes(r)))
 
 
 class Node(tuple):
@@ -135,14 +141,15 @@ class Group:
     """Leafs stepped together: their rule, state signature, arrays, and parameters."""
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
-                 "step", "large", "subtract", "prints", "t", "timed", "now")
+                 "step", "large", "subtract", "prints", "t", "timed", "now", "reduced",
+                 "made_for")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
         self.leaves = [e.leaf for e, _ in members]
         # the members' one clock (groups are made of Leafs whose clocks agree), and the
         # rule at it: evaluated once per step where a schedule is in the rule's fields
-        self.t, self.timed = self.leaves[0].clock, timed(rule)
+        self.t, self.timed, self.reduced = self.leaves[0].clock, timed(rule), bool(places(rule))
         self.now = at(rule, self.t)
         self.arrays = [arrays for _, arrays in members]
         self.xs = [e.x for e, _ in members]
@@ -172,12 +179,14 @@ class Group:
             for e, leaf, x, st in zip(entries, self.leaves, self.xs, self.states)
         ) and not self.moved()
 
-    def run(self, grads: list, new: dict) -> None:
+    def run(self, grads: list, new: dict, found: dict | None = None) -> None:
         """One fused step: one compiled pass where the backend has one for this rule,
         else the rule's ``apply`` on cache-sized pieces of large arrays, else on the
-        concatenation of all, scattered back. The rule is taken at the group's clock."""
-        if self.timed:
-            self.now = at(self.rule, self.t)
+        concatenation of all, scattered back. The rule is taken at the group's clock, with
+        the totals ``found`` of its tree-level rules (``reduce.py``)."""
+        if self.timed or self.reduced:
+            now = at(self.rule, self.t)
+            self.now = given(now, found) if self.reduced and found else now
         if not (self._onepass(grads) or self._chunked(grads)):
             self._joined(grads, new)
 
@@ -191,6 +200,9 @@ class Group:
             xp = self.xp
             step = self.step = (xp.onepass(self.now, self.sig, self.xs, self.arrays)
                                 if self.write else None)
+            self.made_for = _classes(self.now)
+        if self.reduced and _classes(self.now) != self.made_for:
+            return False  # a tree-level rule gave another kind of step (a skip, say)
         after = step(grads, self.sig, self.now) if step is not None else NotImplemented
         if after is NotImplemented:
             return False
@@ -287,8 +299,8 @@ class Group:
         self.sig = newsig
 
 
-def step_groups(entries: list, inplace: bool, known: list | None = None
-                ) -> tuple[list, dict, list]:
+def step_groups(entries: list, inplace: bool, known: list | None = None,
+                found: dict | None = None) -> tuple[list, dict, list]:
     """Run the fusible entries group by group.
 
     ``known`` groups (from an earlier step) are tried first, checked by identity; the
@@ -298,14 +310,14 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
     new: dict[int, Any] = {}
     ran: list[Group] = []
     if known:
-        entries = _run_known(known, entries, new, ran)
+        entries = _run_known(known, entries, new, ran, found)
     fresh, rest, calls = _sort(entries, inplace)
     for (rule, sig, *_, write), members in fresh.items():
         if len(members) < MIN_GROUP:
             rest.extend(e for e, _ in members)
             continue
         group = Group(rule, sig, members, write)
-        _run(group, [e for e, _ in members], new)
+        _run(group, [e for e, _ in members], new, found)
         ran.append(group)
     for xp, batch in calls.items():
         left, done = xp.fuse(batch)
@@ -316,13 +328,14 @@ def step_groups(entries: list, inplace: bool, known: list | None = None
     return rest, new, ran
 
 
-def _run_known(known: list, entries: list, new: dict, ran: list) -> list:
+def _run_known(known: list, entries: list, new: dict, ran: list, found: dict | None
+               ) -> list:
     """Run each of the ``known`` groups that still holds its entries; the entries left."""
     byleaf = {id(e.leaf): e for e in entries}
     for group in known:
         members = [byleaf.get(id(leaf)) for leaf in group.leaves]
         if group.holds(members):
-            _run(group, members, new)
+            _run(group, members, new, found)
             ran.append(group)
             for leaf in group.leaves:
                 del byleaf[id(leaf)]
@@ -341,7 +354,7 @@ def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
         lib = backends.library(x)
         xp = backends.ops(lib) if lib is not None else None
         if len(e.grads) != 1 or not fusible(rule)[0] or xp is None or not (
-                xp.FUSES_ITSELF or xp.CONCATENATES):
+                xp.FUSES_ITSELF or xp.CONCATENATES) or xp.FUSES_ITSELF and places(rule):
             rest.append(e)
         elif xp.FUSES_ITSELF:
             calls.setdefault(xp, []).append(e)
@@ -357,10 +370,10 @@ def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
     return fresh, rest, calls
 
 
-def _run(group: Group, members: list, new: dict) -> None:
+def _run(group: Group, members: list, new: dict, found: dict | None) -> None:
     """``group.run`` on its members' gradients; an error names the members' paths."""
     try:
-        group.run([e.grads[0] for e in members], new)
+        group.run([e.grads[0] for e in members], new, found)
     except (ValueError, TypeError, ArithmeticError) as err:
         err.add_note(in_group([e.paths[0] for e in members], group.rule))
         raise

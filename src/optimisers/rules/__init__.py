@@ -24,10 +24,12 @@ from optimisers.rules.base import RULES, NewValue, Rule, call, ngrads
 from optimisers.rules.composite import EMA, AccumGrad, MixedPrecision, OptimiserChain
 from optimisers.rules.descent import Descent, Momentum, Nesterov, Rprop
 from optimisers.rules.transforms import ClipGrad, ClipNorm, SignDecay, WeightDecay
+from optimisers.rules.tree import ClipGlobalNorm, SkipNonFinite, TreeRule
 
 __all__ = [
     "Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Rprop", "Adam", "RAdam",
     "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad", "NAdam", "AdamW", "AdaBelief",
     "Lion", "WeightDecay", "SignDecay", "ClipGrad", "ClipNorm", "OptimiserChain",
     "AccumGrad", "MixedPrecision", "EMA", "NewValue", "RULES", "call", "ngrads",
+    "TreeRule", "ClipGlobalNorm", "SkipNonFinite",
 ]

@@ -77,10 +77,11 @@ class OptimiserChain(Rule):
                 break
             if stepped is not None:  # keep the old state where no step was taken
                 states[i] = _select(backends.of(x), stepped, states[i], old)
-            elif isinstance(r, AccumGrad) and backends.istraced(states[i][1]):
-                stepped = states[i][1] == 1
+            elif backends.istraced(real := r.stepped(states[i])):  # AccumGrad's, under jit
+                stepped = real
         if stepped is not None and dx is not None:
-            dx = backends.of(x).where(stepped, dx, 0 * dx)
+            xp = backends.of(x)  # (zeros, not 0 * dx: a skipped NaN stays out)
+            dx = xp.where(stepped, dx, xp.zeros_like(dx))
         return tuple(states), dx
 
 
@@ -177,6 +178,12 @@ class MixedPrecision(Rule):
     def stepped(self, state: Any) -> Any:
         return self.rule.stepped(state[1])
 
+    def held(self, state: Any, x: Any, dx: Any) -> tuple:
+        """``(state, x, dx)`` as the rule it runs sees them: its state, the master copy,
+        the gradient in the master's dtype."""
+        xT, st = state
+        return st, xT, dx if dx is None else backends.of(xT).cast(dx, xT)
+
     def apply(self, state, x, dx, *higher):
         xp = backends.of(x)
         xT, st = state
@@ -222,6 +229,10 @@ class EMA(Rule):
 
     def stepped(self, state: Any) -> Any:
         return self.rule.stepped(state[0])
+
+    def held(self, state: Any, x: Any, dx: Any) -> tuple:
+        """``(state, x, dx)`` as the rule it runs sees them."""
+        return state[0], x, dx
 
     def apply(self, state, x, dx, *higher):
         xp = backends.of(x)

@@ -1,0 +1,150 @@
+"""The reduction of tree-level rules: the stage of an update between gathering and stepping.
+
+A tree-level rule (``rules/tree.py``) sits at a *place* in a Leaf's rule: ``()`` for the
+rule itself, a chain's index, or the field of a rule that holds another (``EMA.rule``). Its
+scope in one update is every entry whose rule holds an equal tree-level rule at the same
+place. For each scope, :func:`totals` takes each entry's part from the gradient as it
+reaches that place (the rules before it in a chain run on copies of their states, so that
+nothing is written yet), makes the total, and lets the rule refuse the step; :func:`given`
+then gives the rule each Leaf steps with, every tree-level rule replaced by its per-array
+form holding the total.
+"""
+
+from __future__ import annotations
+
+import copy as _copy_module
+from typing import Any
+
+from optimisers import backends
+from optimisers.rules import OptimiserChain, Rule, call
+from optimisers.rules.tree import TreeRule
+from optimisers.walk import fmap
+
+__all__ = ["places", "totals", "given", "copier"]
+
+
+def copier() -> Any:
+    """copier() -> a function copying writable arrays (packed state stays packed) and
+    leaving anything else as it is; map it over a state with ``fmap``.
+
+    Example:
+        >>> import numpy as np
+        >>> a = np.ones(2)
+        >>> b = copier()(a); b is a, b
+        (False, array([1., 1.]))
+    """
+    copiers: dict[str, Any] = {}
+
+    def copy(a: Any) -> Any:
+        lib = backends.library(a)
+        if lib is None:
+            return a
+        if lib not in copiers:
+            copiers[lib] = backends.ops(lib).copier()
+        return copiers[lib](a)
+
+    return copy
+
+
+def places(rule: Rule) -> tuple:
+    """places(rule) -> ``((place, tree_rule), ...)``: where tree-level rules sit in ``rule``.
+
+    Example:
+        >>> from optimisers import Adam, OptimiserChain, ClipGlobalNorm
+        >>> places(OptimiserChain(ClipGlobalNorm(), Adam()))
+        (((0,), ClipGlobalNorm(omega=1.0, p=2.0)),)
+    """
+    try:
+        return _PLACES[rule]
+    except (KeyError, TypeError):
+        pass
+    found = tuple(_find(rule, ()))
+    try:
+        _PLACES[rule] = found
+    except TypeError:  # unhashable: a value traced under jit
+        pass
+    return found
+
+
+_PLACES: dict[Any, tuple] = {}
+
+
+def _find(rule: Any, place: tuple) -> list:
+    if isinstance(rule, TreeRule):
+        return [(place, rule)]
+    if type(rule) is OptimiserChain:
+        return [f for i, r in enumerate(rule.rules) for f in _find(r, (*place, i))]
+    if getattr(rule, "held", None) is not None:  # EMA, MixedPrecision: the rule they run
+        return _find(rule.rule, (*place, "rule"))
+    return []
+
+
+def totals(entries: list, where: dict) -> dict:
+    """``{(place, tree_rule): total}`` over the entries in each scope; ``where`` maps
+    ``id(entry)`` to the ``places`` of its rule. The tree-level rule may refuse the step
+    here (``check``), before anything is written."""
+    scopes: dict[tuple, list] = {}
+    for e in entries:
+        for place, rule in where.get(id(e), ()):
+            scopes.setdefault(_key(place, rule), [rule]).append(e)
+    out = {}
+    copy = copier()
+    for key, (rule, *members) in scopes.items():
+        place = key[0]
+        arriving = [_arriving(e.leaf.rule, e.leaf.state, e.x, e.grads[0], place, copy)
+                    for e in members]
+        parts = [rule.part(g) for g in arriving if g is not None]
+        if not parts:
+            continue
+        total = out[key] = rule.total(parts)
+        rule.check(total, [_state_at(e.leaf.rule, e.leaf.state, place) for e in members],
+                   [e.paths[0] for e in members])
+    return out
+
+
+def _key(place: tuple, rule: TreeRule) -> tuple:
+    """A scope's key: the place and the rule; under ``jax.jit``, where the rule's numbers
+    are traced and cannot be compared, the place and the rule's class."""
+    try:
+        hash(rule)
+    except TypeError:
+        return place, type(rule)
+    return place, rule
+
+
+def _arriving(rule: Any, state: Any, x: Any, dx: Any, place: tuple, copy: Any) -> Any:
+    """The gradient as it reaches ``place`` in ``rule`` (``None``: no step reaches it)."""
+    for step in place:
+        if isinstance(step, int):  # a chain: the rules before run on copies of their states
+            for r, s in zip(rule.rules[:step], state[:step]):
+                _, dx = call(r, fmap(copy, s), x, (dx,))
+                if dx is None:
+                    return None
+            rule, state = rule.rules[step], state[step]
+        else:
+            rule, state, x, dx = rule.rule, *rule.held(state, x, dx)
+    return dx
+
+
+def _state_at(rule: Any, state: Any, place: tuple) -> Any:
+    for step in place:
+        if isinstance(step, int):
+            rule, state = rule.rules[step], state[step]
+        else:
+            rule, state = rule.rule, rule.held(state, None, None)[0]
+    return state
+
+
+def given(rule: Any, found: dict, place: tuple = ()) -> Any:
+    """``rule`` with each tree-level rule replaced by its per-array form for the totals
+    ``found`` (as :func:`totals` gives them); where a scope had no total, the rule itself."""
+    if isinstance(rule, TreeRule):
+        total = found.get(_key(place, rule))
+        return rule if total is None else rule.given(total)
+    if type(rule) is OptimiserChain:
+        return OptimiserChain(*(given(r, found, (*place, i)) for i, r in enumerate(rule.rules)))
+    if getattr(rule, "held", None) is not None:
+        new = _copy_module.copy(rule)
+        object.__setattr__(new, "rule", given(rule.rule, found, (*place, "rule")))
+        return new
+    return rule

@@ -1,0 +1,224 @@
+"""Tree-level rules: rules that see every gradient of one update at once.
+
+A tree-level rule sits in a Leaf's rule like any other (alone, or in an
+:class:`~optimisers.OptimiserChain`), but its step depends on all the Leafs in its scope:
+``update`` reduces over them between gathering the gradients and stepping
+(``optimisers/reduce.py``). Each Leaf gives its part (:meth:`TreeRule.part`, from the
+gradient as it reaches the rule), the parts make one total (:meth:`TreeRule.total`), and
+the Leafs then step with :meth:`TreeRule.given`, an ordinary per-array rule holding the
+total as a number: so the fused paths and ``jax.jit`` take it as they take any rule. A new
+tree-level rule (a global estimate, a sharded norm) is one more subclass.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from optimisers import backends
+from optimisers.rules.base import Rule
+from optimisers.rules.fields import hyperparameter
+
+__all__ = ["TreeRule", "ClipGlobalNorm", "SkipNonFinite"]
+
+
+class TreeRule(Rule):
+    """TreeRule: the base of rules that reduce over all the Leafs of an update.
+
+    Its scope is every Leaf stepped in one update whose rule holds an equal tree-level
+    rule at the same place; a tied Leaf counts once, frozen Leafs and Leafs without a
+    gradient are left out. Called on one array alone (``apply``), it treats that array
+    as the whole tree.
+    """
+
+    def part(self, dx: Any) -> Any:
+        """This Leaf's part of the reduction, from the gradient reaching the rule."""
+        raise NotImplementedError
+
+    def total(self, parts: list) -> Any:
+        """The reduction of every Leaf's part."""
+        raise NotImplementedError
+
+    def given(self, total: Any) -> Rule:
+        """The per-array rule each Leaf steps with, the total known (same state)."""
+        raise NotImplementedError
+
+    def check(self, total: Any, states: list, paths: list) -> None:
+        """Raise, before anything is written, where the total forbids the step."""
+
+    def apply(self, state, x, dx):
+        return self.given(self.total([self.part(dx)])).apply(state, x, dx)
+
+
+@dataclass(frozen=True)
+class _Scaled(Rule):
+    """The step of :class:`ClipGlobalNorm` once the norm is known: ``d = factor * g``."""
+
+    elementwise = True
+    factor: float = 1.0
+
+    def raises(self) -> bool:
+        return False
+
+    def apply(self, state, x, dx):
+        (factor,) = backends.of(x).hyper(x, self.factor)
+        return state, dx * factor
+
+
+@dataclass(frozen=True)
+class ClipGlobalNorm(TreeRule):
+    """ClipGlobalNorm(omega=1.0, p=2.0): rescale all gradients by ``min(1, omega / n)``,
+    ``n`` the ``p``-norm of all of them together (the norm of the arrays' norms).
+
+    As ``torch.nn.utils.clip_grad_norm_(parameters, omega, p)`` (which divides by
+    ``n + 1e-6``: the two differ by that, relatively) and ``optax.clip_by_global_norm``.
+    Put it first in a chain (after :class:`~optimisers.AccumGrad`, it clips the
+    accumulated gradient).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, OptimiserChain, setup, update
+        >>> model = [np.zeros(1), np.zeros(1)]
+        >>> tree = setup(OptimiserChain(ClipGlobalNorm(1.0), Descent(1.0)), model)
+        >>> update(tree, model, [np.array([3.0]), np.array([4.0])])[1]
+        [array([-0.6]), array([-0.8])]
+    """
+
+    elementwise = True  # given the norm (the group's rule is given it first)
+
+    omega: float = hyperparameter(1.0, "[0, inf)")
+    p: float = hyperparameter(2.0, "(0, inf]", static=True)
+
+    def raises(self) -> bool:
+        return False
+
+    def part(self, dx: Any) -> Any:
+        return backends.of(dx).norm(dx, self.p)
+
+    def total(self, parts: list) -> Any:
+        if self.p == float("inf"):
+            return functools.reduce(_larger, parts)
+        return sum(n ** self.p for n in parts) ** (1 / self.p)
+
+    def given(self, total: Any) -> Rule:
+        if not backends.istraced(total):
+            n = float(total)
+            return _Scaled(self.omega / n if n > self.omega else 1.0)
+        xp = backends.of(total)
+        big = total > self.omega
+        return _Scaled(xp.where(big, self.omega / xp.where(big, total, 1), 1))
+
+
+def _larger(a: Any, b: Any) -> Any:
+    if backends.istraced(a) or backends.istraced(b):
+        xp = backends.of(a if backends.istraced(a) else b)
+        return xp.maximum(a, b)
+    return a if a >= b else b
+
+
+class _Counting(Rule):
+    """The state of :class:`SkipNonFinite` once the decision is known: the count of
+    consecutive skips (a step is real when it is 0)."""
+
+    def raises(self) -> bool:
+        return False
+
+    def init(self, x):
+        return 0
+
+    def stepped(self, state: Any) -> Any:
+        return state == 0
+
+
+@dataclass(frozen=True)
+class _Passing(_Counting):
+    """Every gradient finite: passed on, the count back to 0."""
+
+    elementwise = True
+
+    def apply(self, state, x, dx):
+        return 0, dx
+
+
+@dataclass(frozen=True)
+class _Skipped(_Counting):
+    """A gradient not finite: no step, the count up."""
+
+    elementwise = True
+
+    def apply(self, state, x, dx):
+        return state + 1, None
+
+
+@dataclass(frozen=True)
+class _Skipping(_Counting):
+    """Under ``jax.jit``, the decision traced: chosen with ``where``."""
+
+    finite: Any = None
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        return (xp.where(self.finite, 0, state + 1),
+                xp.where(self.finite, dx, xp.zeros_like(dx)))
+
+
+@dataclass(frozen=True)
+class SkipNonFinite(TreeRule):
+    """SkipNonFinite(limit=None): when any gradient in scope is NaN or infinite, skip the
+    whole step: no parameter, no state of the rules after it and no clock changes, and the
+    state counts the skip. After ``limit`` consecutive skips, the next non-finite step
+    raises ``FloatingPointError`` (nothing written). As ``optax.apply_if_finite``, and
+    ``torch.amp.GradScaler``'s skipped steps. The state is the count of consecutive skips.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, OptimiserChain, setup, update_
+        >>> model = [np.ones(1), np.ones(1)]
+        >>> tree = setup(OptimiserChain(SkipNonFinite(), Descent(0.5)), model)
+        >>> _ = update_(tree, model, [np.array([np.nan]), np.array([1.0])])
+        >>> model, tree[1].state[0]
+        ([array([1.]), array([1.])], 1)
+    """
+
+    elementwise = True  # given the decision (the group's rule is given it first)
+
+    limit: Any = field(default=None, metadata={"static": True})  # checked below
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(
+                self.limit, bool) or self.limit < 0):
+            raise ValueError(f"Invalid limit parameter: {self.limit!r}; SkipNonFinite's "
+                             f"limit must be None or a whole number >= 0")
+
+    def raises(self) -> bool:
+        return False
+
+    def init(self, x):
+        return 0
+
+    def stepped(self, state: Any) -> Any:
+        return state == 0
+
+    def part(self, dx: Any) -> Any:
+        return backends.of(dx).norm(dx, float("inf")) < float("inf")  # NaN compares false
+
+    def total(self, parts: list) -> Any:
+        if not any(map(backends.istraced, parts)):
+            return all(bool(ok) for ok in parts)
+        return functools.reduce(lambda a, b: a & b, parts)
+
+    def given(self, total: Any) -> Rule:
+        if backends.istraced(total):
+            return _Skipping(total)
+        return _Passing() if total else _Skipped()
+
+    def check(self, total: Any, states: list, paths: list) -> None:
+        if total is not False or self.limit is None:
+            return
+        for state, kp in zip(states, paths):
+            if not backends.istraced(state) and state >= self.limit:
+                raise FloatingPointError(
+                    f"SkipNonFinite: a non-finite gradient after {state} consecutive "
+                    f"skipped steps (limit={self.limit}) at {kp!r}")
