@@ -35,8 +35,8 @@ from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.plan import Plan, first_leaf
-from optimisers.rules import NewValue, Rule, call
 from optimisers.reduce import copier, given, places, totals
+from optimisers.rules import NewValue, Rule, call
 from optimisers.schedules import at, timed
 from optimisers.tree import isleaf, ismutable, isnumeric, maywrite, trainable
 from optimisers.walk import fmap, mirror, place, substitute, walk

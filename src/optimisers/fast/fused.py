@@ -27,8 +27,8 @@ import itertools
 from typing import Any
 
 from optimisers import backends
-from optimisers.rules import NewValue, OptimiserChain, Rule, call
 from optimisers.reduce import given, places
+from optimisers.rules import NewValue, OptimiserChain, Rule, call
 from optimisers.schedules import at, timed
 from optimisers.tree import keys_shown
 
