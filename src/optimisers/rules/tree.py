@@ -30,6 +30,14 @@ class TreeRule(Rule):
     rule at the same place; a tied Leaf counts once, frozen Leafs and Leafs without a
     gradient are left out. Called on one array alone (``apply``), it treats that array
     as the whole tree.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import ClipGlobalNorm
+        >>> rule = ClipGlobalNorm(1.0)
+        >>> total = rule.total([rule.part(np.array([3.0])), rule.part(np.array([4.0]))])
+        >>> float(total), rule.given(total).apply(None, np.zeros(1), np.array([3.0]))[1]
+        (5.0, array([0.6]))
     """
 
     def part(self, dx: Any) -> Any:
