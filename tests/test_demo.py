@@ -20,7 +20,8 @@ FEATURES = [  # a line that starts so, for each thing the demo must show
     "weight decay: adjust_(tree, where='*.bias', lambd=0.0)",
     "AccumGrad(2):",
     "freeze_: step 10: freeze_(tree['encoder'])",
-    "adjust_: step 20: adjust_(tree, 0.003)",
+    "schedule: eta = Warmup(",
+    "adjust_: step 20: adjust_(tree, 0.003) puts a number in place of the schedule",
     "thaw_: step 30: thaw_(tree['encoder'])",
     "checkpoint: save(path, tree) at step 21",
     "BatchNorm: trainable(model.norm) = ('beta', 'gamma'); the state tree has mu: None, "
@@ -100,7 +101,7 @@ def test_plot_writes_png(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "losses.png"
     out = run_demo(capsys, "--plot", str(path))
-    assert f"plot: wrote the loss curves of 6 rules to {path}" in out
+    assert f"plot: wrote the loss curves of 6 rules and the tour's learning rate to {path}" in out
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
 

@@ -11,7 +11,7 @@ import time
 import optimisers
 from optimisers.demo import comparison
 from optimisers.demo.backends import BACKENDS, Backend
-from optimisers.demo.feature_tour import tour
+from optimisers.demo.feature_tour import TOUR_RULE, tour
 from optimisers.demo.model import (
     HIDDEN,
 )
@@ -105,9 +105,12 @@ def _run(bk: Backend, args: argparse.Namespace) -> int:
         f"and batches ==")
     curves = comparison.compare(task, args.steps, out)
     if args.plot is not None:
+        eta = TOUR_RULE.rules[2].eta  # per real step: one per two micro-batches
+        lr = (list(range(args.steps)), [eta(i // 2) for i in range(args.steps)])
         comparison.plot(args.plot, curves,
-                        f"optimisers demo: two spirals, {bk.name}, seed {args.seed}")
-        out(f"plot: wrote the loss curves of {len(curves)} rules to {args.plot}")
+                        f"optimisers demo: two spirals, {bk.name}, seed {args.seed}", lr)
+        out(f"plot: wrote the loss curves of {len(curves)} rules and the tour's learning "
+            f"rate to {args.plot}")
     out(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -60,7 +60,7 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
     return curves
 
 
-def plot(path: str, curves: dict[str, tuple], title: str) -> None:
+def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,6 +75,10 @@ def plot(path: str, curves: dict[str, tuple], title: str) -> None:
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    if lr is not None:  # (steps, values): a learning rate, on its own axis at the right
+        right = ax.twinx()
+        right.plot(*lr, color="grey", ls="--", lw=1.2)
+        right.set_ylabel("the tour's learning rate (dashed)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -12,7 +12,10 @@ import numpy as np
 from optimisers import (
     AccumGrad,
     AdamW,
+    ClipGlobalNorm,
+    Cosine,
     OptimiserChain,
+    Warmup,
     adjust_,
     destructure,
     freeze_,
@@ -37,8 +40,13 @@ from optimisers.demo.training import (
     save_model,
     train,
 )
+from optimisers.schedules import at
 
-TOUR_RULE = OptimiserChain(AccumGrad(2), AdamW(0.01, lambd=0.01))
+TOUR_RULE = OptimiserChain(AccumGrad(2), ClipGlobalNorm(1.0),
+                           AdamW(Warmup(Cosine(0.01, 0.001, 100), 10, 0.001), lambd=0.01))
+"""The tour's rule: one step per two micro-batches, all gradients clipped together to
+norm 1, and AdamW whose learning rate warms up from 0.001 over 10 real steps, then decays on a half
+cosine over 100 (the clock counts AccumGrad's real steps)."""
 
 
 
@@ -74,10 +82,12 @@ class Tour:
             say(f"freeze_: step {i}: freeze_(tree['encoder']) marks the encoder's Leafs "
                 f"frozen; updates skip them")
         if i == self.adjust_at:
-            old = float(tree["head"]["weight"].rule.rules[1].eta)
+            leaf = tree["head"]["weight"]
+            old = at(leaf.rule, leaf.clock).rules[2].eta
             adjust_(tree, self.eta)
-            say(f"adjust_: step {i}: adjust_(tree, {self.eta}) lowers the learning rate "
-                f"{old:g} -> {self.eta} in every rule, keeping the optimiser state")
+            say(f"adjust_: step {i}: adjust_(tree, {self.eta}) puts a number in place of "
+                f"the schedule, at {old:.4g} after {leaf.clock} real steps, in every rule, "
+                f"keeping the optimiser state")
         if i == self.save_at and not quiet:
             save(self.ckpt, tree)
             save_model(self.weights, self.task.bk, model)
@@ -108,11 +118,15 @@ def tour(task: Task, steps: int, out: Callable[[str], None]) -> None:
     model = make_model(bk, task.init)
     tree = setup(TOUR_RULE, model)
     out(f"rule: {TOUR_RULE!r}")
+    eta = TOUR_RULE.rules[2].eta
+    out(f"schedule: eta = {eta!r} at each Leaf's clock (AccumGrad's real steps): "
+        f"{eta(0):g} at 0, {eta(10):g} at 10, {eta(60):.4g} at 60; ClipGlobalNorm(1.0) "
+        f"rescales all gradients of a step together")
     adjust_(tree, where="*.bias", lambd=0.0)
     biases = [str(kp) for kp, _ in trainables(model, path=True) if kp[-1] == "bias"]
     out(f"weight decay: adjust_(tree, where='*.bias', lambd=0.0) switches it off for "
         f"{', '.join(biases)}; the other Leafs keep lambd="
-        f"{tree['head']['weight'].rule.rules[1].lambd}")
+        f"{tree['head']['weight'].rule.rules[2].lambd}")
     mu0, var0 = (float(np.abs(bk.numpy(v)).mean()) for v in (model.norm.mu, model.norm.var))
     with tempfile.TemporaryDirectory(prefix="optimisers-demo-") as folder:
         t = Tour(task, steps, folder, out)
