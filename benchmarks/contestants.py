@@ -13,15 +13,23 @@ JAX_FLOOR = ("jitted SGD step (floor)", "Adam, flat state (sketch)")  # --jax-fl
 
 # --- contestants: one Adam step ---------------------------------------------------------------
 
+def scheduled(o: Any) -> Any:
+    """Adam whose learning rate is a warmup-cosine schedule (long, so that it stays near LR)."""
+    return o.Adam(eta=o.Warmup(o.Cosine(LR, LR / 10, 10**7), 1, LR))
+
+
 def numpy_rows(o: Any, x0: Any, g: Any) -> list[Row]:
     import numpy as np
 
-    def ours() -> Callable:
-        model = tmap(np.copy, x0)
-        tree = o.setup(o.Adam(LR), model)
-        return lambda: o.update_(tree, model, g)
+    def ours(rule: Callable) -> Callable[[], Callable]:
+        def build() -> Callable:
+            model = tmap(np.copy, x0)
+            tree = o.setup(rule(), model)
+            return lambda: o.update_(tree, model, g)
+        return build
 
-    return [Row("ours numpy", "numpy", ours),
+    return [Row("ours numpy", "numpy", ours(lambda: o.Adam(LR))),
+            Row("ours numpy, scheduled eta", "numpy", ours(lambda: scheduled(o))),
             Row("numpy loop", "numpy", lambda: adam_loop(x0, g)[0])]
 
 
@@ -119,15 +127,17 @@ def torch_rows(o: Any, x0: Any, g: Any) -> list[Row]:
             pi.grad = gi
         return p, tleaves(p)
 
-    def ours() -> Callable:
-        model = tmap(lambda a: torch.from_numpy(np.copy(a)), x0)
-        tree = o.setup(o.Adam(LR), model)
+    def ours(rule: Callable) -> Callable[[], Callable]:
+        def build() -> Callable:
+            model = tmap(lambda a: torch.from_numpy(np.copy(a)), x0)
+            tree = o.setup(rule(), model)
 
-        def step() -> None:
-            with torch.no_grad():
-                o.update_(tree, model, tg)
+            def step() -> None:
+                with torch.no_grad():
+                    o.update_(tree, model, tg)
 
-        return step
+            return step
+        return build
 
     def ours_module() -> Callable:
         p, _ = params()
@@ -148,7 +158,8 @@ def torch_rows(o: Any, x0: Any, g: Any) -> list[Row]:
 
         return build
 
-    return [Row("ours torch", "torch", ours),
+    return [Row("ours torch", "torch", ours(lambda: o.Adam(LR))),
+            Row("ours torch, scheduled eta", "torch", ours(lambda: scheduled(o))),
             Row("ours torch nn.Module", "torch", ours_module),
             Row("torch Adam fused", "torch", peer(fused=True)),
             Row("torch Adam foreach", "torch", peer(foreach=True))]

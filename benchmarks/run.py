@@ -360,12 +360,16 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
               "A,C <= 1.0, B <= 0.25 (with numba)")
     if "numpy" in libs:
         ratio("ours numpy / numpy loop", "ours numpy", "numpy loop", "<= 1.0 (without numba)")
+        ratio("ours numpy scheduled / unscheduled", "ours numpy, scheduled eta", "ours numpy",
+              "<= 1.2")
     if "torch" in libs:
         ratio("ours torch / torch fused", "ours torch", "torch Adam fused",
               "A,C <= 1.0, B <= 0.5")
         ratio("ours torch nn.Module / torch fused", "ours torch nn.Module", "torch Adam fused",
               "A,C <= 1.0, B <= 0.5")
         ratio("ours torch / torch foreach", "ours torch", "torch Adam foreach")
+        ratio("ours torch scheduled / unscheduled", "ours torch, scheduled eta", "ours torch",
+              "<= 1.2")
     if "jax" in libs:
         ratio("ours jax / optax", "ours jax (jit)", "optax.adam (jit)", "A,C <= 1.0, B <= 0.25")
         for k in JAX_FLOOR:
