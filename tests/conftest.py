@@ -15,6 +15,7 @@ from optimisers import (
     AdaMax,
     AdamW,
     AMSGrad,
+    ClipGlobalNorm,
     ClipGrad,
     ClipNorm,
     Descent,
@@ -29,6 +30,7 @@ from optimisers import (
     RMSProp,
     Rprop,
     SignDecay,
+    SkipNonFinite,
     WeightDecay,
     freeze_,
     setup,
@@ -50,10 +52,11 @@ DESCENDING = [
     OptimiserChain(AccumGrad(2), Adam(0.05)),
     MixedPrecision(Adam(0.05)), MixedPrecision(OptimiserChain(ClipGrad(1.0), Momentum(0.05))),
     EMA(Adam(0.05), 0.9),
+    OptimiserChain(SkipNonFinite(), ClipGlobalNorm(1.0), AdamW(0.05, lambd=0.01)),
 ]
 # Rules that only transform gradients: they "descend" as gradient descent with step 1.
 TRANSFORMS = [WeightDecay(), SignDecay(), ClipGrad(), ClipNorm(), OptimiserChain(),
-              AccumGrad(3)]
+              AccumGrad(3), ClipGlobalNorm(), SkipNonFinite()]
 
 # Defaults with small steps: they descend, slowly.
 SLOW = [Adam(), AdaDelta()]
@@ -94,9 +97,9 @@ def spy_runs(monkeypatch) -> list:
     runs: list = []
     original = fused.Group.run
 
-    def spy(self, grads, new):
+    def spy(self, grads, new, found=None):
         runs.append((id(self), len(grads)))
-        return original(self, grads, new)
+        return original(self, grads, new, found)
 
     monkeypatch.setattr(fused.Group, "run", spy)
     return runs

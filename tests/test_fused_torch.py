@@ -57,9 +57,12 @@ def run(rule, steps, inplace, fuse, monkeypatch, dtype=torch.float32, adjust_at=
 def has_program(rule) -> bool:
     """Whether the code generator follows the rule's ``apply`` (``fast/trace.py``), so
     that a group of it may run a compiled kernel."""
-    sig = O.fast.fused.signature(rule.init(torch.zeros(2)), [])
+    x = torch.ones(2)
+    sig = O.fast.fused.signature(rule.init(x), [])
+    reduce = O.reduce  # a tree-level rule is traced as a group steps it: given its total
+    stepped = reduce.given(rule, {(p, r): r.total([r.part(x)]) for p, r in reduce.places(rule)})
     return (O.fast.fused.fusible(rule)[0] and not rule.raises()
-            and trace.trace(rule, sig) is not None)
+            and trace.trace(stepped, sig) is not None)
 
 
 def kernel(rule, dtype=torch.float32):

@@ -339,10 +339,10 @@ def test_one_pass_steps_refuse_gradients_that_do_not_fit(builder, many, monkeypa
     for grads in ([np.ones(16, np.float32)] * (len(xs) - 1) + [np.ones(17, np.float32)],
                   [np.ones(16, np.float32)] * (len(xs) - 1)):
         with pytest.raises(ValueError, match="gradient"):
-            step(grads, sig)
+            step(grads, sig, O.Momentum())
     after = [*xs, *(s for member in arrays for s in member)]
     assert all((a == b).all() for a, b in zip(before, after))
-    step([np.ones(16, np.float32)] * len(xs), sig)
+    step([np.ones(16, np.float32)] * len(xs), sig, O.Momentum())
     assert (xs[0] == np.float32(1 - 0.01)).all()
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from optimisers import backends
 from optimisers.reduce import given, places
-from optimisers.rules import NewValue, OptimiserChain, Rule, call
+from optimisers.rules import EMA, MixedPrecision, NewValue, OptimiserChain, Rule, call
 from optimisers.schedules import at, timed
 from optimisers.tree import keys_shown
 
@@ -69,6 +69,13 @@ def _inner(rule: Rule) -> list:
         return list(rule.rules)
     fields = getattr(rule, "__dataclass_fields__", {})
     return [v for v in (getattr(rule, f) for f in fields) if isinstance(v, Rule)]
+
+
+def _counts(rule: Rule) -> bool:
+    """Whether some step of ``rule`` may not be real (:meth:`Rule.stepped` overridden below
+    the composites that only pass the question on): the clock must then ask."""
+    passing = (OptimiserChain, EMA, MixedPrecision)
+    return any(c.stepped is not Rule.stepped and c not in passing for c in _classes(rule))
 
 
 def _classes(rule: Rule) -> tuple:
@@ -142,7 +149,7 @@ class Group:
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
                  "step", "large", "subtract", "prints", "t", "timed", "now", "reduced",
-                 "made_for")
+                 "made_for", "counts")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -151,6 +158,7 @@ class Group:
         # rule at it: evaluated once per step where a schedule is in the rule's fields
         self.t, self.timed, self.reduced = self.leaves[0].clock, timed(rule), bool(places(rule))
         self.now = at(rule, self.t)
+        self.counts = _counts(rule)  # whether it must ask which steps were real
         self.arrays = [arrays for _, arrays in members]
         self.xs = [e.x for e, _ in members]
         self.states: list = []  # the state objects this group last gave its Leafs
@@ -290,7 +298,7 @@ class Group:
         (:meth:`~optimisers.Leaf.advance`, for the whole group at once)."""
         build, scalars = _builder(newsig)
         self.states = build(self.arrays, scalars)
-        if self.rule.stepped(newsig):
+        if not self.counts or self.rule.stepped(newsig):
             self.t += 1
         t = self.t
         for leaf, state in zip(self.leaves, self.states):
