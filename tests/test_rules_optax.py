@@ -293,3 +293,24 @@ def test_elementwise_rules_have_programs_and_fused_steps_equal_plain(rule, monke
         np.testing.assert_array_equal(fast[1][k], plain[1][k])
         for a, b in zip(fast[0][k].state, plain[0][k].state):
             np.testing.assert_array_equal(a, b)
+
+
+def test_chains_and_mixed_precision_pass_the_evaluation_point_on():
+    """``averaged`` of a chain ending in Schedule-Free (after a clip that never clips) is
+    Schedule-Free's own; through MixedPrecision, the master copy's, rounded."""
+    x0, grad = problem((6,))
+    alone, chained, mixed = ({"w": x0.copy()}, {"w": x0.copy()},
+                             {"w": x0.astype(np.float16)})
+    rule = O.ScheduleFreeAdamW(0.05)
+    trees = [O.setup(rule, alone), O.setup(O.OptimiserChain(O.ClipNorm(1e6), rule), chained),
+             O.setup(O.MixedPrecision(rule), mixed)]
+    for k in range(5):
+        for i, m in enumerate((alone, chained, mixed)):
+            O.update_(trees[i], m, {"w": grad(m["w"].astype(np.float32), k).astype(
+                m["w"].dtype)})
+    want = O.averaged(trees[0], alone)["w"]
+    np.testing.assert_array_equal(O.averaged(trees[1], chained)["w"], want)
+    point = O.averaged(trees[2], mixed)["w"]
+    assert point.dtype == np.float16 and not np.allclose(point, mixed["w"], rtol=1e-3)
+    master = trees[2]["w"].state
+    np.testing.assert_array_equal(point, rule.averaged(master[1], master[0]).astype(np.float16))

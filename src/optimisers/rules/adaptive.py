@@ -487,8 +487,9 @@ class ADOPT(Rule):
     ``[-t^(1/4), t^(1/4)]`` when ``clip``; ``m = b1*m + (1-b1)*u``;
     ``v = b2*v + (1-b2)*|g|^2``; ``d = eta*m``. No bias correction. The steps of
     ``optax.contrib.adopt(eta, b1, b2, eps, use_clipping=clip)``. A complex ``u`` has its
-    real and imaginary parts clamped each (as :class:`ClipGrad` does); optax clips
-    complex numbers by their order, which they do not have.
+    real and imaginary parts clamped each (as :class:`ClipGrad` does), where optax's
+    clip refuses complex numbers. The step count is a float (exact to 2^24 steps in
+    float32 under ``jax.jit``, where it travels packed with the rule's numbers).
 
     Example:
         >>> import numpy as np
