@@ -314,3 +314,28 @@ def test_chains_and_mixed_precision_pass_the_evaluation_point_on():
     assert point.dtype == np.float16 and not np.allclose(point, mixed["w"], rtol=1e-3)
     master = trees[2]["w"].state
     np.testing.assert_array_equal(point, rule.averaged(master[1], master[0]).astype(np.float16))
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("n", [2, 40], ids=["plain", "fused"])
+@pytest.mark.parametrize("rule_of", [
+    lambda e: O.LAMB(eta=e, lambd=0.01), lambda e: O.LARS(eta=e, trust=0.01),
+    lambda e: O.ADOPT(eta=e), lambda e: O.ScheduleFreeAdamW(eta=e, warmup=3),
+], ids=["LAMB", "LARS", "ADOPT", "ScheduleFreeAdamW"])
+def test_a_scheduled_eta_equals_adjust_before_every_step(rule_of, n, lib):
+    """A schedule in ``eta`` (evaluated at the Leaf's clock), bit for bit as ``adjust_``
+    with its value before each step; Schedule-Free's weights follow the rates it sees."""
+    schedule = O.Warmup(O.Cosine(3e-2, 3e-3, 10), 4)
+    wrap = np.asarray if lib == "numpy" else pytest.importorskip("torch").tensor
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=16).astype(np.float32) for _ in range(n)]
+    scheduled, adjusted = [wrap(a.copy()) for a in start], [wrap(a.copy()) for a in start]
+    t1, t2 = O.setup(rule_of(schedule), scheduled), O.setup(rule_of(schedule(0)), adjusted)
+    for k in range(12):
+        g = [rng.normal(size=16).astype(np.float32) for _ in range(n)]
+        O.update_(t1, scheduled, [wrap(a.copy()) for a in g])
+        O.adjust_(t2, eta=schedule(k))
+        O.update_(t2, adjusted, [wrap(a.copy()) for a in g])
+    for a, b in zip(scheduled, adjusted):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert not np.allclose(np.asarray(scheduled[0]), start[0])
