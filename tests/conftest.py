@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from optimisers import (
+    ADOPT,
     EMA,
+    LAMB,
+    LARS,
     AccumGrad,
     AdaBelief,
     AdaDelta,
@@ -29,6 +32,7 @@ from optimisers import (
     RAdam,
     RMSProp,
     Rprop,
+    ScheduleFreeAdamW,
     SignDecay,
     SkipNonFinite,
     WeightDecay,
@@ -53,6 +57,9 @@ DESCENDING = [
     MixedPrecision(Adam(0.05)), MixedPrecision(OptimiserChain(ClipGrad(1.0), Momentum(0.05))),
     EMA(Adam(0.05), 0.9),
     OptimiserChain(SkipNonFinite(), ClipGlobalNorm(1.0), AdamW(0.05, lambd=0.01)),
+    LAMB(0.02, lambd=0.01), LARS(1.0, trust=0.01),
+    LARS(0.5, lambd=1e-4, trust=0.02, nesterov=True), ADOPT(0.05), ADOPT(0.05, clip=False),
+    ScheduleFreeAdamW(0.05), ScheduleFreeAdamW(0.05, lambd=0.01, warmup=10),
 ]
 # Rules that only transform gradients: they "descend" as gradient descent with step 1.
 TRANSFORMS = [WeightDecay(), SignDecay(), ClipGrad(), ClipNorm(), OptimiserChain(),

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not kernels.available() or jax.default_backend()
 FUSED = [
     O.Descent(0.1), O.Momentum(0.01, 0.9), O.Nesterov(0.01, 0.9), O.Adam(0.01),
     O.AdamW(0.01, lambd=0.1), O.AdamW(0.01, lambd=0.01, couple=False), O.RMSProp(0.01),
-    O.RMSProp(0.01, centred=True), O.Lion(0.01),
+    O.RMSProp(0.01, centred=True), O.Lion(0.01), O.ADOPT(0.01), O.ADOPT(0.01, clip=False),
     O.OptimiserChain(O.WeightDecay(0.01), O.Adam(0.01)),
     O.OptimiserChain(O.ClipGrad(0.5), O.SignDecay(0.01), O.Nesterov(0.01)),
     O.OptimiserChain(O.ClipGrad(0.5), O.WeightDecay(0.1), O.Lion(0.01)),

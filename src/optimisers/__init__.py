@@ -12,7 +12,10 @@ from optimisers.destructure import Restructure, destructure, trainables
 from optimisers.keypath import KeyPath, getkeypath, haskeypath
 from optimisers.reinit import reinit
 from optimisers.rules import (
+    ADOPT,
     EMA,
+    LAMB,
+    LARS,
     RULES,
     AccumGrad,
     AdaBelief,
@@ -38,6 +41,7 @@ from optimisers.rules import (
     RMSProp,
     Rprop,
     Rule,
+    ScheduleFreeAdamW,
     SignDecay,
     SkipNonFinite,
     TreeRule,
@@ -80,6 +84,7 @@ __all__ = [
     "NAdam", "Nesterov", "NewValue", "OAdam", "OptimiserChain", "RAdam", "Restructure",
     "RMSProp", "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
     "ClipGlobalNorm", "SkipNonFinite", "TreeRule",
+    "ADOPT", "LAMB", "LARS", "ScheduleFreeAdamW",
     # schedules
     "Constant", "Cosine", "Exponential", "Join", "Linear", "OneCycle", "Polynomial",
     "Schedule", "SCHEDULES", "Step", "Warmup",

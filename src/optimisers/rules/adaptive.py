@@ -9,7 +9,7 @@ from optimisers.rules.base import Rule
 from optimisers.rules.fields import hyperparameter
 
 __all__ = ["RMSProp", "Adam", "RAdam", "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad",
-           "NAdam", "AdamW", "AdaBelief", "Lion"]
+           "NAdam", "AdamW", "AdaBelief", "Lion", "ADOPT"]
 
 
 def _adam_moments(xp, state_m, state_v, dx, b1, b2, c1, c2):
@@ -474,3 +474,54 @@ class Lion(Rule):
         d = eta * xp.sign(b1 * state + c1 * dx)
         m = xp.assign(state, b2 * state + c2 * dx)
         return m, d
+
+
+@dataclass(frozen=True)
+class ADOPT(Rule):
+    """ADOPT(eta=0.001, beta=(0.9, 0.9999), epsilon=1e-6, clip=True): Adam with the
+    gradient normalised by the second moment of the steps before it (Taniguchi et al.
+    2024, "ADOPT: Modified Adam Can Converge with Any beta2 with the Optimal Rate").
+
+    The first step only sets ``v = |g|^2`` (``d = 0``). Each later one, with ``t`` the
+    steps taken before it: ``u = g / max(sqrt(v), eps)`` (the old ``v``), clamped to
+    ``[-t^(1/4), t^(1/4)]`` when ``clip``; ``m = b1*m + (1-b1)*u``;
+    ``v = b2*v + (1-b2)*|g|^2``; ``d = eta*m``. No bias correction. The steps of
+    ``optax.contrib.adopt(eta, b1, b2, eps, use_clipping=clip)``. A complex ``u`` has its
+    real and imaginary parts clamped each (as :class:`ClipGrad` does), where optax's
+    clip refuses complex numbers. The step count is a float (exact to 2^24 steps in
+    float32 under ``jax.jit``, where it travels packed with the rule's numbers).
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = ADOPT(0.1), np.zeros(1)
+        >>> s, d = r.apply(r.init(x), x, np.array([2.0])); d, s[1]   # the first: v only
+        (array([0.]), array([4.]))
+        >>> r.apply(s, x, np.array([3.0]))[1]   # u = 3/2, clamped to 1^(1/4)
+        array([0.01])
+    """
+
+    elementwise = True
+
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.9999), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-6, "[0, inf)")
+    clip: bool = hyperparameter(True, kind="flag")
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        m, v, t = state
+        (eta,) = xp.hyper(x, self.eta)
+        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        eps = xp.eps(x, self.epsilon)
+        (on,) = xp.hyper(x, t > 0)  # 0 at the first step: u = 0 (m stays 0), v = |g|^2
+        u = on * dx / xp.maximum(xp.sqrt(v), eps)
+        if self.clip:
+            (c,) = xp.hyper(x, t**0.25)
+            u = xp.clip(u, -c, c)
+        m = xp.assign(m, b1 * m + c1 * u)
+        v = xp.assign(v, (b2 * on) * v + (c2 * on + (1 - on)) * xp.abs2(dx))
+        return (m, v, t + 1), eta * m

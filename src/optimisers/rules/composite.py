@@ -84,6 +84,15 @@ class OptimiserChain(Rule):
             dx = xp.where(stepped, dx, xp.zeros_like(dx))
         return tuple(states), dx
 
+    def averaged(self, state: Any, x: Any) -> Any:
+        """The point to evaluate at of the last rule in the chain that keeps one (a
+        :class:`~optimisers.ScheduleFreeAdamW` after a clip, say), else ``None``."""
+        found = None
+        for r, s in zip(self.rules, state):
+            point = r.averaged(s, x)
+            found = found if point is None else point
+        return found
+
 
 def _select(xp: Any, cond: Any, new: Any, old: Any) -> Any:
     """``new`` where ``cond`` else ``old``, through the tuples of a rule's state."""
@@ -192,6 +201,12 @@ class MixedPrecision(Rule):
             return (xT, st), None
         xT = xp.subtract(xT, d, inplace=True)
         return (xT, st), NewValue(xp.astype(xT, x.dtype))  # a copy, never xT itself
+
+    def averaged(self, state: Any, x: Any) -> Any:
+        """The inner rule's point to evaluate at, from the master copy, in ``x``'s dtype."""
+        xT, st = state
+        found = self.rule.averaged(st, xT)
+        return None if found is None else backends.of(x).astype(found, x.dtype)
 
 
 @dataclass(frozen=True)

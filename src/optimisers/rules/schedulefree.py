@@ -1,0 +1,119 @@
+"""Schedule-Free rules: no learning-rate decay, an average of the iterates instead.
+
+Schedule-Free training keeps two sequences beside the parameter: ``z``, which the base
+optimiser steps, and ``x``, the running (weighted) average of ``z`` at which the model is
+evaluated. The parameter the gradient is taken at is ``y``, a mix of the two. The rule's
+parameter holds ``y``; its state holds ``z``; ``x`` is read from both, by
+:func:`~optimisers.averaged`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from optimisers import backends
+from optimisers.rules.base import Rule
+from optimisers.rules.fields import hyperparameter
+
+__all__ = ["ScheduleFreeAdamW", "select"]
+
+
+def select(cond: Any, a: Any, b: Any) -> Any:
+    """select(cond, a, b) -> ``a`` where ``cond`` holds, else ``b``: for scalars that may
+    be Python numbers, JAX values traced under ``jax.jit``, or the code generator's
+    symbols alike, written as arithmetic, ``cond*a + (1 - cond)*b``, exact for finite
+    ``a`` and ``b``.
+
+    Example:
+        >>> select(2 > 1, 0.5, 3.0), select(2 < 1, 0.5, 3.0)
+        (0.5, 3.0)
+    """
+    return cond * a + (1 - cond) * b
+
+
+def _ramp(t: Any, warmup: Any) -> Any:
+    """``min(t/warmup, 1)``, 1 when ``warmup`` is 0 (no division by it)."""
+    return select(t < warmup, t / (warmup + (warmup == 0)), 1)
+
+
+@dataclass(frozen=True)
+class ScheduleFreeAdamW(Rule):
+    """ScheduleFreeAdamW(eta=0.0025, beta=(0.9, 0.999), epsilon=1e-8, lambd=0.0, warmup=0,
+    weight_lr_power=2.0): AdamW without a learning-rate schedule, averaging its iterates
+    instead (Defazio et al. 2024, "The Road Less Scheduled").
+
+    The parameter is the training point ``y``; the state holds ``z``, Adam's second
+    moment ``v`` (no first moment) and the counters. Step ``t`` (from 1), with the rate
+    ``eta_t = eta * min(t/warmup, 1)``: ``v = b2*v + (1-b2)*|g|^2``;
+    ``u = g / (sqrt(v/(1-b2^t)) + eps) + lambd*y``; ``x = (y - (1-b1)*z) / b1``;
+    ``z = z - eta_(t-1)*u``; the weight ``w = max(eta_1..eta_t)^weight_lr_power`` and
+    ``c = w / (sum of the weights so far)``; ``x = (1-c)*x + c*z``;
+    ``y = b1*x + (1-b1)*z``, so ``d = y_old - y``. :func:`~optimisers.averaged` gives
+    ``x = (y - (1-b1)*z) / b1``, the point to evaluate at.
+
+    The steps of ``optax.contrib.schedule_free_adamw(eta, warmup_steps=warmup, b1, b2,
+    eps, weight_decay=lambd, weight_lr_power)``, its parameters and
+    ``schedule_free_eval_params`` both, to rounding: optax computes the scalars (the
+    weights, ``b2^t``) in the parameter's dtype, here they are float64 for a NumPy or
+    PyTorch parameter. ``warmup=0`` is optax's ``warmup_steps=None`` (optax's ``0`` keeps
+    the rate at 0 for good). As in optax, ``z`` steps with the previous step's rate
+    during warmup (``eta_0 = 0``: the first step moves nothing) while the weights take
+    the current one; the authors' PyTorch code takes the current rate for both. ``b1``
+    must be positive (``x`` is recovered by dividing by it). Complex parameters step
+    alike. ``warmup`` is a whole number, a static field under ``jax.jit`` as
+    :class:`AccumGrad`'s ``n`` is; the other numbers are data (``adjust`` never
+    re-traces). The choices between scalars (the larger rate, the warmup's ramp) are
+    arithmetic (:func:`select`), so that the code generator follows ``apply`` and the
+    rule runs fused.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import averaged, setup, update
+        >>> model = {"w": np.array([1.0, -1.0])}
+        >>> tree = setup(ScheduleFreeAdamW(0.1), model)
+        >>> for _ in range(3):
+        ...     tree, model = update(tree, model, {"w": model["w"]})
+        >>> model["w"].round(4), averaged(tree, model)["w"].round(4)
+        (array([ 0.7968, -0.7968]), array([ 0.8061, -0.8061]))
+    """
+
+    elementwise = True
+    reads_x = True
+
+    eta: float = hyperparameter(0.0025, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "(0, 1]", "[0, 1)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
+    lambd: float = hyperparameter(0.0, "[0, inf)")
+    warmup: int = hyperparameter(0, "[0, inf)", kind="whole")
+    weight_lr_power: float = hyperparameter(2.0, "[0, inf)")
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.copy(x), xp.zeros_like(x, real_=True), 0.0, 0.0, 0.0
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        z, v, t, total, top = state
+        now = self.eta * _ramp(t + 1, self.warmup)  # the rate of this step, for the weights
+        top = select(now > top, now, top)
+        weight = top**self.weight_lr_power
+        total = total + weight
+        eta, c, k2, lambd = xp.hyper(x, self.eta * _ramp(t, self.warmup),
+                                     weight / (total + (total == 0)),
+                                     1 - self.beta[1] ** (t + 1), self.lambd)
+        b1, b2, q1, q2 = xp.hyper(x, *self.beta, *map(xp.complement, self.beta))
+        eps = xp.eps(x, self.epsilon)
+        v = xp.assign(v, b2 * v + q2 * xp.abs2(dx))
+        u = dx / (xp.sqrt(v / k2) + eps) + lambd * x
+        mean = (x - q1 * z) / b1  # x, before this step
+        z = xp.assign(z, z - eta * u)
+        y = b1 * ((1 - c) * mean + c * z) + q1 * z
+        return (z, v, t + 1, total, top), x - y
+
+    def averaged(self, state: Any, x: Any) -> Any:
+        """The evaluation point ``x = (y - (1-b1)*z) / b1``, from the parameter ``y``
+        (``optax.contrib.schedule_free_eval_params``)."""
+        xp = backends.of(x)
+        b1, q1 = xp.hyper(x, self.beta[0], xp.complement(self.beta[0]))
+        return (x - q1 * state[0]) / b1
