@@ -246,3 +246,22 @@ def test_jax_eager_equals_adjust_bit_for_bit():
         t1, m1 = O.update(t1, m1, g)
         t2, m2 = O.update(O.adjust(t2, eta=SCHED(k)), m2, g)
     np.testing.assert_array_equal(m1["w"], m2["w"])
+
+
+def test_leafs_whose_clocks_differ_still_fuse_without_a_schedule_and_caches_stay_bounded():
+    from optimisers import reduce, schedules
+
+    model = [np.ones(8, np.float32) for _ in range(6)]
+    tree = O.setup(O.Momentum(0.1), model)
+    O.freeze_(tree, "0")
+    O.update_(tree, model, [np.ones(8, np.float32)] * 6)
+    O.thaw_(tree, "0")
+    O.adjust_(tree, eta=0.1)  # new rules: the Leafs are grouped afresh
+    for _ in range(3):
+        O.update_(tree, model, [np.ones(8, np.float32)] * 6)
+    assert [leaf.clock for leaf in tree] == [3, 4, 4, 4, 4, 4]
+    assert [len(g.leaves) for g in O.state.plan_of(tree).groups] == [6]
+    for k in range(5000):
+        O.adjust_(tree, eta=0.1 + k * 1e-6)
+        O.update_(tree, model, [np.ones(8, np.float32)] * 6)
+    assert len(schedules._TIMED) <= 4097 and len(reduce._PLACES) <= 4097

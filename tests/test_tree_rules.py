@@ -159,3 +159,40 @@ def test_skip_non_finite_under_jit_skips_too():
     tree3, out = step(tree2, out, {k: jnp.ones_like(v) for k, v in model.items()})
     assert float(out["a"][0]) == pytest.approx(0.9) and int(tree3["a"].state[0]) == 0
     assert int(tree3["b"].clock) == 1
+
+
+def test_review_cases():
+    """From the second review: a NaN in a large JAX array is seen; a scheduled omega clips
+    globally; float16 gradients are clipped from a float32 norm; under jit, a skip before
+    AccumGrad keeps the later rules still, and EMA keeps its average on a skipped step."""
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    model = {"a": jnp.ones(40_000), "b": jnp.ones(3)}
+    tree = O.setup(O.OptimiserChain(O.SkipNonFinite(), O.Descent(0.1)), model)
+    bad = {"a": jnp.ones(40_000).at[7].set(jnp.nan), "b": jnp.ones(3)}
+    for update in (O.update, jax.jit(O.update)):
+        t2, out = update(tree, model, bad)
+        assert not bool(jnp.isnan(out["a"]).any()) and int(t2["b"].state[0]) == 1
+    for omega in (1.0, O.Constant(1.0)):
+        m = [np.zeros(1, np.float32), np.zeros(1, np.float64)]
+        t = O.setup(O.OptimiserChain(O.ClipGlobalNorm(omega), O.Descent(1.0)), m)
+        O.update_(t, m, [np.array([3.0], np.float32), np.array([4.0])])
+        np.testing.assert_allclose([m[0][0], m[1][0]], [-0.6, -0.8], rtol=1e-6)
+    m = [np.zeros(10_010, np.float16)]
+    O.update_(O.setup(O.OptimiserChain(O.ClipGlobalNorm(1.0), O.Descent(1.0)), m), m,
+              [np.full(10_010, 3.0, np.float16)])
+    np.testing.assert_allclose(m[0][:3], -0.01, rtol=1e-3)
+    for rule in (O.OptimiserChain(O.SkipNonFinite(), O.AccumGrad(2), O.Momentum(0.1, 0.9)),
+                 O.EMA(O.OptimiserChain(O.SkipNonFinite(), O.Descent(0.5)), 0.5)):
+        grads = [{"w": jnp.ones(2)}, {"w": jnp.full(2, jnp.nan)}, {"w": jnp.ones(2)}]
+        results = []
+        for update in (O.update, jax.jit(O.update)):
+            t, m = O.setup(rule, {"w": jnp.zeros(2)}), {"w": jnp.zeros(2)}
+            for g in grads:
+                t, m = update(t, m, g)
+            results.append((np.asarray(m["w"]), [np.asarray(a) for a in jax.tree.leaves(
+                t["w"].state)], int(t["w"].clock)))
+        np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+        for a, b in zip(results[0][1], results[1][1]):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+        assert results[0][2] == results[1][2]

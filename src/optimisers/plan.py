@@ -158,7 +158,7 @@ class Plan:
         # the checks of entries() and fused.Group.holds: the gradients a column at a time
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
                 or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
-                or not _as_left(leaves, group.rule, group.states, group.t)
+                or not _as_left(leaves, group.rule, group.states, group.clocks)
                 or group.moved()):
             return False
         with self.nograd():  # (the maker kept: no call into the registry per step)
@@ -230,15 +230,15 @@ class Plan:
         return list(plan.values())
 
 
-def _as_left(leaves: list, rule: Any, states: list, t: Any) -> bool:
+def _as_left(leaves: list, rule: Any, states: list, clocks: list) -> bool:
     """Whether each Leaf is as its group left it: the group's rule, the very state object
     and clock the group gave it, and not frozen (anything written to a Leaf since shows
     here)."""
     if len(states) != len(leaves):
         return False
-    for leaf, state in zip(leaves, states):
+    for leaf, state, clock in zip(leaves, states, clocks):
         if leaf.state is not state or leaf.rule is not rule or leaf.frozen or (
-                leaf.clock is not t):
+                leaf.clock is not clock):
             return False
     return True
 

@@ -13,11 +13,13 @@ form holding the total.
 from __future__ import annotations
 
 import copy as _copy_module
+import dataclasses
 from typing import Any
 
 from optimisers import backends
 from optimisers.rules import OptimiserChain, Rule, call
 from optimisers.rules.tree import TreeRule
+from optimisers.schedules import at
 from optimisers.walk import fmap
 
 __all__ = ["places", "totals", "given", "copier"]
@@ -59,6 +61,8 @@ def places(rule: Rule) -> tuple:
     except (KeyError, TypeError):
         pass
     found = tuple(_find(rule, ()))
+    if len(_PLACES) > 4096:  # (a rule adjusted at every step is a new rule each time)
+        _PLACES.clear()
     try:
         _PLACES[rule] = found
     except TypeError:  # unhashable: a value traced under jit
@@ -85,13 +89,17 @@ def totals(entries: list, where: dict) -> dict:
     here (``check``), before anything is written."""
     scopes: dict[tuple, list] = {}
     for e in entries:
-        for place, rule in where.get(id(e), ()):
+        if id(e) not in where:
+            continue
+        now = at(e.leaf.rule, e.leaf.clock)  # keyed as given() finds them: at the clock
+        for place, rule in places(now):
             scopes.setdefault(_key(place, rule), [rule]).append(e)
     out = {}
     copy = copier()
     for key, (rule, *members) in scopes.items():
         place = key[0]
-        arriving = [_arriving(e.leaf.rule, e.leaf.state, e.x, e.grads[0], place, copy)
+        arriving = [_arriving(at(e.leaf.rule, e.leaf.clock), e.leaf.state, e.x, e.grads[0],
+                              place, copy)
                     for e in members]
         parts = [rule.part(g) for g in arriving if g is not None]
         if not parts:
@@ -104,11 +112,14 @@ def totals(entries: list, where: dict) -> dict:
 
 def _key(place: tuple, rule: TreeRule) -> tuple:
     """A scope's key: the place and the rule; under ``jax.jit``, where the rule's numbers
-    are traced and cannot be compared, the place and the rule's class."""
+    are traced and cannot be compared, the place, the rule's class and its static fields
+    (rules that differ only in traced numbers then share one scope)."""
     try:
         hash(rule)
     except TypeError:
-        return place, type(rule)
+        static = tuple(getattr(rule, f.name) for f in dataclasses.fields(rule)
+                       if f.metadata.get("static"))
+        return place, type(rule), static
     return place, rule
 
 

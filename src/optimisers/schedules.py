@@ -136,6 +136,8 @@ def timed(rule: Any) -> bool:
     except (KeyError, TypeError):  # not seen; or unhashable (a value traced under jit)
         pass
     found = _holds_schedule(rule)
+    if len(_TIMED) > 4096:  # (a rule adjusted at every step is a new rule each time)
+        _TIMED.clear()
     try:
         _TIMED[rule] = found
     except TypeError:

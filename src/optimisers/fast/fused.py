@@ -149,14 +149,18 @@ class Group:
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
                  "step", "large", "subtract", "prints", "t", "timed", "now", "reduced",
-                 "made_for", "counts")
+                 "made_for", "counts", "clocks")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
         self.leaves = [e.leaf for e, _ in members]
-        # the members' one clock (groups are made of Leafs whose clocks agree), and the
-        # rule at it: evaluated once per step where a schedule is in the rule's fields
-        self.t, self.timed, self.reduced = self.leaves[0].clock, timed(rule), bool(places(rule))
+        # the clock each member was left at; the members' one clock where they agree (always
+        # for a rule with a schedule: its groups are made so), and the rule at it, evaluated
+        # once per step where a schedule is in the rule's fields
+        self.clocks = [leaf.clock for leaf in self.leaves]
+        first = self.clocks[0]
+        self.t = first if all(c == first for c in self.clocks) else None
+        self.timed, self.reduced = timed(rule), bool(places(rule))
         self.now = at(rule, self.t)
         self.counts = _counts(rule)  # whether it must ask which steps were real
         self.arrays = [arrays for _, arrays in members]
@@ -180,11 +184,12 @@ class Group:
         parameters and rule, and each Leaf still holding the very state object this group
         gave it last time (so the same arrays, and the one shared non-array state) and the
         clock it set."""
-        rule, t = self.rule, self.t
+        rule = self.rule
         return bool(self.states) and len(entries) == len(self.leaves) and all(
             e is not None and e.leaf is leaf and e.x is x and leaf.rule is rule
-            and leaf.state is st and leaf.clock is t
-            for e, leaf, x, st in zip(entries, self.leaves, self.xs, self.states)
+            and leaf.state is st and leaf.clock is c
+            for e, leaf, x, st, c in zip(entries, self.leaves, self.xs, self.states,
+                                         self.clocks)
         ) and not self.moved()
 
     def run(self, grads: list, new: dict, found: dict | None = None) -> None:
@@ -298,12 +303,19 @@ class Group:
         (:meth:`~optimisers.Leaf.advance`, for the whole group at once)."""
         build, scalars = _builder(newsig)
         self.states = build(self.arrays, scalars)
-        if not self.counts or self.rule.stepped(newsig):
-            self.t += 1
-        t = self.t
-        for leaf, state in zip(self.leaves, self.states):
-            leaf.state = state
-            leaf.clock = t
+        real = not self.counts or self.rule.stepped(newsig)
+        if self.t is None:  # clocks that differ: each its own (rules without a schedule)
+            self.clocks = [c + 1 for c in self.clocks] if real else self.clocks
+            for leaf, state, c in zip(self.leaves, self.states, self.clocks):
+                leaf.state, leaf.clock = state, c
+        else:
+            if real:
+                self.t += 1
+                self.clocks = [self.t] * len(self.leaves)
+            t = self.t
+            for leaf, state in zip(self.leaves, self.states):
+                leaf.state = state
+                leaf.clock = t
         self.sig = newsig
 
 
@@ -369,8 +381,8 @@ def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
         else:
             arrays: list = []
             sig = signature(e.leaf.state, arrays)
-            key = (rule, sig, e.leaf.clock, type(x), x.dtype, xp.device(x),
-                   inplace and xp.maywrite(x))
+            key = (rule, sig, e.leaf.clock if timed(rule) else None, type(x), x.dtype,
+                   xp.device(x), inplace and xp.maywrite(x))
             try:
                 fresh.setdefault(key, []).append((e, arrays))
             except TypeError:  # an unhashable scalar in the state: no group

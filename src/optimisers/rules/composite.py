@@ -77,8 +77,9 @@ class OptimiserChain(Rule):
                 break
             if stepped is not None:  # keep the old state where no step was taken
                 states[i] = _select(backends.of(x), stepped, states[i], old)
-            elif backends.istraced(real := r.stepped(states[i])):  # AccumGrad's, under jit
-                stepped = real
+            real = r.stepped(states[i])  # AccumGrad's, SkipNonFinite's: traced under jit
+            if backends.istraced(real):
+                stepped = real if stepped is None else stepped & real
         if stepped is not None and dx is not None:
             xp = backends.of(x)  # (zeros, not 0 * dx: a skipped NaN stays out)
             dx = xp.where(stepped, dx, xp.zeros_like(dx))
@@ -257,6 +258,9 @@ class EMA(Rule):
             return (inner, avg), None
         new = d.value if isinstance(d, NewValue) else x - d
         b, c = xp.hyper(x, self.decay, xp.complement(self.decay))
+        real = self.rule.stepped(inner)
+        if backends.istraced(real):  # under jit, a step that was not real keeps the average
+            return (inner, xp.where(real, b * avg + c * new, avg)), d
         return (inner, xp.assign(avg, b * avg + c * new)), d
 
     def averaged(self, state: Any, x: Any) -> Any:

@@ -16,6 +16,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from optimisers import backends
 from optimisers.rules.base import Rule
 from optimisers.rules.fields import hyperparameter
@@ -102,7 +104,8 @@ class ClipGlobalNorm(TreeRule):
         return False
 
     def part(self, dx: Any) -> Any:
-        return backends.of(dx).norm(dx, self.p)
+        xp = backends.of(dx)  # (a half-precision sum of squares overflows: float32)
+        return xp.norm(xp.astype(dx, np.float32) if xp.ishalf(dx) else dx, self.p)
 
     def total(self, parts: list) -> Any:
         if self.p == float("inf"):
@@ -210,7 +213,8 @@ class SkipNonFinite(TreeRule):
         return state == 0
 
     def part(self, dx: Any) -> Any:
-        return backends.of(dx).norm(dx, float("inf")) < float("inf")  # NaN compares false
+        # 0 * g is NaN exactly where g is not finite, and a sum keeps a NaN (a max may not)
+        return backends.of(dx).norm(0 * dx, 1.0) == 0
 
     def total(self, parts: list) -> Any:
         if not any(map(backends.istraced, parts)):
