@@ -239,7 +239,7 @@ def settle(leaf: Any) -> Any:
 def fuse(entries: list) -> tuple[list, list]:
     """Under ``jax.jit`` on the CPU with numba installed: step groups of like Leafs each
     as one XLA custom call (``fast/xla.py``). Returns the entries left for the plain path
-    and ``(leaf, new_state, new_x)`` for the others."""
+    and ``(leaf, new_x)`` for the others, their Leafs advanced."""
     from optimisers.fast import xla
 
     return xla.fuse(entries)
@@ -413,9 +413,10 @@ class _Spec:
         if not self.n:
             return jax.tree.unflatten(self.treedef, children)
         values = _unstack(children[0], self.n + self.rule_n)
-        for v, c in zip(values[:self.rule_n], values[self.n:]):
-            if isinstance(v, jax.core.Tracer):
-                _remember(v, c)
+        if isinstance(children[0], jax.core.Tracer):
+            for i, v in enumerate(values[:self.n]):
+                _remember(v, values[self.n + i] if i < self.rule_n else None,
+                          (children[0], i, self))
         numbers, rest = iter(values[:self.n]), iter(children[1:])
         return jax.tree.unflatten(self.treedef, [next(numbers) if w else next(rest)
                                                  for w in self.packs])
@@ -557,14 +558,64 @@ class PackedLeaf(Leaf):
 # counters, which change at every step), computed from the Python float, and under jit the
 # complement of a number that came from a pack is that packed one.
 
-_COMPLEMENTS: dict[int, tuple[Any, Any]] = {}
+_COMPLEMENTS: dict[int, tuple[Any, Any, Any]] = {}
 
 
-def _remember(v: Any, c: Any) -> None:
-    """Note that ``c`` is the precise complement of the traced number ``v`` (as long as
-    ``v`` lives)."""
+def _remember(v: Any, c: Any, source: tuple) -> None:
+    """Note that ``c`` is the precise complement of the traced number ``v`` (``None``: a
+    state's counter, which has none), and where it came from, ``source = (pack, index,
+    spec)`` (as long as ``v`` lives)."""
     key = id(v)
-    _COMPLEMENTS[key] = (weakref.ref(v, lambda _: _COMPLEMENTS.pop(key, None)), c)
+    _COMPLEMENTS[key] = (weakref.ref(v, lambda _: _COMPLEMENTS.pop(key, None)), c, source)
+
+
+def origin(v: Any) -> tuple | None:
+    """``(pack, index, spec)``: where the traced number ``v`` came from, the array of a
+    Leaf's numbers that a jitted call took (see "Leaf: its numbers packed") and its place
+    there; ``None`` for any other value. ``fast/xla.py`` passes the pack to its custom
+    call whole, and has :func:`repack` give the Leaf the pack the call returns.
+
+    Example:
+        >>> origin(0.5) is None
+        True
+    """
+    kept = _COMPLEMENTS.get(id(v))
+    return kept[2] if kept is not None and kept[0]() is v else None
+
+
+def repack(leaf: Any, pack: Any, state: Any, clock: Any) -> bool:
+    """Give the traced ``leaf`` the new ``state`` and ``clock`` in its flat form around
+    ``pack``, a new array of its numbers (whose counters a custom call wrote), without
+    unpacking them: ``state``'s numbers must be the ones the Leaf's old pack gave, each
+    at its place (the new values are in ``pack``). ``False``, and nothing done, where it
+    cannot be so (then the caller advances the Leaf as usual).
+
+    Example:
+        >>> repack(Leaf(None, None), None, None, 0)
+        False
+    """
+    if type(leaf) is not PackedLeaf or leaf.packed is not None and not isinstance(
+            leaf.packed[1], jax.core.Tracer):
+        return False
+    flat, treedef = jax.tree.flatten((leaf.rule, state, clock))
+    first = next(filter(None, map(origin, flat)), None)
+    spec = first[2] if first is not None else None
+    if spec is None or treedef != spec.treedef:
+        return False
+    old, k, rest = first[0], 0, []
+    for v, w in zip(flat, spec.packs):
+        if w:
+            found = origin(v)
+            if found is None or found[0] is not old or found[1] != k:
+                return False
+            k += 1
+        else:
+            rest.append(v)
+    _RULE.__set__(leaf, _LAZY)
+    _STATE.__set__(leaf, _LAZY)
+    _CLOCK.__set__(leaf, _LAZY)
+    leaf.packed = (spec, pack, *rest)
+    return True
 
 
 def complement(v: Any) -> Any:
@@ -573,7 +624,7 @@ def complement(v: Any) -> Any:
     if type(v) is float:
         return 1.0 - v
     kept = _COMPLEMENTS.get(id(v))
-    if kept is not None and kept[0]() is v:
+    if kept is not None and kept[0]() is v and kept[1] is not None:
         return kept[1]
     return 1 - v
 

@@ -263,8 +263,8 @@ class Fusing(Protocol):
     """What a backend with ``FUSES_ITSELF`` provides besides."""
 
     def fuse(self, entries: list) -> tuple[list, list]:
-        """``(left, done)``: the entries left for the plain path, and ``(leaf, state, new
-        x)`` for those stepped in groups."""
+        """``(left, done)``: the entries left for the plain path, and ``(leaf, new x)``
+        for those stepped in groups, their Leafs advanced (new state, clock counted)."""
 
 
 class Carrying(Protocol):

@@ -342,8 +342,7 @@ def step_groups(entries: list, inplace: bool, known: list | None = None,
     for xp, batch in calls.items():
         left, done = xp.fuse(batch)
         rest.extend(left)
-        for leaf, state, y in done:
-            leaf.advance(state)
+        for leaf, y in done:  # (advanced by the backend)
             new[id(leaf)] = y
     return rest, new, ran
 

@@ -37,12 +37,16 @@ from optimisers.fast import ffi, jit, kernels, trace
 from optimisers.fast.fused import ARRAY
 from optimisers.schedules import at
 
-LARGE = 1 << 15
-"""Arrays of at least this many elements take the custom call; smaller ones the plain
-path. The call costs XLA about as much per operand as a small array's compiled kernel,
-and each aliased result adds to the compile time, so it pays only for large arrays.
-The crossover is measured in benchmarks/README.md. Large results are aliased to their
-operands, since a fresh buffer of this size would be paged in again at every step."""
+LARGE = 1
+"""Arrays of at least this many elements take the custom call, smaller ones the plain
+path: every array. (Before the call took each Leaf's pack whole it paid only from 2**15
+elements: slicing a Leaf's numbers out of its pack cost XLA a kernel each; see
+benchmarks/README.md.) Results are aliased to their operands, in place where the caller
+donates them."""
+
+CALL = 8
+"""Leafs per custom call at most: a group of more is stepped by several calls. XLA's
+compile time grows faster than linearly with one call's operands (benchmarks/README.md)."""
 
 _TARGETS: dict[tuple, str | None] = {}  # None: a kernel that could not be built
 _HANDLERS: list = []  # the compiled handlers stay alive while XLA may call them
@@ -78,8 +82,7 @@ def run(args, rets):
     P = np.empty((n, max(NRAW, 1)), np.float64)
     first = (2 + NSTATE) * n
     for j in range(n):
-        for q in range(NRAW):
-            P[j, q] = get(args[first + j * NRAW + q])
+{read}
     kernel(streams[0], ga, psize, rows, P{states})
     out = (1 + NSTATE) * n
     for j in range(n):
@@ -100,19 +103,31 @@ def handler(frame):
 
 
 _SCALARS = """
-def get(buffer):  # a 0-d float32 or float64 operand, as float64
+def get(buffer, i):  # element i of a float32 or float64 operand, as float64
     b = numba.carray(i64(buffer), (BUFFER // 8,))
     if (b[BUF_DTYPE] & 0xffffffff) == F32:
-        return np.float64(numba.carray(f32(b[BUF_DATA]), (1,))[0])
-    return numba.carray(f64(b[BUF_DATA]), (1,))[0]
+        return np.float64(numba.carray(f32(b[BUF_DATA]), (i + 1,))[i])
+    return numba.carray(f64(b[BUF_DATA]), (i + 1,))[i]
 
 
-def put(buffer, value):  # a 0-d float32 or float64 result
+def put(buffer, i, value):  # element i of a float32 or float64 result
     b = numba.carray(i64(buffer), (BUFFER // 8,))
     if (b[BUF_DTYPE] & 0xffffffff) == F32:
-        numba.carray(f32(b[BUF_DATA]), (1,))[0] = np.float32(value)
+        numba.carray(f32(b[BUF_DATA]), (i + 1,))[i] = np.float32(value)
     else:
-        numba.carray(f64(b[BUF_DATA]), (1,))[0] = value
+        numba.carray(f64(b[BUF_DATA]), (i + 1,))[i] = value
+
+
+def tick32(buffer, result):  # a 0-d int32 clock, one more
+    b = numba.carray(i64(buffer), (BUFFER // 8,))
+    r = numba.carray(i64(result), (BUFFER // 8,))
+    numba.carray(i32(r[BUF_DATA]), (1,))[0] = numba.carray(i32(b[BUF_DATA]), (1,))[0] + 1
+
+
+def tick64(buffer, result):  # a 0-d int64 clock, one more
+    b = numba.carray(i64(buffer), (BUFFER // 8,))
+    r = numba.carray(i64(result), (BUFFER // 8,))
+    numba.carray(i64(r[BUF_DATA]), (1,))[0] = numba.carray(i64(b[BUF_DATA]), (1,))[0] + 1
 """
 
 
@@ -126,9 +141,9 @@ def _helpers() -> dict:
         ("i64", np.int64), ("i32", np.int32), ("f32", np.float32), ("f64", np.float64))}
     layout = ffi.kernel_globals()  # the names XLA's structures are read with
     scope = dict(pointers, numba=numba, np=np, **layout)
-    get, put = (jit.compiled(_SCALARS, name, scope, nogil=True) for name in ("get", "put"))
-    return dict(pointers, numba=numba, np=np, get=get, put=put, cut=kernels.cutter(),
-                **layout)
+    made = {name: jit.compiled(_SCALARS, name, scope, nogil=True)
+            for name in ("get", "put", "tick32", "tick64")}
+    return dict(pointers, numba=numba, np=np, cut=kernels.cutter(), **made, **layout)
 
 
 def _complements(program: Any) -> list:
@@ -154,7 +169,28 @@ def _render(src: str, dtype: Any) -> str:
     return src.replace("CAST(", t).replace("NUM(", t)
 
 
-def _target(key: tuple, program: Any, dtype: Any) -> str | None:
+def _blocks(program: Any, where: Any) -> tuple[str, str]:
+    """The handler's lines reading a Leaf's raw scalars into ``P[j]``, and those writing its
+    new counters: each a 0-d operand and result (``where`` is ``None``), or, where the
+    call takes each Leaf's pack and clock (``where``: their places in the pack, then
+    those of the counters written, then the clock's dtype), read and written at their
+    places, and the clock counted."""
+    news = program.news
+    raws = "".join(f"        {line}\n" for line in _raws(program, np.float64, "P[j, {}]"))
+    if where is None:
+        read = ("        for q in range(NRAW):\n"
+                "            P[j, q] = get(args[first + j * NRAW + q], 0)\n")
+        return read, raws + "".join(f"        put(rets[out + j * {len(news)} + {t}], 0, "
+                                    f"{_render(e, np.float64)})\n" for t, e in enumerate(news))
+    places, writes, clock = where
+    read = "".join(f"        P[j, {q}] = get(args[first + j], {at})\n"
+                   for q, at in enumerate(places))
+    return read, raws + "".join(f"        put(rets[out + j], {at}, {_render(e, np.float64)})\n"
+                                for at, e in zip(writes, news)) + (
+        f"        tick{8 * np.dtype(clock).itemsize}(args[first + n + j], rets[out + n + j])\n")
+
+
+def _target(key: tuple, program: Any, dtype: Any, where: Any) -> str | None:
     """The name of the FFI target for one kind of group (registered once)."""
     if key in _TARGETS:
         return _TARGETS[key]
@@ -165,13 +201,12 @@ def _target(key: tuple, program: Any, dtype: Any) -> str | None:
     prelude = _raws(program, dtype, "c[{}]") + [
         f"K{k} = {_render(c, dtype)}" for k, c in enumerate(program.consts)]
     kernel = kernels.build(program.lines, nstate, parallel, dtype, tuple(prelude))
-    body = "".join(f"        {line}\n" for line in _raws(program, np.float64, "P[j, {}]"))
-    body += "".join(f"        put(rets[out + j * {len(news)} + {t}], "
-                    f"{_render(e, np.float64)})\n" for t, e in enumerate(news))
+    read, body = _blocks(program, where)
     source = _HANDLER.replace("{advance}", body.rstrip("\n") or "        pass").replace(
+        "{read}", read.rstrip("\n")).replace(
         "{states}", "".join(f", streams[{k + 1}]" for k in range(nstate)))
-    namespace = dict(_helpers(), kernel=kernel, NOUT=1 + nstate + len(news),
-                     NSTATE=nstate,
+    namespace = dict(_helpers(), kernel=kernel,
+                     NOUT=1 + nstate + (len(news) if where is None else 2), NSTATE=nstate,
                      NRAW=program.nrule + len(_complements(program)) + program.nscalar,
                      PIECE=kernels.PIECE, PARALLEL=parallel,
                      ITEMSIZE=np.dtype(dtype).itemsize)
@@ -203,15 +238,16 @@ def _jit_traced(v: Any) -> bool:
 
 
 class _Member:
-    """One Leaf's operands: its state's arrays, its raw scalars, and its rule and state
-    signature (the state's arrays marked ``ARRAY``)."""
+    """One Leaf's operands: its state's arrays, its raw scalars, its rule and state
+    signature (the state's arrays marked ``ARRAY``), and ``found``: where its raw scalars
+    sit in its pack, ``(pack, places, spec)``, when the call takes the pack whole."""
 
-    __slots__ = ("entry", "g", "arrays", "raws", "rule", "sig")
+    __slots__ = ("entry", "g", "arrays", "raws", "rule", "sig", "found")
 
-    def __init__(self, entry: Any, g: Any, arrays: list, raws: list, sig: Any, rule: Any
-                 ) -> None:
+    def __init__(self, entry: Any, g: Any, arrays: list, raws: list, sig: Any, rule: Any,
+                 found: Any = None) -> None:
         self.entry, self.g, self.arrays, self.raws = entry, g, arrays, raws
-        self.rule, self.sig = rule, sig
+        self.rule, self.sig, self.found = rule, sig, found
 
 
 def _signature(state: Any, x: Any, dtype: Any, arrays: list) -> Any:
@@ -224,6 +260,28 @@ def _signature(state: Any, x: Any, dtype: Any, arrays: list) -> Any:
         arrays.append(state)
         return ARRAY
     return state
+
+
+def _packed(e: Any, rule: Any, sig: Any, raws: list) -> tuple | None:
+    """``(pack, places, spec)`` where the call may take the Leaf's pack and clock whole:
+    every raw scalar came from the one pack the jitted call took (``places``: where),
+    the rule holds no schedule and counts every step on the clock, an integer. Else
+    ``None``: the raw scalars are the call's operands one by one."""
+    from optimisers.backends.jax import origin
+
+    clock = e.leaf.clock
+    if not raws or rule is not e.leaf.rule or not _jit_traced(clock) or (
+            clock.shape != () or np.dtype(clock.dtype) not in (np.int32, np.int64)):
+        return None
+    found = [origin(r) for r in raws]
+    if any(f is None or f[0] is not found[0][0] for f in found):
+        return None
+    try:
+        if rule.stepped(sig) is not True:
+            return None
+    except Exception:  # noqa: BLE001 (a rule reading its state's arrays: not this way)
+        return None
+    return found[0][0], tuple(f[1] for f in found), found[0][2]
 
 
 def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
@@ -245,18 +303,21 @@ def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
         return None
     if g.dtype != dtype:
         g = g.astype(dtype)
+    found = _packed(e, rule, sig, raws)
     try:
-        key = (trace.shape_of(rule), trace.shape_of(sig), np.dtype(dtype))
+        key = (trace.shape_of(rule), trace.shape_of(sig), np.dtype(dtype),
+               None if found is None else (found[1], found[2], np.dtype(e.leaf.clock.dtype)))
     except TypeError:
         return None
-    return key, _Member(e, g, arrays, raws, sig, rule)
+    return key, _Member(e, g, arrays, raws, sig, rule, found)
 
 
 def fuse(entries: list) -> tuple[list, list]:
-    """Step the entries that can run as custom calls, a call per group of like Leafs.
+    """Step the entries that can run as custom calls, a call per group of like Leafs,
+    and advance their Leafs.
 
-    Returns the entries left for the plain path, and ``(leaf, state, x)`` for each
-    entry stepped: its new state and parameter."""
+    Returns the entries left for the plain path, and ``(leaf, x)`` for each entry
+    stepped: its new parameter."""
     import jax
 
     if not _usable() or jax.default_backend() != "cpu":
@@ -274,11 +335,13 @@ def fuse(entries: list) -> tuple[list, list]:
             groups.setdefault(found[0], []).append(found[1])
     done: list = []
     for key, members in groups.items():
-        stepped = _call(key, members)
-        if stepped is None:
-            rest.extend(m.entry for m in members)
-        else:
-            done.extend(stepped)
+        for i in range(0, len(members), CALL):
+            part = members[i:i + CALL]
+            stepped = _call(key, part)
+            if stepped is None:
+                rest.extend(m.entry for m in part)
+            else:
+                done.extend(stepped)
     return rest, done
 
 
@@ -292,48 +355,116 @@ def _program(member: _Member) -> Any:
     return program
 
 
+def _places(program: Any, member: _Member) -> tuple | None:
+    """Where the handler reads a Leaf's raw scalars in its pack, in the program's order
+    (``R*``, ``Q*``, ``S*``; a complement sits ``spec.n`` after its number), and where it
+    writes the new counters; ``None`` where a complement is not in the pack."""
+    _, places, spec = member.found
+    nrule = program.nrule
+    qs = [places[k] for k in _complements(program)]
+    if any(q >= spec.rule_n for q in qs):
+        return None
+    return (*places[:nrule], *(spec.n + q for q in qs), *places[nrule:]), places[nrule:]
+
+
 def _call(key: tuple, members: list) -> list | None:
     """One custom call stepping ``members`` (one kind of group); ``None`` where the
     rule has no program (``fast/trace.py``)."""
-    import jax
-    import jax.numpy as jnp
-
-    from optimisers.backends.jax import complement
-
     program = _program(members[0])
-    dtype = key[-1]
+    dtype = key[2]
     if program is None:
         return None
+    where = None
+    if members[0].found is not None:
+        places = _places(program, members[0])
+        if places is None:
+            return None
+        where = (*places, key[3][2])
     try:
-        name = _target(key, program, dtype)
+        name = _target((*key, program.nscalar), program, dtype, where)
     except Exception as err:  # noqa: BLE001 (an optional fast path: never fatal)
-        _TARGETS[key] = None
+        _TARGETS[(*key, program.nscalar)] = None
         warnings.warn(f"optimisers: no XLA custom call for {type(members[0].rule).__name__}"
                       f" ({err!r}); the plain path runs", RuntimeWarning, stacklevel=2)
         return None
     if name is None:
         return None
+    return (_whole if where else _one_by_one)(name, program, members, where)
+
+
+def _arrays(members: list, nstate: int) -> tuple[list, list, list, list]:
+    """The call's parameters, gradients and state arrays (slot by slot), as operands
+    and as results."""
+    import jax
+
+    xs = [m.entry.x for m in members]
+    slots = [a for k in range(nstate) for a in (m.arrays[k] for m in members)]
+    results = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (*xs, *slots)]
+    return [*xs, *(m.g for m in members), *slots], results, xs, slots
+
+
+def _aliases(n: int, nstate: int, more: int) -> dict:
+    """Parameters, state arrays and ``more`` operands per Leaf after them: in place."""
+    alias = {i: i for i in range(n)}
+    alias.update({(2 + k) * n + i: (1 + k) * n + i for k in range(nstate + more)
+                  for i in range(n)})
+    return alias
+
+
+def _one_by_one(name: str, program: Any, members: list, where: Any) -> list:
+    """The call taking each Leaf's raw scalars as 0-d operands, its counters as 0-d
+    results; the Leafs advanced as the plain path advances them."""
+    import jax
+    import jax.numpy as jnp
+
+    from optimisers.backends.jax import complement
+
     n, nstate, nrule = len(members), program.nstate, program.nrule
     qs = _complements(program)
-    xs = [m.entry.x for m in members]
-    slots = [[m.arrays[k] for m in members] for k in range(nstate)]
     raws = [[jnp.asarray(r) for r in (*m.raws[:nrule], *(complement(m.raws[k]) for k in qs),
                                          *m.raws[nrule:])] for m in members]
     first = nrule + len(qs)
-    operands = [*xs, *(m.g for m in members), *(a for slot in slots for a in slot),
-                *(r for row in raws for r in row)]
-    results = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in xs]
-    results += [jax.ShapeDtypeStruct(a.shape, a.dtype) for slot in slots for a in slot]
+    operands, results, _, _ = _arrays(members, nstate)
+    operands += [r for row in raws for r in row]
     results += [jax.ShapeDtypeStruct((), c.dtype, weak_type=c.weak_type)  # as the old
                 for row in raws for c in row[first:]]                      # counters
-    alias = {i: i for i in range(n)}  # parameters and state arrays: in place
-    alias.update({(2 + k) * n + i: (1 + k) * n + i for k in range(nstate) for i in range(n)})
-    out = jax.ffi.ffi_call(name, results, input_output_aliases=alias)(*operands)
-    done = []
-    per = program.nscalar
+    out = jax.ffi.ffi_call(name, results, input_output_aliases=_aliases(n, nstate, 0))(
+        *operands)
+    done, per = [], program.nscalar
     for j, m in enumerate(members):
         arrays = iter([out[(1 + k) * n + j] for k in range(nstate)])
-        at = (1 + nstate) * n + j * per
-        state = trace.filled(program.sig, out[at:at + per], arrays)
-        done.append((m.entry.leaf, state, out[j]))
+        at_ = (1 + nstate) * n + j * per
+        m.entry.leaf.advance(trace.filled(program.sig, out[at_:at_ + per], arrays))
+        done.append((m.entry.leaf, out[j]))
+    return done
+
+
+def _whole(name: str, program: Any, members: list, where: Any) -> list:
+    """The call taking each Leaf's pack and clock whole, and giving them back (in place
+    where donated) with the new counters written and the clock counted: the Leaf keeps
+    the pack (``repack``), so no number of it is an operation of its own under jit."""
+    import jax
+
+    from optimisers.backends import jax as backend
+
+    n, nstate = len(members), program.nstate
+    operands, results, _, _ = _arrays(members, nstate)
+    packs = [m.found[0] for m in members]
+    clocks = [m.entry.leaf.clock for m in members]
+    operands += [*packs, *clocks]
+    results += [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+                for a in (*packs, *clocks)]
+    out = jax.ffi.ffi_call(name, results, input_output_aliases=_aliases(n, nstate, 2))(
+        *operands)
+    done, olds = [], program.nrule
+    for j, m in enumerate(members):
+        arrays = [out[(1 + k) * n + j] for k in range(nstate)]
+        pack, clock = out[(1 + nstate) * n + j], out[(2 + nstate) * n + j]
+        leaf = m.entry.leaf
+        if not backend.repack(leaf, pack, trace.filled(program.sig, m.raws[olds:],
+                                                        iter(arrays)), clock):
+            news = [pack[at_] for at_ in where[1]]  # the counters, read back
+            leaf.state = trace.filled(program.sig, news, iter(arrays))
+            leaf.clock = clock
+        done.append((leaf, out[j]))
     return done
