@@ -170,7 +170,12 @@ def cache(f: Any) -> Callable[[], int]:
     return lambda: f._cache_size() if hasattr(f, "_cache_size") else 1
 
 
-def jax_rows(o: Any, x0: Any, g: Any, donate: bool) -> list[Row]:
+KEPT = " kept"  # the suffix of the JAX rows that do not donate (--donation both)
+
+
+def jax_rows(o: Any, x0: Any, g: Any, donate: bool, suffix: str = "") -> list[Row]:
+    """Our jitted update and optax's, donating the tree and model (params and state) or
+    not; ``suffix`` ends the rows' names."""
     import jax
     import jax.numpy as jnp
 
@@ -189,7 +194,7 @@ def jax_rows(o: Any, x0: Any, g: Any, donate: bool) -> list[Row]:
 
         return step
 
-    rows = [Row("ours jax (jit)", "jax", ours, cache(f_ours))]
+    rows = [Row("ours jax (jit)" + suffix, "jax", ours, cache(f_ours))]
     try:
         import optax
     except ImportError:
@@ -213,7 +218,7 @@ def jax_rows(o: Any, x0: Any, g: Any, donate: bool) -> list[Row]:
 
         return step
 
-    rows.append(Row("optax.adam (jit)", "jax", peer, cache(f_optax)))
+    rows.append(Row("optax.adam (jit)" + suffix, "jax", peer, cache(f_optax)))
     return rows
 
 

@@ -21,6 +21,13 @@ SRC = HERE.parent / "src"
 LR = 1e-3
 BYTES_PER_PARAM = 28  # Adam, float32: read x, g, m, v (16 B) and write x, m, v (12 B)
 SHAPES = ("A", "B", "C")
+GPTS = {"GPT2": 2, "GPT12": 12, "GPT48": 48}  # issue 19's trees: --shapes gpt2,gpt12,gpt48,B
+# Issue 19's GPT-like trees, without scan: width 256, vocabulary 2048, context 256; per
+# layer a LayerNorm (gain, bias), a fused qkv projection and an output projection (weight,
+# bias each), a second LayerNorm and a two-layer MLP of width 4 * 256 (weight, bias each):
+# 12 arrays a layer, half of them small vectors, plus the two embeddings and a final
+# LayerNorm (4 arrays): 28, 148 and 580 arrays for 2, 12 and 48 layers.
+SMALL_GPT = {"d": 256, "vocab": 2048, "ctx": 256, "mlp": 4}
 LIBS = ("numpy", "torch", "jax")
 
 # The GPT-like shape C (documented in README.md): d_model 512, 6 layers, 8 heads,
@@ -55,7 +62,25 @@ def shape_spec(name: str) -> Any:
                  "mlp": {"fc": dense(d, h), "out": dense(h, d)}}
         return {"wte": (GPT["vocab"], d), "wpe": (GPT["ctx"], d),
                 "layers": [layer for _ in range(GPT["layers"])], "lnf": norm()}
+    if name in GPTS:
+        return small_gpt(GPTS[name])
     raise ValueError(name)
+
+
+def small_gpt(layers: int) -> dict:
+    """Issue 19's GPT-like tree of ``layers`` layers (see ``SMALL_GPT``)."""
+    d, h = SMALL_GPT["d"], SMALL_GPT["d"] * SMALL_GPT["mlp"]
+
+    def dense(i: int, o: int) -> dict:
+        return {"w": (i, o), "b": (o,)}
+
+    def norm() -> dict:
+        return {"g": (d,), "b": (d,)}
+
+    layer = {"ln1": norm(), "attn": {"qkv": dense(d, 3 * d), "out": dense(d, d)},
+             "ln2": norm(), "mlp": {"fc": dense(d, h), "proj": dense(h, d)}}
+    return {"wte": (SMALL_GPT["vocab"], d), "wpe": (SMALL_GPT["ctx"], d),
+            "layers": [layer for _ in range(layers)], "lnf": norm()}
 
 
 def tmap(f: Callable, *trees: Any) -> Any:

@@ -6,6 +6,8 @@ memory-bandwidth floor, side by side in one process.
     python benchmarks/run.py --quick         # fewer repetitions, under a minute
     python benchmarks/run.py --only numpy    # or torch / jax; may be repeated
     python benchmarks/run.py --markdown      # the tables as markdown, with the machine
+    python benchmarks/run.py --only jax --shapes gpt2,gpt12,gpt48,B --donation both
+                                             # issue 19's trees: JAX steps and compiles
 
 See benchmarks/README.md for what each row means. Progress goes to stderr, the tables to
 stdout. A row whose library is missing is skipped with a message; a row that raises
@@ -30,6 +32,7 @@ from typing import Any
 from contestants import (
     BW_BYTES,
     JAX_FLOOR,
+    KEPT,
     bandwidth_rows,
     flatten_rows,
     jax_floor_rows,
@@ -41,6 +44,7 @@ from contestants import (
 )
 from harness import (
     BYTES_PER_PARAM,
+    GPTS,
     LIBS,
     LR,
     SHAPES,
@@ -151,7 +155,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="a short run: 3-7 timed steps, no JAX on shape B unless --shapes names it")
     p.add_argument("--only", action="append", default=[], metavar="LIB",
                    help="numpy, torch or jax (repeatable, or comma-separated)")
-    p.add_argument("--shapes", default=None, help="which shapes, e.g. A,C (default A,B,C)")
+    p.add_argument("--shapes", default=None,
+                   help="which shapes, e.g. A,C (default A,B,C; also gpt2, gpt12, gpt48)")
     p.add_argument("--markdown", action="store_true", help="print markdown tables")
     p.add_argument("--reps", type=int, default=None,
                    help="timed steps per row (default: 20 to 40 as time allows; --quick 3 to 7)")
@@ -163,6 +168,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="torch.set_num_threads(N) first (default: PyTorch's own choice)")
     p.add_argument("--no-donate", action="store_true",
                    help="do not donate the JAX buffers (tree, model / params, state) to jit")
+    p.add_argument("--donation", choices=("on", "off", "both"), default=None,
+                   help="donate the JAX buffers (on, the default), not (off, as --no-donate), "
+                        "or time both ways side by side (both: rows ending 'kept' donate none)")
     p.add_argument("--no-numba", action="store_true",
                    help="hide numba from optimisers, to time the pure-NumPy path")
     p.add_argument("--no-extras", action="store_true",
@@ -181,8 +189,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.libs = only or set(LIBS)
     a.explicit_shapes = a.shapes is not None
     a.shapes = [s.strip().upper() for s in (a.shapes or ",".join(SHAPES)).split(",")]
-    if set(a.shapes) - set(SHAPES):
-        p.error("--shapes takes A, B and/or C")
+    if set(a.shapes) - set(SHAPES) - set(GPTS):
+        p.error("--shapes takes A, B, C, gpt2, gpt12 and/or gpt48")
+    a.donation = a.donation or ("off" if a.no_donate else "on")
+    a.no_donate = a.donation == "off"
     a.most = a.reps or (7 if a.quick else 40)
     a.reps = a.reps or (3 if a.quick else 20)
     a.budget = 4.0 if a.quick else 15.0
@@ -251,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
                                  "~15 s there, eager unravel ~20 s); run without --quick, or "
                                  "name --shapes B")
             else:
-                rows += jax_rows(o, x0, g, donate=not a.no_donate)
+                if a.donation != "off":
+                    rows += jax_rows(o, x0, g, donate=True)
+                if a.donation != "on":
+                    rows += jax_rows(o, x0, g, donate=False,
+                                     suffix=KEPT if a.donation == "both" else "")
                 if a.jax_floor:
                     rows += jax_floor_rows(x0, g, donate=not a.no_donate)
         log(f"shape {shape}: timing {len(rows)} rows, {a.warmup} warm-up + {a.reps} steps each "
@@ -299,7 +313,7 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
              for sh in shapes]
     out.append(("- " if md else "") + f"run: {mode}, medians of {'/'.join(map(str, steps))} "
                f"interleaved steps per row (by shape) after {a.warmup} warm-up, Adam lr {LR}, "
-               f"float32, JAX donation {'off' if a.no_donate else 'on'}")
+               f"float32, JAX donation {a.donation}")
     def pct(v: float | None) -> str:
         return "?" if v is None else f"{v:.0%}"
 
@@ -318,7 +332,8 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
     if "torch" in libs:
         keys += ["ours torch", "ours torch nn.Module", "torch Adam fused", "torch Adam foreach"]
     if "jax" in libs:
-        keys += ["ours jax (jit)", "optax.adam (jit)"]
+        keys += [k + x for x in ("", KEPT) for k in ("ours jax (jit)", "optax.adam (jit)")
+                 if res_has(res, k + x, shapes)]
         keys += [k for k in JAX_FLOOR if res_has(res, k, shapes)]
     for k in keys:
         t.add(k, [res.cell(k, s, foot) for s in shapes])
@@ -371,7 +386,10 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
         ratio("ours torch scheduled / unscheduled", "ours torch, scheduled eta", "ours torch",
               "<= 1.2")
     if "jax" in libs:
-        ratio("ours jax / optax", "ours jax (jit)", "optax.adam (jit)", "A,C <= 1.0, B <= 0.25")
+        ratio("ours jax / optax", "ours jax (jit)", "optax.adam (jit)",
+              "A,C,GPT* <= 1.0, B <= 0.25")
+        ratio("ours jax / optax, kept", "ours jax (jit)" + KEPT, "optax.adam (jit)" + KEPT,
+              "<= 1.0")
         for k in JAX_FLOOR:
             if res_has(res, k, shapes):
                 ratio(f"{k} / optax", k, "optax.adam (jit)")
@@ -385,8 +403,10 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
     if "jax" in libs:
         c = Table("JAX compile time, s (trace + compile, summed over every compiling call)",
                   cols)
-        for k in ("ours jax (jit)", "optax.adam (jit)", *JAX_FLOOR):
-            if k in JAX_FLOOR and not any((k, s) in res.compile for s in shapes):
+        for k in ("ours jax (jit)", "optax.adam (jit)", "ours jax (jit)" + KEPT,
+                  "optax.adam (jit)" + KEPT, *JAX_FLOOR):
+            if (k in JAX_FLOOR or k.endswith(KEPT)) and not any(
+                    (k, s) in res.compile for s in shapes):
                 continue
             cells = []
             for s in shapes:
@@ -397,12 +417,16 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
                     cells.append(res.cell(k, s, foot) if (k, s) in res.errors or
                                  (k, s) in res.skips else "-")
             c.add(k, cells)
-        def compile_ratio(name: str, k: str, target: str = "") -> None:
+        def compile_ratio(name: str, k: str, target: str = "",
+                          peer: str = "optax.adam (jit)") -> None:
             c.add(name, [fmt_ratio(res.compile.get((k, s), (None,))[0],
-                                   res.compile.get(("optax.adam (jit)", s), (None,))[0])
+                                   res.compile.get((peer, s), (None,))[0])
                          for s in shapes], target)
 
-        compile_ratio("ours / optax", "ours jax (jit)", "B <= 0.25")
+        compile_ratio("ours / optax", "ours jax (jit)", "<= 1.0")
+        if any(("ours jax (jit)" + KEPT, s) in res.compile for s in shapes):
+            compile_ratio("ours / optax, kept", "ours jax (jit)" + KEPT, "<= 1.0",
+                          "optax.adam (jit)" + KEPT)
         for k in JAX_FLOOR:
             if any((k, s) in res.compile for s in shapes):
                 compile_ratio(f"{k} / optax", k)
