@@ -23,8 +23,9 @@ There are no concatenating group functions here (``flatcat`` and the rest, see
 ``fast/fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
 XLA (on CPU) one compiled kernel per distinct slice, and so compile time
 (benchmarks/README.md). Instead,
-:func:`fuse` steps groups of large arrays under ``jax.jit`` as one XLA custom call into
-the numba kernel (``fast/xla.py``), and the plain path steps the rest.
+:func:`fuse` steps groups of like Leafs under ``jax.jit`` as XLA custom calls into the
+numba kernel (``fast/xla.py``), each taking a Leaf's pack of numbers and its clock whole,
+and the plain path steps the rest (and all of it without numba).
 """
 
 from __future__ import annotations

@@ -17,11 +17,16 @@ differentiated or batched: the custom call has no derivative). Anywhere else the
 path runs, as it does without numba.
 
 The call's operands are the ``n`` parameters, the ``n`` gradients, each state array
-slot's ``n`` arrays, then each Leaf's raw scalars (the rule's numbers, their complements
-``1 - b`` as the Leaf's pack carries them, then the state's counters); its results the
-``n`` new parameters, the new state arrays, and each Leaf's new counters. Only large
-arrays take this path (see :data:`LARGE`), updated in place where the caller donates
-them (``input_output_aliases``; else XLA copies them first).
+slot's ``n`` arrays, then each Leaf's numbers; its results the ``n`` new parameters, the new
+state arrays, and each Leaf's new numbers, every result aliased to its operand (in place
+where the caller donates them; else XLA copies them first). Under ``jax.jit`` a Leaf's
+numbers travel as one array, its pack (``backends/jax.py``), and its clock: where every raw
+scalar of the rule came from that pack, the call takes the pack and the clock whole, writes
+the new counters into the pack and counts the clock, and the Leaf keeps the pack the call
+returns (``repack``): no number is an XLA operation of its own, and a Leaf costs XLA no
+kernel. Elsewhere (a schedule in a field, a counter not in the pack) the call takes the
+raw scalars one by one (the rule's numbers, their complements ``1 - b`` as the pack
+carries them, then the state's counters) and gives the counters back so.
 """
 
 from __future__ import annotations
@@ -327,8 +332,9 @@ def fuse(entries: list) -> tuple[list, list]:
     for e in entries:
         x = e.x
         dtype = np.dtype(x.dtype)
-        found = _member(e, dtype) if (_jit_traced(x) and x.size >= LARGE
-                                       and dtype in (np.float32, np.float64)) else None
+        found = _member(e, dtype) if (  # (a 0-d x: its state's counters would look
+            _jit_traced(x) and x.size >= LARGE and x.ndim  # like arrays of it)
+            and dtype in (np.float32, np.float64)) else None
         if found is None:
             rest.append(e)
         else:
