@@ -107,6 +107,57 @@ def count_nonzero(g: Array, like: Array) -> Array:
     return jnp.count_nonzero(g).astype(like.dtype)
 
 
+# --- matrices (protocol.Backend: transpose, matmul, matmul_add, vector_norm, ...) ---------
+
+
+def transpose(x: Array) -> Array:
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _wide(dtype: Any) -> Any:
+    """``dtype``, or float32 where it is less precise: what products accumulate in."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def matmul(a: Array, b: Array) -> Array:
+    dt = jnp.result_type(a, b)
+    return jnp.matmul(a, b, preferred_element_type=_wide(dt)).astype(dt)
+
+
+def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
+    wide = _wide(c.dtype)
+    ab = jnp.matmul(a, b, preferred_element_type=wide)
+    beta, alpha = jnp.asarray(beta, _real(wide)), jnp.asarray(alpha, _real(wide))
+    return (beta * c.astype(wide) + alpha * ab).astype(c.dtype)
+
+
+def vector_norm(x: Array, axes: tuple) -> Array:
+    y = x.astype(_wide(x.dtype))
+    return jnp.sqrt(jnp.sum(abs2(y), axis=axes, keepdims=True)).astype(_real(x.dtype))
+
+
+def mean(x: Array, axes: tuple) -> Array:
+    return jnp.mean(x, axis=axes, keepdims=True)
+
+
+def to_bfloat16(x: Array) -> Array:
+    """to_bfloat16(x) -> ``x`` rounded to bfloat16 by ``reduce_precision``, which XLA keeps
+    under ``jit``: it may otherwise carry a bfloat16 result in float32 (its "excess
+    precision") and drop the rounding that NumPy's and PyTorch's steps make.
+
+    Example:
+        >>> to_bfloat16(jnp.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8]))
+        Array([1, 1.01562], dtype=bfloat16)
+    """
+    wide = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    rounded = jax.lax.reduce_precision(x.astype(wide), exponent_bits=8, mantissa_bits=7)
+    return rounded.astype(jnp.bfloat16)
+
+
+def machine_epsilon(x: Array) -> float:
+    return float(jnp.finfo(_real(x.dtype)).eps)
+
+
 # written once over the primitives above, for every backend (common.py)
 _SELF = sys.modules[__name__]
 abs2 = functools.partial(common.abs2, _SELF)

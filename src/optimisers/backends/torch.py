@@ -133,6 +133,45 @@ def count_nonzero(g: Array, like: Array) -> Array:
     return torch.count_nonzero(g).to(like.dtype)
 
 
+# --- matrices (protocol.Backend: transpose, matmul, matmul_add, vector_norm, ...) ---------
+
+
+def transpose(x: Array) -> Array:
+    return x.transpose(-2, -1)
+
+
+def matmul(a: Array, b: Array) -> Array:
+    return torch.matmul(a, b)
+
+
+def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
+    """``torch.addmm`` for matrices, ``torch.baddbmm`` over a stack of them (the same
+    numbers, matrix by matrix: tests compare)."""
+    beta, alpha = float(beta), float(alpha)
+    if a.dim() == 2:
+        return torch.addmm(c, a, b, beta=beta, alpha=alpha)
+    lead = a.shape[:-2]
+    flat = [t.reshape(-1, *t.shape[-2:]) for t in (c, a, b)]
+    out = torch.baddbmm(*flat, beta=beta, alpha=alpha)
+    return out.reshape(*lead, *out.shape[-2:])
+
+
+def vector_norm(x: Array, axes: tuple) -> Array:
+    return torch.linalg.vector_norm(x, 2, dim=axes, keepdim=True)
+
+
+def mean(x: Array, axes: tuple) -> Array:
+    return x.mean(dim=axes, keepdim=True)
+
+
+def to_bfloat16(x: Array) -> Array:
+    return x.to(torch.bfloat16)
+
+
+def machine_epsilon(x: Array) -> float:
+    return float(torch.finfo(_REAL.get(x.dtype, x.dtype)).eps)
+
+
 # written once over the primitives above, for every backend (common.py)
 _SELF = sys.modules[__name__]
 abs2 = functools.partial(common.abs2, _SELF)
