@@ -289,11 +289,19 @@ def settle(leaf: Any) -> Any:
 
 def fuse(entries: list) -> tuple[list, list]:
     """Under ``jax.jit`` on the CPU with numba installed: step groups of like Leafs each
-    as one XLA custom call (``fast/xla.py``). Returns the entries left for the plain path
-    and ``(leaf, new_state, new_x)`` for the others."""
-    from optimisers.fast import xla
+    as one XLA custom call (``fast/xla.py``); Leafs of one shape whose rule stacks
+    (``Muon``), anywhere, by one ``jax.vmap`` of its ``apply`` (``fast/batched.py``).
+    Returns the entries left for the plain path and ``(leaf, new_state, new_x)`` for the
+    others."""
+    from optimisers.fast import batched, fused, xla
 
-    return xla.fuse(entries)
+    kinds = [fused.fusible(e.leaf.rule)[0] for e in entries]
+    stacks = [e for e, elementwise in zip(entries, kinds) if not elementwise]
+    if not stacks:
+        return xla.fuse(entries)
+    left, done = xla.fuse([e for e, elementwise in zip(entries, kinds) if elementwise])
+    more, stacked = batched.fuse(stacks)
+    return left + more, done + stacked
 
 
 # --- pytree registration of Leaf and the rules ---------------------------------------------
