@@ -140,20 +140,23 @@ def transpose(x: Array) -> Array:
     return x.transpose(-2, -1)
 
 
+def _as_stack(t: Array) -> Array:
+    """A matrix, or a stack of them of any depth, as a stack ``(n, rows, cols)``."""
+    return t.reshape(-1, *t.shape[-2:])
+
+
 def matmul(a: Array, b: Array) -> Array:
-    return torch.matmul(a, b)
+    """``torch.bmm``, a single matrix as a stack of one: see :func:`matmul_add`."""
+    out = torch.bmm(_as_stack(a), _as_stack(b))
+    return out.reshape(*a.shape[:-2], *out.shape[-2:])
 
 
 def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
-    """``torch.addmm`` for matrices, ``torch.baddbmm`` over a stack of them (the same
-    numbers, matrix by matrix: tests compare)."""
-    beta, alpha = float(beta), float(alpha)
-    if a.dim() == 2:
-        return torch.addmm(c, a, b, beta=beta, alpha=alpha)
-    lead = a.shape[:-2]
-    flat = [t.reshape(-1, *t.shape[-2:]) for t in (c, a, b)]
-    out = torch.baddbmm(*flat, beta=beta, alpha=alpha)
-    return out.reshape(*lead, *out.shape[-2:])
+    """``torch.baddbmm``, a single matrix as a stack of one, so that each matrix of a stack
+    gets exactly what it gets alone (``torch.addmm``, which ``torch.optim.Muon`` calls,
+    rounds bfloat16 products of fewer than 400 multiplications differently)."""
+    out = torch.baddbmm(*map(_as_stack, (c, a, b)), beta=float(beta), alpha=float(alpha))
+    return out.reshape(*a.shape[:-2], *out.shape[-2:])
 
 
 def vector_norm(x: Array, axes: tuple) -> Array:

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from optimisers.fast.fused import MIN_GROUP
+from optimisers.fast import fused
 from optimisers.rules import NewValue, call
 
 __all__ = ["fuse"]
@@ -46,7 +46,7 @@ def fuse(entries: list) -> tuple[list, list]:
     left: list = []
     done: list = []
     for members in groups.values():
-        if len(members) < MIN_GROUP:
+        if len(members) < fused.MIN_GROUP:
             left.extend(members)
         else:
             done.extend(_step(members))
@@ -55,6 +55,17 @@ def fuse(entries: list) -> tuple[list, list]:
 
 def _stack(*values: Any) -> Any:
     return jnp.stack(values)
+
+
+def _shared(rules: list) -> Any:
+    """The one rule of all Leafs when they have equal rules of Python numbers (outside
+    ``jit``), which ``apply`` then gets as it is: so its numbers stay Python floats, as on
+    the plain path (``1 - rho`` and ``eta * sqrt(rows/cols)`` computed in float32 would
+    round otherwise); else ``None``."""
+    if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(rules)):
+        return None
+    first = rules[0]
+    return first if all(r == first for r in rules[1:]) else None
 
 
 def _step(members: list) -> list:
@@ -66,10 +77,14 @@ def _step(members: list) -> list:
         kinds.append(type(d))
         return state, d.value if isinstance(d, NewValue) else d
 
-    rules = jax.tree.map(_stack, *[e.leaf.rule for e in members])
+    rules = [e.leaf.rule for e in members]
+    shared = _shared(rules)
     states = jax.tree.map(_stack, *[e.leaf.state for e in members])
     xs, gs = jnp.stack([e.x for e in members]), jnp.stack([e.grads[0] for e in members])
-    states, ds = jax.vmap(apply)(rules, states, xs, gs)
+    if shared is not None:  # (closed over, not an argument: vmap would make its numbers arrays)
+        states, ds = jax.vmap(lambda s, x, g: apply(shared, s, x, g))(states, xs, gs)
+    else:
+        states, ds = jax.vmap(apply)(jax.tree.map(_stack, *rules), states, xs, gs)
     out = []
     for i, e in enumerate(members):
         state = jax.tree.map(lambda v, i=i: v[i], states)
