@@ -276,6 +276,32 @@ def test_stack_state_is_one_packed_buffer_and_stays_in_place():
     assert sorted(len(g.leaves) for g in groups if type(g) is fused.Stack) == [2, 3]
 
 
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_a_tree_of_one_stack_steps_it_straight_from_the_gradients(lib):
+    """Every Leaf in one Stack: update_'s plan steps it without gathering (Plan.whole),
+    with what the per-matrix path gives."""
+    conv = torch.tensor if lib == "torch" else np.asarray
+    rng = np.random.default_rng(5)
+    start = [rng.normal(size=(6, 4)).astype(np.float32) for _ in range(4)]
+    grads = [[conv(rng.normal(size=(6, 4)).astype(np.float32)) for _ in start]
+             for _ in range(4)]
+    out = []
+    for group in (fused.MIN_GROUP, 10**9):
+        model = [conv(a.copy()) for a in start]
+        fused_min, fused.MIN_GROUP = fused.MIN_GROUP, group
+        try:
+            tree = O.setup(O.Muon(0.05), model)
+            for g in grads:
+                tree, model = O.update_(tree, model, g)
+        finally:
+            fused.MIN_GROUP = fused_min
+        out.append([np.asarray(x) for x in model])
+        plan = O.state.plan_of(tree)
+        assert (type(plan.group) is fused.Stack) == (group == fused_min)
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
+
+
 # ---------------------------------------------------------------- checkpoints
 
 

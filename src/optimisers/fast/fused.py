@@ -76,7 +76,14 @@ _STACKABLE: dict[Rule, bool] = {}
 def stackable(rule: Rule) -> bool:
     """Whether a rule that is not elementwise may step a :class:`Stack`: it
     :attr:`~optimisers.Rule.stacks`, or is a chain (or holds rules) each of which stacks or
-    is elementwise."""
+    is elementwise.
+
+    Example:
+        >>> from optimisers import Adam, ClipNorm, Muon, OptimiserChain, WeightDecay
+        >>> [stackable(r) for r in (Muon(), OptimiserChain(WeightDecay(), Muon()),
+        ...                         OptimiserChain(ClipNorm(), Muon()), Adam())]
+        [True, True, False, False]
+    """
     try:
         return _STACKABLE[rule]
     except (KeyError, TypeError):
@@ -357,6 +364,16 @@ class Stack(Group):
     ``(n, *shape)``, go through one ``apply``, so that each matrix product of the rule is
     one batched product; the new state and step are written back as :class:`Group`
     writes them. :func:`pack` lays each state array out as one such stack already.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Muon, setup, update_
+        >>> from optimisers.state import plan_of
+        >>> model = [np.ones((3, 2)) for _ in range(4)]
+        >>> tree = setup(Muon(), model)
+        >>> _ = update_(tree, model, [np.eye(3, 2)] * 4)
+        >>> [(type(g).__name__, len(g.leaves)) for g in plan_of(tree).groups]
+        [('Stack', 4)]
     """
 
     __slots__ = ()

@@ -53,15 +53,18 @@ class Muon(Rule):
 
     As ``torch.optim.Muon`` with its defaults: the learning rate scaled by
     ``sqrt(max(1, rows/cols))`` (its ``adjust_lr_fn="original"``), the weight decay
-    decoupled (``x*(1 - eta*lambd)``), and Newton–Schulz run in bfloat16, whatever the
-    parameter's dtype, each product accumulated in float32 and rounded to bfloat16
-    (``torch.addmm``'s arithmetic), the result cast back. On PyTorch these are torch's own
-    operations; JAX does the same in its bfloat16; NumPy, which has no bfloat16, computes
-    in float32 and rounds to bfloat16 after each operation. Steps then agree with torch's
-    to float32 rounding until a momentum value that differs from torch's in its last
-    float32 bit rounds to another bfloat16: from there they differ by bfloat16's rounding,
-    about 3e-3 of a step (tests/test_rules_torch_ref.py measures both). With float64
-    parameters that is rare enough for 1e-10 agreement.
+    decoupled (``x*(1 - eta*lambd)``), and Newton–Schulz run in bfloat16 whatever the
+    parameter's dtype, each product accumulated in float32 and rounded once to bfloat16
+    (``torch.addmm``'s arithmetic), the result cast back. PyTorch runs torch's own
+    bfloat16 kernels (``bmm`` and ``baddbmm``, which give the numbers of its ``mm`` and
+    ``addmm`` but for products of under 400 multiplications); JAX rounds as they do
+    (through ``reduce_precision``, which ``jit`` keeps); NumPy, which has no bfloat16,
+    computes in float32 and rounds to bfloat16's values after each operation. Where a value
+    rounds to another bfloat16 than in torch's step (a momentum that differs from torch's
+    ``lerp`` in its last float32 bit; on NumPy and JAX, a product summed in another order),
+    the steps differ by bfloat16's rounding from there on: up to 2e-3 of a step's size
+    after 12 steps in ``tests/test_rules_torch_ref.py``, which allows 1e-2. On PyTorch
+    with float64 parameters, where no momentum rounds so, they agree to 1e-10.
 
     Only real matrices: :func:`~optimisers.setup` refuses another rank, or a complex
     matrix, naming its path (:meth:`refuses`); give those arrays another rule, as
@@ -224,10 +227,12 @@ class Adafactor(Rule):
             rows, cols = xp.shape(x)[-2:]
             r = xp.assign(r, r + w * (xp.vector_norm(dx, (-1,)) ** 2 / cols - r))
             c = xp.assign(c, c + w * (xp.vector_norm(dx, (-2,)) ** 2 / rows - c))
-            v = r * c / xp.maximum(xp.mean(r, (-2,)), eps1)
+            v = r / xp.maximum(xp.mean(r, (-2,)), eps1) * c  # (one array-sized product)
         u = dx / xp.sqrt(xp.maximum(v, eps1 * eps1))
         every = tuple(range(len(xp.shape(x))))
         n = math.sqrt(xp.size(x))
         alpha = xp.maximum(xp.vector_norm(x, every) / n, eps2) * rho
-        scale = alpha / xp.maximum(xp.vector_norm(u, every) / (n * clip), 1.0)
-        return (r, c, t), decay * x + scale * u
+        step = alpha / xp.maximum(xp.vector_norm(u, every) / (n * clip), 1.0) * u
+        if backends.istraced(self.lambd) or self.lambd != 0:  # (torch's test too)
+            step = decay * x + step
+        return (r, c, t), step
