@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from optimisers.fast import fused
 from optimisers.rules import NewValue, call
+from optimisers.schedules import at
 
 __all__ = ["fuse"]
 
@@ -39,15 +40,15 @@ def fuse(entries: list) -> tuple[list, list]:
     """
     groups: dict[tuple, list] = {}
     for e in entries:
-        x = e.x
-        key = (jax.tree.structure((e.leaf.rule, e.leaf.state)), tuple(x.shape), x.dtype,
+        x, rule = e.x, at(e.leaf.rule, e.leaf.clock)  # (schedules at the Leaf's clock)
+        key = (jax.tree.structure((rule, e.leaf.state)), tuple(x.shape), x.dtype,
                None if isinstance(x, jax.core.Tracer) else x.sharding)
-        groups.setdefault(key, []).append(e)
+        groups.setdefault(key, []).append((e, rule))
     left: list = []
     done: list = []
     for members in groups.values():
         if len(members) < fused.MIN_GROUP:
-            left.extend(members)
+            left.extend(e for e, _ in members)
         else:
             done.extend(_step(members))
     return left, done
@@ -69,7 +70,8 @@ def _shared(rules: list) -> Any:
 
 
 def _step(members: list) -> list:
-    """One ``vmap`` of the rule's ``apply`` over the group: ``(leaf, state, x)`` each."""
+    """One ``vmap`` of the rule's ``apply`` over the group (``(entry, its rule at its
+    clock)`` each): ``(leaf, state, x)`` each."""
     kinds: list = []
 
     def apply(rule: Any, state: Any, x: Any, g: Any) -> tuple:
@@ -77,7 +79,7 @@ def _step(members: list) -> list:
         kinds.append(type(d))
         return state, d.value if isinstance(d, NewValue) else d
 
-    rules = [e.leaf.rule for e in members]
+    members, rules = [e for e, _ in members], [rule for _, rule in members]
     shared = _shared(rules)
     states = jax.tree.map(_stack, *[e.leaf.state for e in members])
     xs, gs = jnp.stack([e.x for e in members]), jnp.stack([e.grads[0] for e in members])
