@@ -34,6 +34,7 @@ from optimisers import (
     RAdam,
     RMSProp,
     Rprop,
+    Rule,
     ScheduleFreeAdamW,
     SignDecay,
     SkipNonFinite,
@@ -91,8 +92,8 @@ def fitting(rule, other=Descent(0.1)):
     matrices and AdamW the rest. Every test over ALL_RULES so covers such a rule on the
     arrays of its model that it trains."""
     probes = [np.zeros(2), np.zeros(()), np.zeros((2, 2), np.complex64)]
-    if all(rule.refuses(p) is None for p in probes):
-        return rule
+    if not isinstance(rule, Rule) or all(rule.refuses(p) is None for p in probes):
+        return rule  # (rules by path or by function: as they are)
     return lambda kp, x: rule if rule.refuses(x) is None else other
 
 
