@@ -95,6 +95,10 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return jnp.clip(x, lo, hi)
 
 
+def lerp(a: Array, b: Array, w: Any) -> Array:
+    return a + w * (b - a)
+
+
 def amax(a: Array) -> Array:
     return jnp.max(a, initial=0)
 

@@ -75,6 +75,10 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return np.clip(x, lo, hi)
 
 
+def lerp(a: Array, b: Array, w: Any) -> Array:
+    return a + w * (b - a)
+
+
 def amax(a: Array) -> Array:
     return a.max(initial=0)
 

@@ -177,6 +177,10 @@ class Backend(Protocol):
     def clamp(self, x: Array, lo: Any, hi: Any) -> Array:
         """A real ``x`` clamped to ``[lo, hi]``."""
 
+    def lerp(self, a: Array, b: Array, w: Any) -> Array:
+        """``a + w*(b - a)`` elementwise, ``w`` a hyper-parameter (``torch.lerp``, one
+        kernel with its rounding on PyTorch)."""
+
     # --- reductions ----------------------------------------------------------------------
 
     def amax(self, a: Array) -> Array:

@@ -121,6 +121,10 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return torch.clamp(x, lo, hi)
 
 
+def lerp(a: Array, b: Array, w: Any) -> Array:
+    return torch.lerp(a, b, w)
+
+
 def amax(a: Array) -> Array:
     return a.max() if a.numel() else a.new_zeros(())
 

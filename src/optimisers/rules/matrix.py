@@ -55,16 +55,16 @@ class Muon(Rule):
     ``sqrt(max(1, rows/cols))`` (its ``adjust_lr_fn="original"``), the weight decay
     decoupled (``x*(1 - eta*lambd)``), and Newton–Schulz run in bfloat16 whatever the
     parameter's dtype, each product accumulated in float32 and rounded once to bfloat16
-    (``torch.addmm``'s arithmetic), the result cast back. PyTorch runs torch's own
-    bfloat16 kernels (``bmm`` and ``baddbmm``, which give the numbers of its ``mm`` and
-    ``addmm`` but for products of under 400 multiplications); JAX rounds as they do
-    (through ``reduce_precision``, which ``jit`` keeps); NumPy, which has no bfloat16,
-    computes in float32 and rounds to bfloat16's values after each operation. Where a value
-    rounds to another bfloat16 than in torch's step (a momentum that differs from torch's
-    ``lerp`` in its last float32 bit; on NumPy and JAX, a product summed in another order),
-    the steps differ by bfloat16's rounding from there on: up to 2e-3 of a step's size
-    after 12 steps in ``tests/test_rules_torch_ref.py``, which allows 1e-2. On PyTorch
-    with float64 parameters, where no momentum rounds so, they agree to 1e-10.
+    (``torch.addmm``'s arithmetic), the result cast back. PyTorch runs torch's own kernels
+    (``torch.lerp``; bfloat16 ``bmm`` and ``baddbmm``, which give the numbers of its ``mm``
+    and ``addmm`` but for products of under 400 multiplications): parameters agree with
+    torch's to float32 rounding. JAX rounds as those kernels do (through
+    ``reduce_precision``, which ``jit`` keeps); NumPy, which has no bfloat16, computes in
+    float32 and rounds to bfloat16's values after each operation. There a value that
+    comes out one float32 bit off torch's (a momentum, a product summed in another order)
+    may round to another bfloat16, and the steps then differ by bfloat16's rounding: up to
+    2e-3 of a step's size after 12 steps in ``tests/test_rules_torch_ref.py``, which
+    allows 1e-2.
 
     Only real matrices: :func:`~optimisers.setup` refuses another rank, or a complex
     matrix, naming its path (:meth:`refuses`); give those arrays another rule, as
@@ -128,9 +128,9 @@ class Muon(Rule):
         rows, cols = shape[-2:]
         eta, decay = xp.hyper(x, self.eta * math.sqrt(max(1.0, rows / cols)),
                               self.eta * self.lambd)
-        (c,) = xp.hyper(x, xp.complement(self.rho))
-        b = xp.assign(state, state + c * (dx - state))
-        u = b + c * (dx - b) if self.nesterov else b
+        c, rho = xp.hyper(x, xp.complement(self.rho), self.rho)
+        b = xp.assign(state, xp.lerp(state, dx, c))  # (torch's lerp_, and lerp)
+        u = xp.lerp(dx, b, rho) if self.nesterov else b
         o = _orthogonalised(xp, u, self.ns_coefficients, self.ns_steps, self.epsilon)
         return b, decay * x + eta * xp.cast(o, x)
 
