@@ -170,7 +170,7 @@ def _host(v) -> np.ndarray:
 @pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
 def test_matrix_functions_agree_across_libraries(lib):
     """transpose, matmul, matmul_add, vector_norm, mean, over the last axes of a stack;
-    lerp; to_bfloat16 rounds as torch does; machine_epsilon is finfo's."""
+    lerp, scaled_sum; to_bfloat16 rounds as torch does; machine_epsilon is finfo's."""
     torch = pytest.importorskip("torch")
     xp, conv = _load(lib), _convert(lib)
     rng = np.random.default_rng(0)
@@ -187,9 +187,17 @@ def test_matrix_functions_agree_across_libraries(lib):
     np.testing.assert_allclose(norms, np.sqrt((a0**2).sum(axis=(-2, -1), keepdims=True)),
                                rtol=1e-6)
     np.testing.assert_allclose(_host(xp.mean(a, (-1,))), a0.mean(-1, keepdims=True), rtol=1e-6)
-    w = xp.hyper(a, 0.25)[0]
+    w, two = xp.hyper(a, 0.25, 2.0)
     np.testing.assert_allclose(_host(xp.lerp(a, c[..., :4], w)), a0 + 0.25 * (c0[..., :4] - a0),
                                rtol=1e-6, atol=1e-7)
+    into = conv(a0.copy())
+    got = xp.lerp(into, c[..., :4], w, inplace=True)
+    assert (got is into) == (lib != "jax")  # written in place where arrays may be written
+    np.testing.assert_allclose(_host(got), a0 + 0.25 * (c0[..., :4] - a0), rtol=1e-6, atol=1e-7)
+    low = xp.to_bfloat16(c[..., :4])
+    summed = xp.scaled_sum(two, a, w, low)  # a bfloat16 y widened exactly: float32 out
+    np.testing.assert_allclose(_host(summed), 2 * a0 + 0.25 * _host(low), rtol=1e-6, atol=1e-7)
+    assert _host(summed).dtype == np.float32 and "float32" in str(summed.dtype)
     x0 = (rng.normal(size=1000) * 10.0 ** rng.integers(-30, 30, 1000)).astype(np.float32)
     want = torch.from_numpy(x0).bfloat16().float().numpy()
     np.testing.assert_array_equal(_host(xp.to_bfloat16(conv(x0.copy()))), want)

@@ -95,8 +95,12 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return jnp.clip(x, lo, hi)
 
 
-def lerp(a: Array, b: Array, w: Any) -> Array:
+def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
     return a + w * (b - a)
+
+
+def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
+    return a * x + b * y.astype(x.dtype)
 
 
 def amax(a: Array) -> Array:

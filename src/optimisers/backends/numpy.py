@@ -75,8 +75,19 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return np.clip(x, lo, hi)
 
 
-def lerp(a: Array, b: Array, w: Any) -> Array:
+def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
+    if inplace and a.flags.writeable:
+        step = np.subtract(b, a)
+        step *= w
+        a += step
+        return a
     return a + w * (b - a)
+
+
+def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
+    out = a * x
+    out += b * np.asarray(y, out.dtype)
+    return out
 
 
 def amax(a: Array) -> Array:

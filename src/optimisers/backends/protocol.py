@@ -177,9 +177,14 @@ class Backend(Protocol):
     def clamp(self, x: Array, lo: Any, hi: Any) -> Array:
         """A real ``x`` clamped to ``[lo, hi]``."""
 
-    def lerp(self, a: Array, b: Array, w: Any) -> Array:
-        """``a + w*(b - a)`` elementwise, ``w`` a hyper-parameter (``torch.lerp``, one
-        kernel with its rounding on PyTorch)."""
+    def lerp(self, a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
+        """``a + w*(b - a)`` elementwise, ``w`` a hyper-parameter, written into ``a`` when
+        ``inplace`` and it may be written (``torch.lerp``, ``lerp_``: one kernel with its
+        rounding on PyTorch)."""
+
+    def scaled_sum(self, a: Any, x: Array, b: Any, y: Array) -> Array:
+        """``a*x + b*y`` as one new array of ``x``'s dtype (``y`` taken in it: a bfloat16
+        ``y`` is widened exactly), ``a`` and ``b`` hyper-parameters."""
 
     # --- reductions ----------------------------------------------------------------------
 

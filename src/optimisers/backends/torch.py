@@ -121,8 +121,17 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return torch.clamp(x, lo, hi)
 
 
-def lerp(a: Array, b: Array, w: Any) -> Array:
-    return torch.lerp(a, b, w)
+def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
+    return a.lerp_(b, w) if inplace else torch.lerp(a, b, w)
+
+
+def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
+    """``x*a``, then ``y`` added into it with ``alpha=b`` (a bfloat16 ``y`` widened in the
+    kernel, as ``torch.optim.Muon`` adds its update): one new tensor."""
+    out = torch.mul(x, a)
+    if isinstance(b, torch.Tensor):
+        return out.add_(y.to(out.dtype) * b)
+    return out.add_(y, alpha=b)
 
 
 def amax(a: Array) -> Array:

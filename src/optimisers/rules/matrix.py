@@ -129,10 +129,10 @@ class Muon(Rule):
         eta, decay = xp.hyper(x, self.eta * math.sqrt(max(1.0, rows / cols)),
                               self.eta * self.lambd)
         c, rho = xp.hyper(x, xp.complement(self.rho), self.rho)
-        b = xp.assign(state, xp.lerp(state, dx, c))  # (torch's lerp_, and lerp)
+        b = xp.lerp(state, dx, c, inplace=True)  # (torch's lerp_, and lerp)
         u = xp.lerp(dx, b, rho) if self.nesterov else b
         o = _orthogonalised(xp, u, self.ns_coefficients, self.ns_steps, self.epsilon)
-        return b, decay * x + eta * xp.cast(o, x)
+        return b, xp.scaled_sum(decay, x, eta, o)  # (o: bfloat16, widened exactly)
 
 
 def _least(xp: Any, a: Any, b: Any) -> Any:
@@ -232,7 +232,7 @@ class Adafactor(Rule):
         every = tuple(range(len(xp.shape(x))))
         n = math.sqrt(xp.size(x))
         alpha = xp.maximum(xp.vector_norm(x, every) / n, eps2) * rho
-        step = alpha / xp.maximum(xp.vector_norm(u, every) / (n * clip), 1.0) * u
+        scale = alpha / xp.maximum(xp.vector_norm(u, every) / (n * clip), 1.0)
         if backends.istraced(self.lambd) or self.lambd != 0:  # (torch's test too)
-            step = decay * x + step
-        return (r, c, t), step
+            return (r, c, t), xp.scaled_sum(decay, x, scale, u)
+        return (r, c, t), scale * u
