@@ -26,8 +26,8 @@ from optimisers.rules.base import RULES, NewValue, Rule, call, ngrads
 from optimisers.rules.composite import EMA, AccumGrad, MixedPrecision, OptimiserChain
 from optimisers.rules.descent import Descent, Momentum, Nesterov, Rprop
 from optimisers.rules.layerwise import LAMB, LARS
-from optimisers.rules.schedulefree import ScheduleFreeAdamW
 from optimisers.rules.matrix import Adafactor, Muon
+from optimisers.rules.schedulefree import ScheduleFreeAdamW
 from optimisers.rules.transforms import ClipGrad, ClipNorm, SignDecay, WeightDecay
 from optimisers.rules.tree import ClipGlobalNorm, SkipNonFinite, TreeRule
 
