@@ -165,6 +165,52 @@ def torch_rows(o: Any, x0: Any, g: Any) -> list[Row]:
             Row("torch Adam foreach", "torch", peer(foreach=True))]
 
 
+# --- contestants: one Muon step, one Adafactor step (--matrix) ----------------------------
+
+MATRIX_ROWS = ("ours torch Muon", "torch.optim.Muon", "ours torch Adafactor",
+               "torch.optim.Adafactor", "torch.optim.Adafactor foreach")
+
+
+def matrix_rows(o: Any, x0: Any, g: Any) -> list[Row]:
+    """Muon on the model's matrices and Adafactor on all its arrays, each with its
+    defaults: ours on the tensors (``update_``) against ``torch.optim.Muon`` and
+    ``torch.optim.Adafactor`` (its default for-loop, and ``foreach=True``)."""
+    import numpy as np
+    import torch
+
+    tg = tmap(torch.from_numpy, g)
+
+    def ours(rules: Any) -> Callable[[], Callable]:
+        def build() -> Callable:
+            model = tmap(lambda a: torch.from_numpy(np.copy(a)), x0)
+            tree = o.setup(rules, model)
+
+            def step() -> None:
+                with torch.no_grad():
+                    o.update_(tree, model, tg)
+
+            return step
+
+        return build
+
+    def peer(cls: type, matrices: bool, **kw: Any) -> Callable[[], Callable]:
+        def build() -> Callable:
+            ps = [torch.nn.Parameter(torch.from_numpy(np.copy(a))) for a in tleaves(x0)]
+            for p, gi in zip(ps, tleaves(tg)):
+                p.grad = gi
+            return cls([p for p in ps if p.ndim == 2 or not matrices], **kw).step
+
+        return build
+
+    return [Row("ours torch Muon", "torch",
+                ours(lambda kp, x: o.Muon() if x.ndim == 2 else None)),
+            Row("torch.optim.Muon", "torch", peer(torch.optim.Muon, True)),
+            Row("ours torch Adafactor", "torch", ours(o.Adafactor())),
+            Row("torch.optim.Adafactor", "torch", peer(torch.optim.Adafactor, False)),
+            Row("torch.optim.Adafactor foreach", "torch",
+                peer(torch.optim.Adafactor, False, foreach=True))]
+
+
 def cache(f: Any) -> Callable[[], int]:
     """How many programs the jitted ``f`` has compiled, for ``Row.compiled``."""
     return lambda: f._cache_size() if hasattr(f, "_cache_size") else 1

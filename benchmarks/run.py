@@ -8,6 +8,7 @@ memory-bandwidth floor, side by side in one process.
     python benchmarks/run.py --markdown      # the tables as markdown, with the machine
     python benchmarks/run.py --only jax --shapes gpt2,gpt12,gpt48,B --donation both
                                              # issue 19's trees: JAX steps and compiles
+    python benchmarks/run.py --matrix --shapes none --only torch   # Muon and Adafactor
 
 See benchmarks/README.md for what each row means. Progress goes to stderr, the tables to
 stdout. A row whose library is missing is skipped with a message; a row that raises
@@ -33,10 +34,12 @@ from contestants import (
     BW_BYTES,
     JAX_FLOOR,
     KEPT,
+    MATRIX_ROWS,
     bandwidth_rows,
     flatten_rows,
     jax_floor_rows,
     jax_rows,
+    matrix_rows,
     numpy_rows,
     sanity,
     setup_rows,
@@ -113,6 +116,7 @@ class Results:
         self.busy: list[float | None] = []
         self.others: dict[str, float | None] = {}
         self.first: dict[tuple[str, str], float] = {}
+        self.matrix_steps = 0
 
     def take(self, shape: str, rows: list[Row], steps: bool = True) -> None:
         for r in rows:
@@ -156,7 +160,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", action="append", default=[], metavar="LIB",
                    help="numpy, torch or jax (repeatable, or comma-separated)")
     p.add_argument("--shapes", default=None,
-                   help="which shapes, e.g. A,C (default A,B,C; also gpt2, gpt12, gpt48)")
+                   help="which shapes, e.g. A,C (default A,B,C; also gpt2, gpt12, gpt48; none: "
+                        "no Adam step)")
     p.add_argument("--markdown", action="store_true", help="print markdown tables")
     p.add_argument("--reps", type=int, default=None,
                    help="timed steps per row (default: 20 to 40 as time allows; --quick 3 to 7)")
@@ -180,6 +185,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "of Adam with flat state (see benchmarks/README.md)")
     p.add_argument("--profile", action="store_true",
                    help="also print a cProfile (top 15, cumulative) of our update_ on shape B")
+    p.add_argument("--matrix", action="store_true",
+                   help="also time Muon and Adafactor against torch.optim's on shape C "
+                        "(PyTorch; a Muon step there takes seconds)")
+    p.add_argument("--matrix-reps", type=int, default=5,
+                   help="timed steps per Muon and Adafactor row (default 5)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     only = {s.strip() for v in a.only for s in v.split(",") if s.strip()}
@@ -188,9 +198,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--only takes numpy, torch or jax, not {', '.join(sorted(bad))}")
     a.libs = only or set(LIBS)
     a.explicit_shapes = a.shapes is not None
-    a.shapes = [s.strip().upper() for s in (a.shapes or ",".join(SHAPES)).split(",")]
+    a.shapes = [] if (a.shapes or "").lower() == "none" else [
+        s.strip().upper() for s in (a.shapes or ",".join(SHAPES)).split(",")]
     if set(a.shapes) - set(SHAPES) - set(GPTS):
-        p.error("--shapes takes A, B, C, gpt2, gpt12 and/or gpt48")
+        p.error("--shapes takes A, B, C, gpt2, gpt12 and/or gpt48 (or none)")
     a.donation = a.donation or ("off" if a.no_donate else "on")
     a.no_donate = a.donation == "off"
     a.most = a.reps or (7 if a.quick else 40)
@@ -289,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         log(f"shape {shape}: done at {time.perf_counter() - t_start:.0f} s")
 
+    if a.matrix:
+        time_matrix_rules(o, a, libs, res)
     res.load.append(load())
     res.busy.append(busy())
     print(report(a, libs, res, skipped))
@@ -296,6 +309,37 @@ def main(argv: list[str] | None = None) -> int:
         print(profile(o, libs, a.markdown))
     log(f"total {time.perf_counter() - t_start:.0f} s")
     return 0
+
+
+def time_matrix_rules(o: Any, a: argparse.Namespace, libs: set, res: Results) -> None:
+    """``--matrix``: Muon and Adafactor on shape C, ours against torch.optim's."""
+    if "torch" not in libs:
+        res.notes.append("--matrix needs PyTorch: its rows are skipped")
+        return
+    spec = shape_spec("C")
+    x0 = numpy_model(spec, seed=a.seed)
+    g = numpy_model(spec, seed=a.seed + 1, grad=True)
+    rows = matrix_rows(o, x0, g)
+    log(f"shape C: timing Muon and Adafactor, 1 warm-up + {a.matrix_reps} steps each")
+    done, res.others["C, Muon and Adafactor"] = run_rows(rows, 1, a.matrix_reps, a.seed)
+    res.matrix_steps = done
+    res.take("C", rows, steps=False)
+
+
+def matrix_table(res: Results, foot: list[str], md: bool) -> str:
+    """The ``--matrix`` table: medians, and ours against torch's."""
+    t = Table(f"Muon and Adafactor on shape C (PyTorch), median ms of "
+              f"{res.matrix_steps} interleaved steps after 1 warm-up", ["C"])
+    for k in MATRIX_ROWS:
+        t.add(k, [res.cell(k, "C", foot)])
+    for name, ours, peer, target in [
+            ("ours Muon / torch.optim.Muon", "ours torch Muon", "torch.optim.Muon", "<= 1.0"),
+            ("ours Adafactor / torch.optim.Adafactor", "ours torch Adafactor",
+             "torch.optim.Adafactor", "<= 1.0"),
+            ("ours Adafactor / torch.optim.Adafactor foreach", "ours torch Adafactor",
+             "torch.optim.Adafactor foreach", "")]:
+        t.add(name, [fmt_ratio(res.get(ours, "C"), res.get(peer, "C"))], target)
+    return t.render(md)
 
 
 def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -> str:
@@ -357,7 +401,8 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
         t.add(f"  {k[3:]} GB/s, {BW_BYTES[k]} B/param",
               [f"{BW_BYTES[k] * n_by[s] / (res.get(k, s) * 1e-3) / 1e9:.1f}"
                if res.get(k, s) else res.cell(k, s, foot) for s in shapes])
-    out.append(t.render(md))
+    if shapes:
+        out.append(t.render(md))
 
     # 2. ratios
     r = Table("Ratios (lower is better for ours)", cols)
@@ -399,8 +444,11 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
     if r.rows:
         out.append(r.render(md))
 
+    if res_has(res, MATRIX_ROWS[0], ["C"]):
+        out.append(matrix_table(res, foot, md))
+
     # 3. compile
-    if "jax" in libs:
+    if "jax" in libs and shapes:
         c = Table("JAX compile time, s (trace + compile, summed over every compiling call)",
                   cols)
         for k in ("ours jax (jit)", "optax.adam (jit)", "ours jax (jit)" + KEPT,
@@ -433,7 +481,7 @@ def report(a: argparse.Namespace, libs: set, res: Results, skipped: list[str]) -
         out.append(c.render(md))
 
     # 4. destructure and setup
-    if not a.no_extras:
+    if not a.no_extras and shapes:
         d = Table("destructure and re(v), median ms", cols)
         pairs = [("numpy", None, None)] if "numpy" in libs else []
         if "torch" in libs:

@@ -13,6 +13,7 @@ from optimisers import (
     AccumGrad,
     AdaBelief,
     AdaDelta,
+    Adafactor,
     AdaGrad,
     Adam,
     AdaMax,
@@ -25,6 +26,7 @@ from optimisers import (
     Lion,
     MixedPrecision,
     Momentum,
+    Muon,
     NAdam,
     Nesterov,
     OAdam,
@@ -32,6 +34,7 @@ from optimisers import (
     RAdam,
     RMSProp,
     Rprop,
+    Rule,
     ScheduleFreeAdamW,
     SignDecay,
     SkipNonFinite,
@@ -60,13 +63,19 @@ DESCENDING = [
     LAMB(0.02, lambd=0.01), LARS(1.0, trust=0.01),
     LARS(0.5, lambd=1e-4, trust=0.02, nesterov=True), ADOPT(0.05), ADOPT(0.05, clip=False),
     ScheduleFreeAdamW(0.05), ScheduleFreeAdamW(0.05, lambd=0.01, warmup=10),
+    # Muon trains real matrices only: see fitting() for the other arrays
+    Muon(0.02), Muon(0.05, lambd=0.01, nesterov=False),
+    OptimiserChain(WeightDecay(1e-4), Muon(0.02)), OptimiserChain(ClipNorm(1.0), Muon(0.02)),
+    EMA(Muon(0.02), 0.9),
+    Adafactor(0.1), Adafactor(0.3, lambd=0.01),
+    Adafactor(0.3, beta2_decay=-0.5, epsilon=(1e-30, 1e-2), d=2.0),
 ]
 # Rules that only transform gradients: they "descend" as gradient descent with step 1.
 TRANSFORMS = [WeightDecay(), SignDecay(), ClipGrad(), ClipNorm(), OptimiserChain(),
               AccumGrad(3), ClipGlobalNorm(), SkipNonFinite()]
 
 # Defaults with small steps: they descend, slowly.
-SLOW = [Adam(), AdaDelta()]
+SLOW = [Adam(), AdaDelta(), Muon(), Adafactor()]
 
 ALL_RULES = DESCENDING + TRANSFORMS + SLOW
 
@@ -74,6 +83,18 @@ ALL_RULES = DESCENDING + TRANSFORMS + SLOW
 def as_descent(rule, eta=0.3):
     """A rule that descends: transforms get a Descent after them."""
     return rule if rule in DESCENDING or rule in SLOW else OptimiserChain(rule, Descent(eta))
+
+
+def fitting(rule, other=Descent(0.1)):
+    """What a behaviour test sets up for ``rule``: the rule itself, or, for a rule that
+    trains only some arrays (``Muon``: real matrices, see ``Rule.refuses``), rules by array:
+    ``rule`` on each it takes and ``other`` on the rest, as a user gives Muon the weight
+    matrices and AdamW the rest. Every test over ALL_RULES so covers such a rule on the
+    arrays of its model that it trains."""
+    probes = [np.zeros(2), np.zeros(()), np.zeros((2, 2), np.complex64)]
+    if not isinstance(rule, Rule) or all(rule.refuses(p) is None for p in probes):
+        return rule  # (rules by path or by function: as they are)
+    return lambda kp, x: rule if rule.refuses(x) is None else other
 
 
 def normal(rng, shape, dtype=np.float32):
@@ -121,7 +142,7 @@ def run_fused(rule, model, grads_at, steps, inplace, fuse, monkeypatch, before=N
     with monkeypatch.context() as m:
         if not fuse:
             m.setattr(fused, "MIN_GROUP", 10**9)
-        tree = setup(rule, model)
+        tree = setup(fitting(rule), model)
         freeze_(tree, "frozen")
         for step in range(steps):
             if before is not None:

@@ -21,7 +21,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import optimisers as O
-from conftest import ALL_RULES
+from conftest import ALL_RULES, fitting
 from optimisers.state import Leaf, leaves
 
 # ----------------------------------------------------------------------------- models
@@ -140,7 +140,7 @@ ACTIONS = st.lists(st.tuples(st.sampled_from(["freeze", "thaw", "adjust"]),
 def quiet_setup(rule: O.Rule, model: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # no trainable parameter
-        return O.setup(rule, model)
+        return O.setup(fitting(rule), model)
 
 
 def tree_nodes(tree: Any) -> list:

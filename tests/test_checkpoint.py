@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ALL_RULES, rule_id
+from conftest import ALL_RULES, fitting, rule_id
 from optimisers import (
     AccumGrad,
     Adam,
@@ -183,9 +183,9 @@ def trained(ckpt: Any) -> tuple[Any, Any]:
 @pytest.mark.parametrize("rule", ALL_RULES, ids=rule_id)
 def test_save_load_is_identity(rule: Rule, ckpt: Any) -> None:
     model = model_of(np.random.default_rng(0))
-    tree, model = train(setup(rule, model), model, range(3))
+    tree, model = train(setup(fitting(rule), model), model, range(3))
     save(ckpt, tree)
-    back = load(ckpt, like=setup(rule, model))
+    back = load(ckpt, like=setup(fitting(rule), model))
     assert_same_tree(tree, back)
     assert back["enc"]["w"] is back["dec"][0]  # the tie is one Leaf
     assert back["steps"] is None and back["name"] is None
@@ -194,13 +194,15 @@ def test_save_load_is_identity(rule: Rule, ckpt: Any) -> None:
 @pytest.mark.parametrize("rule", ALL_RULES, ids=rule_id)
 def test_resume_is_bit_for_bit(rule: Rule, ckpt: Any) -> None:
     start = model_of(np.random.default_rng(1))
-    tree_a, model_a = train(setup(rule, copy.deepcopy(start)), copy.deepcopy(start), range(7))
+    tree_a, model_a = train(setup(fitting(rule), copy.deepcopy(start)), copy.deepcopy(start),
+                            range(7))
 
     model_b = copy.deepcopy(start)
-    tree_b, model_b = train(setup(rule, model_b), model_b, range(3))
+    tree_b, model_b = train(setup(fitting(rule), model_b), model_b, range(3))
     save(ckpt, tree_b)
     del tree_b
-    tree_b, model_b = train(load(ckpt, like=setup(rule, model_b)), model_b, range(3, 7))
+    tree_b, model_b = train(load(ckpt, like=setup(fitting(rule), model_b)), model_b,
+                            range(3, 7))
 
     assert_same_tree(tree_a, tree_b)
     for x, y in [(model_a["enc"]["w"], model_b["enc"]["w"]), (model_a["enc"]["b"],
@@ -376,7 +378,7 @@ def test_property_save_load_is_identity(spec: tuple, rule: Rule, seed: int, data
     model = build(spec, pool)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a model without parameters
-        tree = setup(rule, model)
+        tree = setup(fitting(rule), model)
     for leaf in select(tree):
         leaf.frozen = data.draw(st.booleans())
     for _ in range(data.draw(st.integers(0, 3))):
@@ -387,7 +389,7 @@ def test_property_save_load_is_identity(spec: tuple, rule: Rule, seed: int, data
     save(path, tree)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        like = setup(rule, model)
+        like = setup(fitting(rule), model)
     assert_same_tree(tree, load(path, like=like))
 
 

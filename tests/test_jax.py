@@ -15,7 +15,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 import optimisers as O  # noqa: E402
-from conftest import ALL_RULES, normal, rules_param  # noqa: E402
+from conftest import ALL_RULES, fitting, normal, rules_param  # noqa: E402
 from optimisers import backends  # noqa: E402
 
 
@@ -142,7 +142,7 @@ def test_every_rule_under_jit_matches_numpy(rule, dtype):
     gs = [normal(rng, (3, 4), dtype) for _ in range(5)]
     step = jax.jit(O.update)
     mn, mj = {"w": w.copy()}, {"w": jnp.asarray(w)}
-    tn, tj = O.setup(rule, mn), O.setup(rule, mj)
+    tn, tj = O.setup(fitting(rule), mn), O.setup(fitting(rule), mj)
     for g in gs:
         tn, mn = O.update_(tn, mn, {"w": g})
         tj, mj = step(tj, mj, {"w": jnp.asarray(g)})

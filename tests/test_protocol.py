@@ -161,6 +161,54 @@ def test_shared_functions_agree_across_libraries(lib, dtype):
     assert float(xp.norm(empty, np.inf)) == 0.0 and float(xp.norm(empty, -np.inf)) == np.inf
 
 
+def _host(v) -> np.ndarray:
+    """Any library's array as float32 NumPy (a bfloat16 one too)."""
+    return v.float().numpy() if type(v).__module__.startswith("torch") else np.asarray(
+        v).astype(np.float32)
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+def test_matrix_functions_agree_across_libraries(lib):
+    """transpose, matmul, matmul_add, vector_norm, mean, over the last axes of a stack;
+    lerp, scaled_sum; to_bfloat16 rounds as torch does; machine_epsilon is finfo's."""
+    torch = pytest.importorskip("torch")
+    xp, conv = _load(lib), _convert(lib)
+    rng = np.random.default_rng(0)
+    a0, b0, c0 = (rng.normal(size=s).astype(np.float32) for s in [(2, 3, 4), (2, 4, 5), (2, 3, 5)])
+    a, b, c = conv(a0.copy()), conv(b0.copy()), conv(c0.copy())
+    np.testing.assert_array_equal(_host(xp.transpose(a)), a0.swapaxes(-1, -2))
+    np.testing.assert_allclose(_host(xp.matmul(a, b)), a0 @ b0, rtol=1e-5)
+    np.testing.assert_allclose(_host(xp.matmul_add(c, a, b, 0.5, -2.0)),
+                               0.5 * c0 - 2.0 * (a0 @ b0), rtol=1e-5, atol=1e-6)
+    for one in range(2):  # each matrix of a stack gets what it gets alone
+        np.testing.assert_array_equal(_host(xp.matmul_add(c[one], a[one], b[one], 0.5, -2.0)),
+                                      _host(xp.matmul_add(c, a, b, 0.5, -2.0))[one])
+    norms = _host(xp.vector_norm(a, (-2, -1)))
+    np.testing.assert_allclose(norms, np.sqrt((a0**2).sum(axis=(-2, -1), keepdims=True)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(_host(xp.mean(a, (-1,))), a0.mean(-1, keepdims=True), rtol=1e-6)
+    w, two = xp.hyper(a, 0.25, 2.0)
+    np.testing.assert_allclose(_host(xp.lerp(a, c[..., :4], w)), a0 + 0.25 * (c0[..., :4] - a0),
+                               rtol=1e-6, atol=1e-7)
+    into = conv(a0.copy())
+    got = xp.lerp(into, c[..., :4], w, inplace=True)
+    assert (got is into) == (lib != "jax")  # written in place where arrays may be written
+    np.testing.assert_allclose(_host(got), a0 + 0.25 * (c0[..., :4] - a0), rtol=1e-6, atol=1e-7)
+    low = xp.to_bfloat16(c[..., :4])
+    summed = xp.scaled_sum(two, a, w, low)  # a bfloat16 y widened exactly: float32 out
+    np.testing.assert_allclose(_host(summed), 2 * a0 + 0.25 * _host(low), rtol=1e-6, atol=1e-7)
+    assert _host(summed).dtype == np.float32 and "float32" in str(summed.dtype)
+    x0 = (rng.normal(size=1000) * 10.0 ** rng.integers(-30, 30, 1000)).astype(np.float32)
+    want = torch.from_numpy(x0).bfloat16().float().numpy()
+    np.testing.assert_array_equal(_host(xp.to_bfloat16(conv(x0.copy()))), want)
+    low = xp.to_bfloat16(a)  # bfloat16 products: summed in float32, rounded once
+    rounded = torch.from_numpy(_host(low) @ _host(low).swapaxes(-1, -2)).bfloat16().float()
+    np.testing.assert_array_equal(_host(xp.to_bfloat16(xp.matmul(low, xp.transpose(low)))),
+                                  rounded.numpy())
+    for dtype, eps in [(np.float16, 2.0**-10), (np.float32, 2.0**-23), (np.complex64, 2.0**-23)]:
+        assert xp.machine_epsilon(conv(np.zeros(2, dtype))) == eps
+
+
 @pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
 def test_eps_is_floored_for_float16_only(lib):
     xp = _load(lib)

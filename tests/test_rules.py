@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from conftest import SLOW, as_descent, normal, rules_param
+from conftest import SLOW, as_descent, fitting, normal, rules_param
 from optimisers import backends
 
 # ---------------------------------------------------------------- reference implementations
@@ -226,7 +226,7 @@ def regression(seed=0, dtype=np.float64):
 @rules_param()
 def test_converges(rule):
     model, loss_grad = regression()
-    tree = O.setup(as_descent(rule), model)
+    tree = O.setup(fitting(as_descent(rule)), model)
     first = loss_grad(model)[0]
     for _ in range(600):
         tree, model = O.update_(tree, model, loss_grad(model)[1])
@@ -237,7 +237,7 @@ def test_converges(rule):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_dtype_is_kept(rule, dtype):
     model, loss_grad = regression(dtype=dtype)
-    tree = O.setup(rule, model)
+    tree = O.setup(fitting(rule), model)
     for _ in range(3):
         tree, model = O.update(tree, model, loss_grad(model)[1])
     assert model["w"].dtype == dtype and model["b"].dtype == dtype
@@ -247,9 +247,9 @@ def test_dtype_is_kept(rule, dtype):
 @rules_param()
 def test_update_equals_update_(rule):
     model, loss_grad = regression(1)
-    pure_tree, pure = O.setup(rule, model), model
+    pure_tree, pure = O.setup(fitting(rule), model), model
     copy = {"w": model["w"].copy(), "b": model["b"].copy(), "n": 3}
-    tree, inplace = O.setup(rule, copy), copy
+    tree, inplace = O.setup(fitting(rule), copy), copy
     for _ in range(7):
         pure_tree, pure = O.update(pure_tree, pure, loss_grad(pure)[1])
         tree, inplace = O.update_(tree, inplace, loss_grad(inplace)[1])
@@ -270,7 +270,7 @@ def test_complex_parameters_learn_conjugation(rule):
         r = w * xs - xs.conj()
         return float((r * r.conj()).real.mean()), 2 * (r * xs.conj()).mean()
 
-    tree = O.setup(as_descent(rule, 0.1), model)
+    tree = O.setup(fitting(as_descent(rule, 0.1)), model)
     first = loss_grad(model[0])[0]  # 6.8; the best w gives 2.7, since conj is not linear
     for _ in range(300):
         tree, model = O.update_(tree, model, [np.array([loss_grad(model[0])[1]])])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from conftest import rules_param
+from conftest import fitting, rules_param
 
 P = namedtuple("P", "w b")
 
@@ -116,7 +116,7 @@ def tied_model():
 @rules_param()
 def test_tied_parameters_share_one_leaf_and_stay_tied(rule):
     model, w = tied_model()
-    tree = O.setup(rule, model)
+    tree = O.setup(fitting(rule), model)
     assert tree["enc"]["w"] is tree["dec"]["w"] is tree["w"]
     g = {"enc": {"w": np.array([1.0, 0.0])}, "dec": {"w": np.array([0.0, 2.0])}}
     new_tree, new = O.update(tree, model, g)

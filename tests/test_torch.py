@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import optimisers as O  # noqa: E402
-from conftest import ALL_RULES, normal, rules_param  # noqa: E402
+from conftest import ALL_RULES, fitting, normal, rules_param  # noqa: E402
 from optimisers import backends  # noqa: E402
 from optimisers.fast import fused  # noqa: E402
 
@@ -286,7 +286,7 @@ def test_every_rule_matches_numpy(rule, dtype):
     w = normal(rng, (3, 4), dtype)
     gs = [normal(rng, (3, 4), dtype) for _ in range(5)]
     mn, mt = {"w": w.copy()}, {"w": torch.tensor(w)}
-    tn, tt = O.setup(rule, mn), O.setup(rule, mt)
+    tn, tt = O.setup(fitting(rule), mn), O.setup(fitting(rule), mt)
     for g in gs:
         tn, mn = O.update_(tn, mn, {"w": g})
         tt, mt = O.update_(tt, mt, {"w": torch.tensor(g)})

@@ -102,6 +102,17 @@ def test_each_elementwise_rule_has_a_program_or_a_reason(rule):
     assert has == (not names & branches)
 
 
+def test_the_symbols_have_no_matrix_functions():
+    """The code generator follows elementwise rules only: its symbol backend lacks the
+    matrix functions of protocol.Backend, so Muon and Adafactor (never fused by it
+    anyway) get no program."""
+    for name in ("matmul", "matmul_add", "transpose", "vector_norm", "mean", "to_bfloat16"):
+        assert not hasattr(trace, name)
+    x = np.zeros((3, 2), np.float32)
+    for rule in (O.Muon(), O.Adafactor()):
+        assert trace.trace(rule, fused.signature(rule.init(x), [])) is None
+
+
 def user_model(seed=0, n=4, size=6):
     rng = np.random.default_rng(seed)
     model = {f"p{i}": rng.normal(size=size).astype(np.float32) for i in range(n)}

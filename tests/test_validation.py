@@ -18,7 +18,7 @@ from optimisers.rules.fields import InvalidKind, hyperparameter
 BUILTIN = ["Descent", "Momentum", "Nesterov", "Rprop", "RMSProp", "Adam", "RAdam", "AdaMax",
            "OAdam", "AdaGrad", "AdaDelta", "AMSGrad", "NAdam", "AdamW", "AdaBelief", "Lion",
            "WeightDecay", "SignDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AccumGrad",
-           "MixedPrecision"]
+           "MixedPrecision", "Muon", "Adafactor"]
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -75,6 +75,16 @@ BAD = [  # (make, the exception's message, or its beginning)
     (lambda: O.Lion(beta=(0.9, 1.01)), "Lion's beta[1] must be in [0, 1]"),
     (lambda: O.WeightDecay(-5e-4), "WeightDecay's lambd must be >= 0"),
     (lambda: O.AdaDelta(rho=1.5), "AdaDelta's rho must be in [0, 1]"),
+    (lambda: O.Adafactor(epsilon=(-1.0, 1e-3)), "Invalid epsilon parameter at index 0: -1.0; "
+     "Adafactor's epsilon[0] must be >= 0 and finite, or None"),
+    (lambda: O.Adafactor(epsilon=(None, None)), "Invalid epsilon parameter at index 1: None "
+     "(NoneType); Adafactor's epsilon[1] must be a number >= 0 and finite"),
+    (lambda: O.Adafactor(epsilon=None), "Adafactor's epsilon must be a tuple of 2 numbers: "
+     "epsilon[0] >= 0 and finite, or None, epsilon[1] >= 0 and finite"),
+    (lambda: O.Muon(ns_steps=100), "Invalid ns_steps parameter: 100; Muon's ns_steps must be "
+     "in [0, 100)"),
+    (lambda: O.Muon(ns_coefficients=(3.0, float("nan"), 2.0)), "Invalid ns_coefficients "
+     "parameter at index 1: nan; Muon's ns_coefficients[1] must be in (-inf, inf)"),
 ]
 
 
@@ -102,6 +112,7 @@ def test_a_value_of_the_wrong_kind_is_a_type_error_too(make):
     lambda: O.MixedPrecision(O.Adam(), np.float64), lambda: O.MixedPrecision(O.Adam(), "float16"),
     lambda: O.MixedPrecision(O.Adam(), np.dtype("float32")),
     lambda: O.Descent(np.array([0.1, 0.2])),  # a batched learning rate, as jax.vmap makes
+    lambda: O.Adafactor(epsilon=(None, 0.0)), lambda: O.Adafactor(epsilon=(np.float32(1e-30), 1)),
 ])
 def test_good_hyperparameters_of_every_kind_are_accepted(make):
     make()

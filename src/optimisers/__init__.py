@@ -20,6 +20,7 @@ from optimisers.rules import (
     AccumGrad,
     AdaBelief,
     AdaDelta,
+    Adafactor,
     AdaGrad,
     Adam,
     AdaMax,
@@ -32,6 +33,7 @@ from optimisers.rules import (
     Lion,
     MixedPrecision,
     Momentum,
+    Muon,
     NAdam,
     Nesterov,
     NewValue,
@@ -78,9 +80,9 @@ from optimisers.walk import fleaves, fmap, fmap_with_path, fmapstructure
 __version__ = "0.1.0"
 
 __all__ = [
-    "AccumGrad", "AdaBelief", "AdaDelta", "AdaGrad", "Adam", "AdaMax", "AdamW", "AMSGrad",
-    "ClipGrad", "ClipNorm", "Descent", "EMA", "averaged", "KeyPath", "Leaf", "Lion",
-    "MixedPrecision", "Momentum",
+    "AccumGrad", "AdaBelief", "AdaDelta", "Adafactor", "AdaGrad", "Adam", "AdaMax", "AdamW",
+    "AMSGrad", "ClipGrad", "ClipNorm", "Descent", "EMA", "averaged", "KeyPath", "Leaf", "Lion",
+    "MixedPrecision", "Momentum", "Muon",
     "NAdam", "Nesterov", "NewValue", "OAdam", "OptimiserChain", "RAdam", "Restructure",
     "RMSProp", "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
     "ClipGlobalNorm", "SkipNonFinite", "TreeRule",

@@ -72,8 +72,9 @@ def setup(rule: Rules, model: Any) -> Any:
     Raises:
         TypeError: when ``rule`` is not a :class:`Rule`, a mapping or a function, or the
             function gives something else than a rule or ``None`` (naming the path).
-        ValueError: when no pattern matches a trainable array, or the paths of one tied
-            array pick different rules (naming the paths).
+        ValueError: when no pattern matches a trainable array, the paths of one tied
+            array pick different rules, or a rule refuses its array (see
+            :meth:`Rule.refuses`: ``Muon`` trains real matrices only), naming the paths.
 
     Example:
         >>> import numpy as np
@@ -99,6 +100,11 @@ def setup(rule: Rules, model: Any) -> Any:
         r = rule if picked is None else picked[id(x)][1] if ismutable(x) else choose(kp, x)
         if r is None:
             return None
+        why = r.refuses(x)
+        if why is not None:
+            raise ValueError(f"{r!r} cannot train the array at {kp}: {why}; give such arrays "
+                             f"another rule by path, e.g. setup({{'*.weight': "
+                             f"{type(r).__name__}(), '*': AdamW()}}, model)")
         made.append(backends.of(x).settle(Leaf(r, at(r, 0).init(x))))
         return made[-1]
 

@@ -96,6 +96,14 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return jnp.clip(x, lo, hi)
 
 
+def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
+    return a + w * (b - a)
+
+
+def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
+    return a * x + b * y.astype(x.dtype)
+
+
 def amax(a: Array) -> Array:
     return jnp.max(a, initial=0)
 
@@ -106,6 +114,57 @@ def amin(a: Array) -> Array:
 
 def count_nonzero(g: Array, like: Array) -> Array:
     return jnp.count_nonzero(g).astype(like.dtype)
+
+
+# --- matrices (protocol.Backend: transpose, matmul, matmul_add, vector_norm, ...) ---------
+
+
+def transpose(x: Array) -> Array:
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _wide(dtype: Any) -> Any:
+    """``dtype``, or float32 where it is less precise: what products accumulate in."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def matmul(a: Array, b: Array) -> Array:
+    dt = jnp.result_type(a, b)
+    return jnp.matmul(a, b, preferred_element_type=_wide(dt)).astype(dt)
+
+
+def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
+    wide = _wide(c.dtype)
+    ab = jnp.matmul(a, b, preferred_element_type=wide)
+    beta, alpha = jnp.asarray(beta, _real(wide)), jnp.asarray(alpha, _real(wide))
+    return (beta * c.astype(wide) + alpha * ab).astype(c.dtype)
+
+
+def vector_norm(x: Array, axes: tuple) -> Array:
+    y = x.astype(_wide(x.dtype))
+    return jnp.sqrt(jnp.sum(abs2(y), axis=axes, keepdims=True)).astype(_real(x.dtype))
+
+
+def mean(x: Array, axes: tuple) -> Array:
+    return jnp.mean(x, axis=axes, keepdims=True)
+
+
+def to_bfloat16(x: Array) -> Array:
+    """to_bfloat16(x) -> ``x`` rounded to bfloat16 by ``reduce_precision``, which XLA keeps
+    under ``jit``: it may otherwise carry a bfloat16 result in float32 (its "excess
+    precision") and drop the rounding that NumPy's and PyTorch's steps make.
+
+    Example:
+        >>> to_bfloat16(jnp.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8]))
+        Array([1, 1.01562], dtype=bfloat16)
+    """
+    wide = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    rounded = jax.lax.reduce_precision(x.astype(wide), exponent_bits=8, mantissa_bits=7)
+    return rounded.astype(jnp.bfloat16)
+
+
+def machine_epsilon(x: Array) -> float:
+    return float(jnp.finfo(_real(x.dtype)).eps)
 
 
 # written once over the primitives above, for every backend (common.py)
@@ -239,11 +298,21 @@ def settle(leaf: Any) -> Any:
 
 def fuse(entries: list) -> tuple[list, list]:
     """Under ``jax.jit`` on the CPU with numba installed: step groups of like Leafs each
-    as one XLA custom call (``fast/xla.py``). Returns the entries left for the plain path
-    and ``(leaf, new_x)`` for the others, their Leafs advanced."""
-    from optimisers.fast import xla
+    as one XLA custom call (``fast/xla.py``); Leafs of one shape whose rule stacks
+    (``Muon``), anywhere, by one ``jax.vmap`` of its ``apply`` (``fast/batched.py``).
+    Returns the entries left for the plain path and ``(leaf, new_x)`` for the others,
+    their Leafs advanced."""
+    from optimisers.fast import batched, fused, xla
 
-    return xla.fuse(entries)
+    kinds = [fused.fusible(e.leaf.rule)[0] for e in entries]
+    stacks = [e for e, elementwise in zip(entries, kinds) if not elementwise]
+    if not stacks:
+        return xla.fuse(entries)
+    left, done = xla.fuse([e for e, elementwise in zip(entries, kinds) if elementwise])
+    more, stacked = batched.fuse(stacks)
+    for leaf, state, _ in stacked:
+        leaf.advance(state)
+    return left + more, done + [(leaf, y) for leaf, _, y in stacked]
 
 
 # --- pytree registration of Leaf and the rules ---------------------------------------------

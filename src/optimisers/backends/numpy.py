@@ -75,6 +75,21 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return np.clip(x, lo, hi)
 
 
+def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
+    if inplace and a.flags.writeable:
+        step = np.subtract(b, a)
+        step *= w
+        a += step
+        return a
+    return a + w * (b - a)
+
+
+def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
+    out = a * x
+    out += b * np.asarray(y, out.dtype)
+    return out
+
+
 def amax(a: Array) -> Array:
     return a.max(initial=0)
 
@@ -85,6 +100,60 @@ def amin(a: Array) -> Array:
 
 def count_nonzero(g: Array, like: Array) -> Array:
     return np.count_nonzero(g).astype(like.dtype)
+
+
+# --- matrices (protocol.Backend: transpose, matmul, matmul_add, vector_norm, ...) ---------
+
+
+def transpose(x: Array) -> Array:
+    return np.swapaxes(x, -1, -2)
+
+
+def _wide(x: Array) -> Array:
+    """``x`` in float32 at least (float16 is widened): what products accumulate in."""
+    return x.astype(np.promote_types(x.dtype, np.float32), copy=False)
+
+
+def matmul(a: Array, b: Array) -> Array:
+    return np.matmul(_wide(a), _wide(b)).astype(np.result_type(a, b), copy=False)
+
+
+def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
+    """``beta*c + alpha*(a @ b)`` in float32 at least, rounded once to ``c``'s dtype."""
+    w = _wide(c)
+    beta, alpha = hyper(w, beta, alpha)
+    return (beta * w + alpha * np.matmul(_wide(a), _wide(b))).astype(c.dtype, copy=False)
+
+
+def vector_norm(x: Array, axes: tuple) -> Array:
+    return np.sqrt(abs2(_wide(x)).sum(axis=axes, keepdims=True)).astype(x.real.dtype,
+                                                                         copy=False)
+
+
+def mean(x: Array, axes: tuple) -> Array:
+    return x.mean(axis=axes, keepdims=True)
+
+
+def to_bfloat16(x: Array) -> Array:
+    """to_bfloat16(x) -> ``x`` rounded to bfloat16's 8 significant bits (to nearest, ties
+    to even), as float32: NumPy has no bfloat16. float64 is rounded directly, never
+    through float32 (which could round twice).
+
+    Example:
+        >>> to_bfloat16(np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, np.nan], np.float32))
+        array([1.     , 1.015625,      nan], dtype=float32)
+    """
+    wide = x.dtype == np.float64
+    f = x if wide else x.astype(np.float32, copy=False)
+    u = f.view(np.uint64 if wide else np.uint32)
+    cut = 45 if wide else 16  # the bits below bfloat16's 7 stored ones
+    half = (1 << (cut - 1)) - 1
+    rounded = ((u + half + ((u >> cut) & 1)) >> cut << cut).view(f.dtype)
+    return np.where(np.isnan(f), f, rounded).astype(np.float32, copy=False)
+
+
+def machine_epsilon(x: Array) -> float:
+    return float(np.finfo(x.dtype).eps)
 
 
 # written once over the primitives above, for every backend (common.py)

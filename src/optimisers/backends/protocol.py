@@ -177,6 +177,15 @@ class Backend(Protocol):
     def clamp(self, x: Array, lo: Any, hi: Any) -> Array:
         """A real ``x`` clamped to ``[lo, hi]``."""
 
+    def lerp(self, a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
+        """``a + w*(b - a)`` elementwise, ``w`` a hyper-parameter, written into ``a`` when
+        ``inplace`` and it may be written (``torch.lerp``, ``lerp_``: one kernel with its
+        rounding on PyTorch)."""
+
+    def scaled_sum(self, a: Any, x: Array, b: Any, y: Array) -> Array:
+        """``a*x + b*y`` as one new array of ``x``'s dtype (``y`` taken in it: a bfloat16
+        ``y`` is widened exactly), ``a`` and ``b`` hyper-parameters."""
+
     # --- reductions ----------------------------------------------------------------------
 
     def amax(self, a: Array) -> Array:
@@ -187,6 +196,36 @@ class Backend(Protocol):
 
     def count_nonzero(self, g: Array, like: Array) -> Array:
         """The number of non-zero elements of ``g``, a 0-d array of ``like``'s dtype."""
+
+    # --- matrices (for rules that are not elementwise: Muon, Adafactor) --------------------
+
+    def transpose(self, x: Array, /) -> Array:
+        """``x`` with its last two axes swapped: each matrix of a stack transposed (never
+        conjugated)."""
+
+    def matmul(self, a: Array, b: Array, /) -> Array:
+        """The matrix product over the last two axes, batched over the leading ones; for
+        arrays of less than float32's precision accumulated in float32, the result
+        rounded to their dtype (as ``torch.matmul`` does for bfloat16)."""
+
+    def matmul_add(self, c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
+        """``beta*c + alpha*(a @ b)``, batched as :meth:`matmul`, computed in float32 at
+        least and rounded once to ``c``'s dtype (``torch.addmm``, ``torch.baddbmm``)."""
+
+    def vector_norm(self, x: Array, axes: tuple) -> Array:
+        """The 2-norm of ``x`` over ``axes``, kept as axes of length 1, accumulated in
+        float32 at least; of ``x``'s real dtype."""
+
+    def mean(self, x: Array, axes: tuple) -> Array:
+        """The mean of ``x`` over ``axes``, kept as axes of length 1."""
+
+    def to_bfloat16(self, x: Array) -> Array:
+        """``x`` (real) rounded to bfloat16, to nearest with ties to even: an array of that
+        dtype where the library has it (PyTorch, JAX); NumPy, which has not, gives float32
+        holding bfloat16's values. Itself for such an array already."""
+
+    def machine_epsilon(self, x: Array) -> float:
+        """The gap between 1 and the next number of ``x``'s real dtype (``finfo.eps``)."""
 
     # --- written once over the primitives (common.py) -------------------------------------
 

@@ -121,6 +121,19 @@ def clamp(x: Array, lo: Any, hi: Any) -> Array:
     return torch.clamp(x, lo, hi)
 
 
+def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
+    return a.lerp_(b, w) if inplace else torch.lerp(a, b, w)
+
+
+def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
+    """``x*a``, then ``y`` added into it with ``alpha=b`` (a bfloat16 ``y`` widened in the
+    kernel, as ``torch.optim.Muon`` adds its update): one new tensor."""
+    out = torch.mul(x, a)
+    if isinstance(b, torch.Tensor):
+        return out.add_(y.to(out.dtype) * b)
+    return out.add_(y, alpha=b)
+
+
 def amax(a: Array) -> Array:
     return a.max() if a.numel() else a.new_zeros(())
 
@@ -131,6 +144,48 @@ def amin(a: Array) -> Array:
 
 def count_nonzero(g: Array, like: Array) -> Array:
     return torch.count_nonzero(g).to(like.dtype)
+
+
+# --- matrices (protocol.Backend: transpose, matmul, matmul_add, vector_norm, ...) ---------
+
+
+def transpose(x: Array) -> Array:
+    return x.transpose(-2, -1)
+
+
+def _as_stack(t: Array) -> Array:
+    """A matrix, or a stack of them of any depth, as a stack ``(n, rows, cols)``."""
+    return t.reshape(-1, *t.shape[-2:])
+
+
+def matmul(a: Array, b: Array) -> Array:
+    """``torch.bmm``, a single matrix as a stack of one: see :func:`matmul_add`."""
+    out = torch.bmm(_as_stack(a), _as_stack(b))
+    return out.reshape(*a.shape[:-2], *out.shape[-2:])
+
+
+def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
+    """``torch.baddbmm``, a single matrix as a stack of one, so that each matrix of a stack
+    gets exactly what it gets alone (``torch.addmm``, which ``torch.optim.Muon`` calls,
+    rounds bfloat16 products of fewer than 400 multiplications differently)."""
+    out = torch.baddbmm(*map(_as_stack, (c, a, b)), beta=float(beta), alpha=float(alpha))
+    return out.reshape(*a.shape[:-2], *out.shape[-2:])
+
+
+def vector_norm(x: Array, axes: tuple) -> Array:
+    return torch.linalg.vector_norm(x, 2, dim=axes, keepdim=True)
+
+
+def mean(x: Array, axes: tuple) -> Array:
+    return x.mean(dim=axes, keepdim=True)
+
+
+def to_bfloat16(x: Array) -> Array:
+    return x.to(torch.bfloat16)
+
+
+def machine_epsilon(x: Array) -> float:
+    return float(torch.finfo(_REAL.get(x.dtype, x.dtype)).eps)
 
 
 # written once over the primitives above, for every backend (common.py)

@@ -16,9 +16,16 @@ that buffer, not a copy. A :class:`Group` found in one step is kept (by ``update
 plan) and checked cheaply by identity in the next, so that a training loop does not
 pay for grouping again.
 
+A rule that is not elementwise but :attr:`~optimisers.Rule.stacks` (``Muon``: it works
+on each matrix of a stack) is grouped with the Leafs of its shape instead: a
+:class:`Stack` runs ``apply`` once over their arrays stacked along a new first axis, so
+that each matrix product is one batched product, and gives what stepping each alone
+gives (tests compare).
+
 A backend that ``FUSES_ITSELF`` (JAX) groups its entries itself: under ``jax.jit``
 the hyper-parameters are traced values, so its groups are Leafs whose rules have the
-same structure, and each Leaf's values travel with it (``fast/xla.py``).
+same structure, and each Leaf's values travel with it (``fast/xla.py``; stacks by
+``jax.vmap``, ``fast/batched.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from optimisers.rules import EMA, MixedPrecision, NewValue, OptimiserChain, Rule
 from optimisers.schedules import at, timed
 from optimisers.tree import keys_shown
 
-__all__ = ["fusible", "step_groups", "pack", "Group", "MIN_GROUP", "Node", "ARRAY", "signature"]
+__all__ = ["fusible", "stackable", "step_groups", "pack", "Group", "Stack", "MIN_GROUP", "Node",
+           "ARRAY", "signature"]
 
 MIN_GROUP = 2
 """Fewer arrays than this in a group take the plain path: nothing to gain."""
@@ -60,6 +68,39 @@ def fusible(rule: Rule) -> tuple[bool, bool]:
     except TypeError:  # an unhashable field (a JAX tracer under jit): asked each time
         pass
     return out
+
+
+_STACKABLE: dict[Rule, bool] = {}
+
+
+def stackable(rule: Rule) -> bool:
+    """Whether a rule that is not elementwise may step a :class:`Stack`: it
+    :attr:`~optimisers.Rule.stacks`, or is a chain (or holds rules) each of which stacks or
+    is elementwise.
+
+    Example:
+        >>> from optimisers import Adam, ClipNorm, Muon, OptimiserChain, WeightDecay
+        >>> [stackable(r) for r in (Muon(), OptimiserChain(WeightDecay(), Muon()),
+        ...                         OptimiserChain(ClipNorm(), Muon()), Adam())]
+        [True, True, False, False]
+    """
+    try:
+        return _STACKABLE[rule]
+    except (KeyError, TypeError):
+        pass
+    own = type(rule) is OptimiserChain or type(rule).stacks or type(rule).elementwise
+    out = own and not fusible(rule)[0] and all(
+        stackable(r) or fusible(r)[0] for r in _inner(rule))
+    try:
+        _STACKABLE[rule] = out
+    except TypeError:  # an unhashable field (a JAX tracer under jit): asked each time
+        pass
+    return out
+
+
+def _kind(rule: Rule) -> type | None:
+    """The group a rule's Leafs may form: :class:`Group`, :class:`Stack`, or none."""
+    return Group if fusible(rule)[0] else Stack if stackable(rule) else None
 
 
 def _inner(rule: Rule) -> list:
@@ -203,6 +244,14 @@ class Group:
         if not (self._onepass(grads) or self._chunked(grads)):
             self._joined(grads, new)
 
+    def _shaped(self, flat: Any, like: Any) -> Any:
+        """How ``apply`` sees a concatenation of arrays like ``like``: as it is."""
+        return flat
+
+    def _flat(self, a: Any) -> Any:
+        """An array that ``apply`` gave, as the concatenation it stands for."""
+        return a
+
     def _onepass(self, grads: list) -> bool:
         """The backend's one-pass step (``xp.onepass``, made at the first run): a function
         of the gradients, the state's signature and the rule (of the same structure at
@@ -225,25 +274,27 @@ class Group:
     def _joined(self, grads: list, new: dict) -> None:
         """The rule applied once to the concatenation of the group's arrays."""
         xp = self.xp
-        g = xp.flatcat(grads)
-        x = xp.flatcat(self.xs) if self.uses_x else g
+        g = self._shaped(xp.flatcat(grads), self.xs[0])
+        x = self._shaped(xp.flatcat(self.xs), self.xs[0]) if self.uses_x else g
         slots = list(zip(*self.arrays))  # per state array: one per member
         joined = [xp.joined(parts) for parts in slots]
-        state, d = call(self.now, _fill(self.sig, iter([f for f, _ in joined])), x, (g,))
+        views = [self._shaped(flat, parts[0]) for (flat, _), parts in zip(joined, slots)]
+        state, d = call(self.now, _fill(self.sig, iter(views)), x, (g,))
         out: list = []
         newsig = signature(state, out)
-        for k, (parts, (flat, isview), now) in enumerate(zip(slots, joined, out)):
-            if now is not flat or not isview:  # the state was a copy, or the rule made a
-                made = xp.scatter(now, parts)  # new one: write it back into the parts,
-                if made is not None:           # or (immutable arrays) take new parts
+        for k, (parts, (_, isview), view, now) in enumerate(zip(slots, joined, views, out)):
+            if now is not view or not isview:  # the state was a copy, or the rule made a
+                made = xp.scatter(self._flat(now), parts)  # new one: write it back into
+                if made is not None:       # the parts, or (immutable arrays) take new parts
                     for arrays, part in zip(self.arrays, made):
                         arrays[k] = part
         self._restate(newsig)
         if d is None:
             return
         if isinstance(d, NewValue):
-            self._place(d.value, new)
+            self._place(self._flat(d.value), new)
             return
+        d = self._flat(d)
         if self.write:
             if self.subtract is None:
                 self.subtract = xp.subtractor(self.xs)
@@ -319,6 +370,39 @@ class Group:
         self.sig = newsig
 
 
+class Stack(Group):
+    """Leafs of one shape whose rule :attr:`~optimisers.Rule.stacks` (``Muon``): their
+    parameters, gradients and state arrays, each concatenation viewed as a stack
+    ``(n, *shape)``, go through one ``apply``, so that each matrix product of the rule is
+    one batched product; the new state and step are written back as :class:`Group`
+    writes them. :func:`pack` lays each state array out as one such stack already.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Muon, setup, update_
+        >>> from optimisers.state import plan_of
+        >>> model = [np.ones((3, 2)) for _ in range(4)]
+        >>> tree = setup(Muon(), model)
+        >>> _ = update_(tree, model, [np.eye(3, 2)] * 4)
+        >>> [(type(g).__name__, len(g.leaves)) for g in plan_of(tree).groups]
+        [('Stack', 4)]
+    """
+
+    __slots__ = ()
+
+    def _onepass(self, grads: list) -> bool:
+        return False  # (elementwise kernels: they do not apply)
+
+    def _chunked(self, grads: list) -> bool:
+        return False
+
+    def _shaped(self, flat: Any, like: Any) -> Any:
+        return flat.reshape(len(self.xs), *like.shape)
+
+    def _flat(self, a: Any) -> Any:
+        return a.reshape(-1)
+
+
 def step_groups(entries: list, inplace: bool, known: list | None = None,
                 found: dict | None = None) -> tuple[list, dict, list]:
     """Run the fusible entries group by group.
@@ -332,11 +416,11 @@ def step_groups(entries: list, inplace: bool, known: list | None = None,
     if known:
         entries = _run_known(known, entries, new, ran, found)
     fresh, rest, calls = _sort(entries, inplace)
-    for (rule, sig, *_, write), members in fresh.items():
+    for (kind, rule, sig, *_, write), members in fresh.items():
         if len(members) < MIN_GROUP:
             rest.extend(e for e, _ in members)
             continue
-        group = Group(rule, sig, members, write)
+        group = kind(rule, sig, members, write)
         _run(group, [e for e, _ in members], new, found)
         ran.append(group)
     for xp, batch in calls.items():
@@ -372,16 +456,18 @@ def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
         rule, x = e.leaf.rule, e.x
         lib = backends.library(x)
         xp = backends.ops(lib) if lib is not None else None
-        if len(e.grads) != 1 or not fusible(rule)[0] or xp is None or not (
-                xp.FUSES_ITSELF or xp.CONCATENATES) or xp.FUSES_ITSELF and places(rule):
+        kind = _kind(rule) if len(e.grads) == 1 and xp is not None else None
+        if kind is None or not (xp.FUSES_ITSELF or xp.CONCATENATES) or (
+                xp.FUSES_ITSELF and places(rule)):
             rest.append(e)
         elif xp.FUSES_ITSELF:
             calls.setdefault(xp, []).append(e)
         else:
             arrays: list = []
             sig = signature(e.leaf.state, arrays)
-            key = (rule, sig, e.leaf.clock if timed(rule) else None, type(x), x.dtype,
-                   xp.device(x), inplace and xp.maywrite(x))
+            key = (kind, rule, sig, e.leaf.clock if timed(rule) else None, type(x), x.dtype,
+                   xp.device(x), xp.shape(x) if kind is Stack else None,
+                   inplace and xp.maywrite(x))
             try:
                 fresh.setdefault(key, []).append((e, arrays))
             except TypeError:  # an unhashable scalar in the state: no group
@@ -406,10 +492,12 @@ def in_group(paths: list, rule: Rule) -> str:
 
 def pack(leaves: list) -> None:
     """Lay out the state arrays of Leafs that would be fused together in one buffer each,
-    with per-Leaf views, so that a fused step finds each group's state contiguous."""
+    with per-Leaf views, so that a fused step finds each group's state contiguous (and a
+    :class:`Stack`'s, of one shape, a stack)."""
     groups: dict[tuple, list] = {}
     for leaf in leaves:
-        if not fusible(leaf.rule)[0]:
+        kind = _kind(leaf.rule)
+        if kind is None:
             continue
         arrays: list = []
         sig = signature(leaf.state, arrays)
@@ -418,7 +506,8 @@ def pack(leaves: list) -> None:
         if xp is None or not xp.CONCATENATES or not all(
                 backends.library(a) == lib and xp.maywrite(a) for a in arrays):
             continue
-        key = (leaf.rule, sig, xp.device(arrays[0]), tuple(a.dtype for a in arrays))
+        key = (leaf.rule, sig, xp.device(arrays[0]), tuple(a.dtype for a in arrays),
+               tuple(xp.shape(a) for a in arrays) if kind is Stack else None)
         try:
             groups.setdefault(key, []).append((leaf, arrays))
         except TypeError:

@@ -3,8 +3,8 @@
 A rule sees one array at a time and never walks a tree: ``apply(state, x, dx)`` returns
 the new state and the step ``d``, and the parameter becomes ``x - d``. The rules live by
 family: :mod:`.descent`, :mod:`.adaptive`, :mod:`.layerwise`, :mod:`.schedulefree`,
-:mod:`.transforms` and :mod:`.composite`, all on the base in :mod:`.base`; this package
-gathers them.
+:mod:`.matrix`, :mod:`.transforms` and :mod:`.composite`, all on the base in
+:mod:`.base`; this package gathers them.
 """
 
 from optimisers.rules.adaptive import (
@@ -26,6 +26,7 @@ from optimisers.rules.base import RULES, NewValue, Rule, call, ngrads
 from optimisers.rules.composite import EMA, AccumGrad, MixedPrecision, OptimiserChain
 from optimisers.rules.descent import Descent, Momentum, Nesterov, Rprop
 from optimisers.rules.layerwise import LAMB, LARS
+from optimisers.rules.matrix import Adafactor, Muon
 from optimisers.rules.schedulefree import ScheduleFreeAdamW
 from optimisers.rules.transforms import ClipGrad, ClipNorm, SignDecay, WeightDecay
 from optimisers.rules.tree import ClipGlobalNorm, SkipNonFinite, TreeRule
@@ -36,5 +37,5 @@ __all__ = [
     "Lion", "WeightDecay", "SignDecay", "ClipGrad", "ClipNorm", "OptimiserChain",
     "AccumGrad", "MixedPrecision", "EMA", "NewValue", "RULES", "call", "ngrads",
     "TreeRule", "ClipGlobalNorm", "SkipNonFinite",
-    "ADOPT", "LAMB", "LARS", "ScheduleFreeAdamW",
+    "ADOPT", "LAMB", "LARS", "ScheduleFreeAdamW", "Muon", "Adafactor",
 ]

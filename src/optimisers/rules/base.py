@@ -54,6 +54,11 @@ class Rule:
     across arrays): such rules may run fused over many arrays at once (fast/fused.py)."""
     reads_x = False
     """Whether ``apply`` reads the parameter's values (else only its dtype)."""
+    stacks = False
+    """Whether ``apply``, given the parameter, gradient and state arrays of several Leafs
+    of one shape stacked along a new first axis, steps each as it would alone (it works on
+    the last axes, as ``Muon`` on matrices): such rules may run over a stack of like
+    Leafs at once (``fused.Stack``), or, in JAX, vectorised by ``jax.vmap``."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -94,6 +99,29 @@ class Rule:
             True
         """
         return True
+
+    def refuses(self, x: Any) -> str | None:
+        """refuses(x) -> why this rule cannot train the array ``x`` (a sentence saying what
+        it needs), or ``None`` when it can.
+
+        ``setup`` asks this of every array it makes a Leaf for, and refuses an array with
+        a ``ValueError`` naming its path (``Muon`` trains real matrices only). By default
+        a rule takes every array that the rules in its fields take (a chain's, say).
+
+        Example:
+            >>> import numpy as np
+            >>> from optimisers import Adam, Muon, OptimiserChain
+            >>> Adam().refuses(np.zeros(3)) is None
+            True
+            >>> OptimiserChain(Muon()).refuses(np.zeros(3))
+            'Muon trains matrices (2-D arrays), not arrays of shape (3,)'
+        """
+        for v in _inner_values(self):
+            if isinstance(v, Rule):
+                why = v.refuses(x)
+                if why is not None:
+                    return why
+        return None
 
     def averaged(self, state: Any, x: Any) -> Any:
         """The parameter to evaluate with, kept in ``state`` (an average of ``x``, say), or
@@ -172,6 +200,15 @@ class NewValue:
     def __init__(self, value: Any) -> None:
         self.value = value
 
+
+
+def _inner_values(rule: Rule) -> list:
+    """The values of a rule's fields, a tuple field's elements each (a chain's rules)."""
+    out: list = []
+    for f in getattr(rule, "__dataclass_fields__", {}):
+        v = getattr(rule, f, None)
+        out.extend(v if isinstance(v, tuple) else (v,))
+    return out
 
 
 def _arrays(state: Any) -> list:

@@ -44,29 +44,35 @@ class InvalidKind(TypeError, ValueError):
     """
 
 
-_INTERVAL = re.compile(r"\s*([\[(])\s*([^,\s]+)\s*,\s*([^\]\s)]+)\s*([\])])\s*")
+_INTERVAL = re.compile(r"\s*([\[(])\s*([^,\s]+)\s*,\s*([^\]\s)]+)\s*([\])])\s*(or None)?\s*")
 
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-    """Interval(low, high, closed_low, closed_high): the numbers a hyper-parameter allows.
+    """Interval(low, high, closed_low, closed_high, none=False): the numbers a
+    hyper-parameter allows, and whether it may also be ``None``.
 
     Made from its usual notation by :meth:`parse`; an infinite end is allowed only when
     closed (``"[-inf, inf]"`` allows both infinities, ``"[0, inf)"`` neither). NaN is
-    never allowed.
+    never allowed. ``"[0, inf) or None"`` also allows ``None``, for a value that a rule
+    chooses itself when not given (``Adafactor``'s ``epsilon[0]``: the dtype's epsilon).
 
     Example:
         >>> i = Interval.parse("[0, 1)")
-        >>> 0.0 in i, 1.0 in i, float("nan") in i, str(i)
-        (True, False, False, 'in [0, 1)')
+        >>> 0.0 in i, 1.0 in i, float("nan") in i, None in i, str(i)
+        (True, False, False, False, 'in [0, 1)')
         >>> str(Interval.parse("[0, inf)"))
         '>= 0 and finite'
+        >>> j = Interval.parse("[0, inf) or None")
+        >>> None in j, str(j)
+        (True, '>= 0 and finite, or None')
     """
 
     low: float
     high: float
     closed_low: bool
     closed_high: bool
+    none: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Interval:
@@ -74,20 +80,25 @@ class Interval:
         got = _INTERVAL.fullmatch(text)
         if got is None:
             raise ValueError(f"cannot read {text!r} as an interval; write it as \"[0, 1)\", "
-                             f"\"(0, inf)\" or \"[-inf, inf]\"")
-        left, low, high, right = got.groups()
-        return cls(float(low), float(high), left == "[", right == "]")
+                             f"\"(0, inf)\" or \"[-inf, inf]\", with \" or None\" after it "
+                             f"where None is allowed too")
+        left, low, high, right, none = got.groups()
+        return cls(float(low), float(high), left == "[", right == "]", none is not None)
 
-    def __contains__(self, v: float) -> bool:
+    def __contains__(self, v: float | None) -> bool:
+        if v is None:
+            return self.none
         above = v >= self.low if self.closed_low else v > self.low
         below = v <= self.high if self.closed_high else v < self.high
         return bool(above and below)
 
     def __str__(self) -> str:
         if self.high == math.inf and not self.closed_high and self.low > -math.inf:
-            return f"{'>=' if self.closed_low else '>'} {_short(self.low)} and finite"
-        return (f"in {'[' if self.closed_low else '('}{_short(self.low)}, "
-                f"{_short(self.high)}{']' if self.closed_high else ')'}")
+            text = f"{'>=' if self.closed_low else '>'} {_short(self.low)} and finite"
+        else:
+            text = (f"in {'[' if self.closed_low else '('}{_short(self.low)}, "
+                    f"{_short(self.high)}{']' if self.closed_high else ')'}")
+        return f"{text}, or None" if self.none else text
 
 
 def _short(v: float) -> str:
@@ -142,6 +153,8 @@ class Allowed:
              index: int | str) -> None:
         if type(value) is float and self.kind == "number" and value in within:
             return  # the common case, kept fast: a rule is made at every adjust
+        if value is None and within is not None and within.none:
+            return
         numbers = _numbers(value) if self.kind in ("number", "whole") else None
         if not _fits(self.kind, value, numbers):
             need = Allowed(self.kind, within).requirement(name)
@@ -244,7 +257,8 @@ def hyperparameter(default: Any = dataclasses.MISSING, *within: str, kind: str =
     Args:
         default: the default value (or give ``default_factory``).
         *within: for a number, one interval (``"[0, inf)"``, ``"(0, 1)"``,
-            ``"[-inf, inf]"``); for a tuple of numbers, one interval per element.
+            ``"[-inf, inf]"``, ``"[0, inf) or None"`` to allow ``None`` too); for a tuple
+            of numbers, one interval per element.
         kind: ``"number"``, ``"whole"``, ``"flag"``, ``"dtype"`` or ``"rule"``.
         static: whether JAX keeps the field as static data (never traced).
         default_factory: makes the default, for a mutable or composite one.

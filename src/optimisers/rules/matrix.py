@@ -1,0 +1,238 @@
+"""Matrix rules: steps shaped by each parameter's matrix structure, not element by element.
+
+``Muon`` orthogonalises its momentum (a few matrix products per step); ``Adafactor`` keeps
+Adam's second moment factored into a row and a column mean. Neither is elementwise, so
+neither is fused by concatenation; ``Muon`` is stepped over stacks of same-shape matrices
+instead (``Rule.stacks``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from optimisers import backends
+from optimisers.rules.base import Rule
+from optimisers.rules.fields import hyperparameter
+
+__all__ = ["Muon", "Adafactor"]
+
+
+def _orthogonalised(xp: Any, u: Any, coefficients: tuple, steps: int, epsilon: Any) -> Any:
+    """Newton–Schulz on each matrix of ``u`` (its last two axes), in bfloat16, as
+    ``torch.optim.Muon`` runs it: ``X = u / max(|u|_F, eps)`` in its wide orientation,
+    then ``steps`` times ``A = X X^T``, ``X = a X + (b A + c A A) X``. Every intermediate
+    is rounded to bfloat16 (a no-op where the arrays are bfloat16; NumPy's are float32)."""
+    low = xp.to_bfloat16
+    a, b, c = coefficients
+    rows, cols = xp.shape(u)[-2:]
+    X = low(u)
+    if rows > cols:
+        X = xp.transpose(X)
+    X = low(X / low(xp.maximum(xp.vector_norm(X, (-2, -1)), epsilon)))
+    for _ in range(steps):
+        A = low(xp.matmul(X, xp.transpose(X)))
+        X = low(xp.matmul_add(X, low(xp.matmul_add(A, A, A, b, c)), X, a, 1.0))
+    return xp.transpose(X) if rows > cols else X
+
+
+@dataclass(frozen=True)
+class Muon(Rule):
+    r"""Muon(eta=1e-3, rho=0.95, lambd=0.1, nesterov=True, ns_steps=5,
+    ns_coefficients=(3.4445, -4.775, 2.0315), epsilon=1e-7): momentum orthogonalised by
+    Newton–Schulz iterations, for the weight matrices of hidden layers (Jordan et al. 2024).
+
+    ``b = rho*b + (1-rho)*g`` (the momentum, from 0); ``u = rho*b + (1-rho)*g`` when
+    ``nesterov``, else ``u = b``; ``O = NS(u)``; then
+    ``d = eta*lambd*x + eta*sqrt(max(1, rows/cols))*O``. ``NS`` is ``ns_steps`` iterations
+    of the quintic ``X <- a X + (b X X^T + c (X X^T)^2) X`` (``(a, b, c) =
+    ns_coefficients``) from ``X = u / max(|u|_F, epsilon)``, taken on the wide orientation
+    of ``u``: it pushes every singular value of ``u`` towards 1 (to roughly 0.7..1.2 with
+    the default coefficients), so that ``O`` is close to ``U V^T`` for ``u = U S V^T``.
+
+    As ``torch.optim.Muon`` with its defaults: the learning rate scaled by
+    ``sqrt(max(1, rows/cols))`` (its ``adjust_lr_fn="original"``), the weight decay
+    decoupled (``x*(1 - eta*lambd)``), and Newton–Schulz run in bfloat16 whatever the
+    parameter's dtype, each product accumulated in float32 and rounded once to bfloat16
+    (``torch.addmm``'s arithmetic), the result cast back. PyTorch runs torch's own kernels
+    (``torch.lerp``; bfloat16 ``bmm`` and ``baddbmm``, which give the numbers of its ``mm``
+    and ``addmm`` but for products of under 400 multiplications): parameters agree with
+    torch's to float32 rounding. JAX rounds as those kernels do (through
+    ``reduce_precision``, which ``jit`` keeps); NumPy, which has no bfloat16, computes in
+    float32 and rounds to bfloat16's values after each operation. There a value that
+    comes out one float32 bit off torch's (a momentum, a product summed in another order)
+    may round to another bfloat16, and the steps then differ by bfloat16's rounding: up to
+    2e-3 of a step's size after 12 steps in ``tests/test_rules_torch_ref.py``, which
+    allows 1e-2.
+
+    Only real matrices: :func:`~optimisers.setup` refuses another rank, or a complex
+    matrix, naming its path (:meth:`refuses`); give those arrays another rule, as
+    ``setup({"*.weight": Muon(), "*": AdamW()}, model)``. Leafs of one shape are stepped
+    together, each Newton–Schulz product one batched product over their stack
+    (:attr:`stacks`).
+
+    Args:
+        eta: the learning rate.
+        rho: the momentum's decay.
+        lambd: the decoupled weight decay, times ``eta``.
+        nesterov: whether to step along Nesterov's look-ahead ``u``.
+        ns_steps: how many Newton–Schulz iterations (under 100).
+        ns_coefficients: ``(a, b, c)`` of the quintic.
+        epsilon: the floor of the norm that ``u`` is divided by.
+
+    Reference:
+        K. Jordan, Y. Jin, V. Boza, J. You, F. Cesista, L. Newhouse, J. Bernstein, "Muon: An
+        optimizer for hidden layers in neural networks", 2024,
+        https://kellerjordan.github.io/posts/muon/
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = Muon(0.1, lambd=0.0), np.zeros((2, 3))
+        >>> g = np.array([[3.0, 0.0, 0.0], [0.0, 0.0, -1.0]])
+        >>> r.apply(r.init(x), x, g)[1].round(3)  # singular values 3 and 1 made 0.75, 1.13
+        array([[ 0.075,  0.   ,  0.   ],
+               [ 0.   ,  0.   , -0.113]])
+    """
+
+    reads_x = True
+    stacks = True
+
+    eta: float = hyperparameter(1e-3, "[0, inf)")
+    rho: float = hyperparameter(0.95, "[0, 1]")
+    lambd: float = hyperparameter(0.1, "[0, inf)")
+    nesterov: bool = hyperparameter(True, kind="flag")
+    ns_steps: int = hyperparameter(5, "[0, 100)", kind="whole")
+    ns_coefficients: tuple = hyperparameter((3.4445, -4.775, 2.0315), "(-inf, inf)",
+                                            "(-inf, inf)", "(-inf, inf)")
+    epsilon: float = hyperparameter(1e-7, "[0, inf)")
+
+    def refuses(self, x: Any) -> str | None:
+        """Why ``x`` is no real matrix, or ``None`` (see :meth:`Rule.refuses`)."""
+        xp = backends.of(x)
+        shape = xp.shape(x)
+        if len(shape) != 2:
+            return f"Muon trains matrices (2-D arrays), not arrays of shape {shape}"
+        if xp.iscomplex(x):
+            return "Muon trains real matrices, not complex ones (as torch.optim.Muon)"
+        return None
+
+    def init(self, x):
+        return backends.of(x).zeros_like(x)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        shape = xp.shape(x)
+        if len(shape) < 2 or xp.iscomplex(x):  # (a stack of matrices is 3-D)
+            raise ValueError(self.refuses(x))
+        rows, cols = shape[-2:]
+        eta, decay = xp.hyper(x, self.eta * math.sqrt(max(1.0, rows / cols)),
+                              self.eta * self.lambd)
+        c, rho = xp.hyper(x, xp.complement(self.rho), self.rho)
+        b = xp.lerp(state, dx, c, inplace=True)  # (torch's lerp_, and lerp)
+        u = xp.lerp(dx, b, rho) if self.nesterov else b
+        o = _orthogonalised(xp, u, self.ns_coefficients, self.ns_steps, self.epsilon)
+        return b, xp.scaled_sum(decay, x, eta, o)  # (o: bfloat16, widened exactly)
+
+
+def _least(xp: Any, a: Any, b: Any) -> Any:
+    """``min(a, b)`` of two scalars, either perhaps traced under ``jax.jit``."""
+    if backends.istraced(a) or backends.istraced(b):
+        return xp.minimum(a, b)
+    return min(a, b)
+
+
+@dataclass(frozen=True)
+class Adafactor(Rule):
+    """Adafactor(eta=1e-2, beta2_decay=-0.8, epsilon=(None, 1e-3), d=1.0, lambd=0.0):
+    Adam's second moment kept factored, a row and a column mean per matrix, and a step
+    relative to the parameter's size (Shazeer & Stern 2018).
+
+    ``t`` counts steps from 1 and ``w = t^beta2_decay`` (one minus the second moment's
+    decay). An array of two or more dimensions keeps, per matrix of its last two axes,
+    ``R = (1-w)*R + w*mean(|g|^2 over its last axis)`` and
+    ``C = (1-w)*C + w*mean(|g|^2 over the one before)``, and estimates
+    ``v = R*C / max(mean(R over the one before), eps1)``; another keeps
+    ``v = (1-w)*v + w*|g|^2``. Then ``u = g / sqrt(max(v, eps1^2))``,
+    ``alpha = max(eps2, rms(x)) * min(eta, 1/sqrt(t))`` and
+    ``step = eta*lambd*x + alpha * u / max(1, rms(u)/d)``, ``rms`` over the whole array.
+    With ``epsilon[0] = None``, ``eps1`` is the machine epsilon of ``x``'s dtype.
+
+    As ``torch.optim.Adafactor`` (to float32 rounding), which differs from the paper in
+    three places kept here: ``eta`` caps the relative step size (the paper's 0.01) and
+    scales the weight decay, decoupled (``x*(1 - eta*lambd)``); ``eps1`` floors ``v``
+    and the row mean, not each squared gradient; and the means replace the paper's sums.
+    Complex parameters, which torch refuses, are trained with ``|g|^2 = g*conj(g)``. The
+    state is ``(R, C, t)``, or ``(v, None, t)`` for an array of fewer than 2 dimensions:
+    O(rows + cols) numbers per matrix.
+
+    Args:
+        eta: the cap of the relative step size ``min(eta, 1/sqrt(t))``, and the weight
+            decay's factor.
+        beta2_decay: the exponent of the second moment's decay (``<= 0``).
+        epsilon: ``(eps1, eps2)``: the floor of the second moment (``None``: the dtype's
+            epsilon), and of the parameter's RMS in the step size.
+        d: the RMS a step direction is clipped to.
+        lambd: the decoupled weight decay, times ``eta``.
+
+    Reference:
+        N. Shazeer and M. Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+        Memory Cost", ICML 2018, https://arxiv.org/abs/1804.04235
+
+    Example:
+        >>> import numpy as np
+        >>> r, x = Adafactor(), np.ones((2, 3), np.float32)
+        >>> state, d = r.apply(r.init(x), x, np.full((2, 3), 5.0, np.float32))
+        >>> d          # rms(x) = 1 times min(eta, 1) times sign: u is 1 everywhere here
+        array([[0.01, 0.01, 0.01],
+               [0.01, 0.01, 0.01]], dtype=float32)
+        >>> [a.shape for a in state[:2]], state[2]    # a row and a column mean
+        ([(2, 1), (1, 3)], 1)
+    """
+
+    reads_x = True
+
+    eta: float = hyperparameter(1e-2, "[0, inf)")
+    beta2_decay: float = hyperparameter(-0.8, "(-inf, 0]")
+    epsilon: tuple = hyperparameter((None, 1e-3), "[0, inf) or None", "[0, inf)")
+    d: float = hyperparameter(1.0, "[1, inf)")
+    lambd: float = hyperparameter(0.0, "[0, inf)")
+
+    def init(self, x):
+        xp = backends.of(x)
+        if len(xp.shape(x)) < 2:
+            return xp.zeros_like(x, real_=True), None, 0
+        return xp.zeros_like(x[..., :1], real_=True), xp.zeros_like(x[..., :1, :], real_=True), 0
+
+    def misfit(self, state: Any, x: Any) -> tuple | None:
+        """The factored moments' shapes against ``x``'s (see :meth:`Rule.misfit`)."""
+        shape = tuple(backends.of(x).shape(x))
+        need = ((shape,) if len(shape) < 2 else
+                (shape[:-1] + (1,), shape[:-2] + (1, shape[-1])))
+        found = tuple(tuple(a.shape) for a in state[:2] if a is not None)
+        return None if found == need else (found if len(found) > 1 else found[0], shape)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        r, c, t = state
+        t = t + 1
+        eps1, eps2 = self.epsilon
+        w, rho, decay = xp.hyper(x, t**self.beta2_decay, _least(xp, self.eta, t**-0.5),
+                                 self.eta * self.lambd)
+        eps1, eps2, clip = xp.hyper(x, xp.machine_epsilon(x) if eps1 is None else eps1,
+                                    eps2, self.d)
+        if c is None:
+            v = r = xp.assign(r, r + w * (xp.abs2(dx) - r))
+        else:
+            rows, cols = xp.shape(x)[-2:]
+            r = xp.assign(r, r + w * (xp.vector_norm(dx, (-1,)) ** 2 / cols - r))
+            c = xp.assign(c, c + w * (xp.vector_norm(dx, (-2,)) ** 2 / rows - c))
+            v = r / xp.maximum(xp.mean(r, (-2,)), eps1) * c  # (one array-sized product)
+        u = dx / xp.sqrt(xp.maximum(v, eps1 * eps1))
+        every = tuple(range(len(xp.shape(x))))
+        n = math.sqrt(xp.size(x))
+        alpha = xp.maximum(xp.vector_norm(x, every) / n, eps2) * rho
+        scale = alpha / xp.maximum(xp.vector_norm(u, every) / (n * clip), 1.0)
+        if backends.istraced(self.lambd) or self.lambd != 0:  # (torch's test too)
+            return (r, c, t), xp.scaled_sum(decay, x, scale, u)
+        return (r, c, t), scale * u
