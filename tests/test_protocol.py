@@ -22,6 +22,7 @@ from optimisers.backends.protocol import (
     Grouping,
     Nodes,
     Registering,
+    Sharding,
 )
 
 # which protocols each backend module provides besides Backend's capabilities
@@ -31,8 +32,10 @@ PROVIDES = {
     "jax": (Backend, Fusing, Registering),
     "flax": (Nodes, Checking),
     "equinox": (Nodes,),
+    "dtensor": (Backend, Grouping, Sharding),
 }
-NEEDS = {"torch": "torch", "jax": "jax", "flax": "flax.nnx", "equinox": "equinox"}
+NEEDS = {"torch": "torch", "jax": "jax", "flax": "flax.nnx", "equinox": "equinox",
+         "dtensor": "torch.distributed.tensor"}
 CAPABILITIES = {"CONCATENATES": Grouping, "FUSES_ITSELF": Fusing}
 
 
@@ -107,6 +110,7 @@ def test_registry_tables_agree_with_the_protocols():
     assert set(registry._CARRIERS) == given(Carrying)
     assert set(registry._CHECKERS) == given(Checking)
     assert set(registry._EAGER) == given(Registering)
+    assert set(registry._SHARDED) == given(Sharding)
 
 
 def test_a_protocol_declares_every_function_the_backends_share():

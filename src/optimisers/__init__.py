@@ -7,7 +7,7 @@ any nesting of containers, dataclasses and registered classes.
 
 from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_
 from optimisers.averaged import averaged
-from optimisers.checkpoint import load, save
+from optimisers.checkpoint import load, load_state_dict, save, state_dict
 from optimisers.destructure import Restructure, destructure, trainables
 from optimisers.keypath import KeyPath, getkeypath, haskeypath
 from optimisers.reinit import reinit
@@ -93,5 +93,6 @@ __all__ = [
     "children", "destructure", "fleaves", "fmap", "fmap_with_path", "fmapstructure", "freeze_",
     "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric", "load",
     "maywrite", "rebuild", "register", "reinit", "save", "select", "setup", "summary", "thaw_",
+    "state_dict", "load_state_dict",
     "trainable", "trainables", "update", "update_",
 ]

@@ -18,6 +18,7 @@ from optimisers.backends.registry import (
     library,
     nograd,
     of,
+    on_whole,
     ops,
     register_nodes,
     rule_defined,
@@ -25,4 +26,4 @@ from optimisers.backends.registry import (
 
 __all__ = ["library", "ops", "of", "nograd", "istraced", "issubclass_ndarray", "dtype_library",
            "carries_grads", "dtype_module", "register_nodes", "check_trainable",
-           "rule_defined", "Backend"]
+           "rule_defined", "on_whole", "Backend"]

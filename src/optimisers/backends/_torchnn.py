@@ -135,7 +135,8 @@ def rebuild_module(m: nn.Module, new_children: Mapping) -> nn.Module:
 
     Raises:
         TypeError: for a ``DistributedDataParallel``, whose gradient reducer holds the old
-            parameters: step it in place with ``update_``.
+            parameters, and a module that ``fully_shard`` (FSDP2) sharded, whose state
+            holds them: step those in place with ``update_``.
 
     Example:
         >>> lin = nn.Linear(2, 1)
@@ -145,6 +146,10 @@ def rebuild_module(m: nn.Module, new_children: Mapping) -> nn.Module:
     """
     name = _inner_name(type(m))
     if name is None:
+        if _sharded(m):
+            raise TypeError(
+                f"cannot make a new {type(m).__name__} with new parameters: fully_shard's "
+                f"state holds the old ones. Step it in place with update_(tree, model)")
         return _rebuilt(m, new_children)
     if isinstance(m, nn.parallel.DistributedDataParallel):
         raise TypeError(
@@ -155,6 +160,12 @@ def rebuild_module(m: nn.Module, new_children: Mapping) -> nn.Module:
     if name == "_orig_mod":  # torch.compile's wrapper: compile the new module alike
         return type(m)(inner, m.dynamo_ctx)
     return _rebuilt(m, {name: inner})
+
+
+def _sharded(m: nn.Module) -> bool:
+    """Whether ``fully_shard`` (FSDP2) made ``m`` a part of a sharded model."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # loaded before any module is sharded
+    return fsdp is not None and isinstance(m, fsdp.FSDPModule)
 
 
 def _rebuilt(m: nn.Module, new_children: Mapping) -> nn.Module:

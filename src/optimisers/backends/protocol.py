@@ -18,7 +18,8 @@ also provides :class:`Carrying`; one whose library has its own model classes
 (``nn.Module``, flax's ``nnx.Module``, equinox's ``StateIndex``) provides :class:`Nodes`,
 also without arrays of its own (``flax.py``, ``equinox.py``); one that warns of a mistake
 in what is trained, :class:`Checking`; one that registers this package's rules with its
-library (JAX's pytrees), :class:`Registering`. ``registry.py`` lists which library has
+library (JAX's pytrees), :class:`Registering`; one of arrays split across processes
+(``dtensor.py``: FSDP2's ``DTensor``), :class:`Sharding`. ``registry.py`` lists which library has
 which, and ``tests/test_protocol.py`` checks every backend against these, names and
 signatures.
 
@@ -32,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Backend", "Grouping", "Fusing", "Carrying", "Nodes", "Checking", "Registering"]
+__all__ = ["Backend", "Grouping", "Fusing", "Carrying", "Nodes", "Checking", "Registering",
+           "Sharding"]
 
 Array = Any  # an array of the backend's library (np.ndarray, torch.Tensor, jax.Array)
 
@@ -337,3 +339,15 @@ class Registering(Protocol):
 
     def register_rule(self, cls: type) -> None:
         """Register the rule class ``cls`` with the library (once)."""
+
+
+class Sharding(Protocol):
+    """What a backend of arrays split across processes provides (each holds a part)."""
+
+    def local(self, x: Array) -> Array:
+        """The part of ``x`` that this process holds, sharing its memory."""
+
+    def gathered(self, apply: Callable, state: Any, x: Array, *grads: Array
+                 ) -> tuple[Any, Any]:
+        """``apply(state, x, *grads)`` on the whole arrays, each process keeping its part
+        of the new state and the step (see ``registry.on_whole``)."""

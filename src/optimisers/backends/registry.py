@@ -10,8 +10,10 @@ and the backends that register this package's own types (:func:`rule_defined`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -23,8 +25,9 @@ _BY_TYPE: dict[type, str | None] = {}
 
 
 def library(x: Any) -> str | None:
-    """The name of the backend for the array ``x`` (``"numpy"``, ``"torch"``, ``"jax"``),
-    or ``None`` when ``x`` is not an array of a supported library."""
+    """The name of the backend for the array ``x`` (``"numpy"``, ``"torch"``, ``"jax"``,
+    ``"dtensor"`` for PyTorch's sharded ``DTensor``), or ``None`` when ``x`` is not an
+    array of a supported library."""
     cls = type(x)
     try:
         return _BY_TYPE[cls]
@@ -35,6 +38,8 @@ def library(x: Any) -> str | None:
         root = None  # a NumPy scalar (np.float32(1.0)) is a number, not an array
     if root == "torch" and not _istensor(cls):
         root = None  # torch.dtype, torch.device, nn.Module: not arrays
+    elif root == "torch" and _isdtensor(cls):
+        root = "dtensor"  # a sharded tensor: stepped shard by shard (backends/dtensor.py)
     if root == "jax" and not hasattr(x, "shape") or root == "jax" and isinstance(x, type):
         root = None
     _BY_TYPE[cls] = root
@@ -51,6 +56,13 @@ def _istensor(cls: type) -> bool:
     import torch
 
     return issubclass(cls, torch.Tensor)
+
+
+def _isdtensor(cls: type) -> bool:
+    """Whether ``cls`` is torch's ``DTensor`` (FSDP2's parameters); none exists before
+    ``torch.distributed.tensor`` is imported, so this imports nothing."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and issubclass(cls, module.DTensor)
 
 
 def register_type(cls: type, lib: str, module: ModuleType) -> None:
@@ -111,6 +123,37 @@ Python bookkeeping around a few large array operations (a cached plan, and Pytho
 in the Leafs' state, such as Adam's bias corrections, that move at every step): a trace
 would freeze them into guards and constants. So a compiled step runs the same fused kernels
 with the same results as an eager one."""
+
+
+_SHARDED = ("dtensor",)  # backends of arrays split across processes (protocol.Sharding)
+
+
+def on_whole(apply: Callable) -> Callable:
+    """on_whole(apply) -> a rule's ``apply`` that sees whole arrays: the decorator of a rule
+    whose step needs a whole matrix (Muon's orthogonalisation), not shard by shard.
+
+    On arrays split across processes (FSDP2's ``DTensor``s) the state, parameter and
+    gradients are gathered, every process computes the step alike, and each keeps its own
+    part of the new state and step (the backend's ``gathered``); on other arrays ``apply``
+    runs as it is. An elementwise rule needs no such thing: it steps each shard.
+
+    Example:
+        >>> import numpy as np
+        >>> class Rule:
+        ...     @on_whole
+        ...     def apply(self, state, x, dx):
+        ...         return state, dx / np.linalg.norm(dx)
+        >>> Rule().apply(None, np.zeros(2), np.array([3.0, 4.0]))[1]
+        array([0.6, 0.8])
+    """
+    @functools.wraps(apply)
+    def whole(rule: Any, state: Any, x: Any, *grads: Any) -> tuple[Any, Any]:
+        lib = library(x)
+        if lib not in _SHARDED:
+            return apply(rule, state, x, *grads)
+        return ops(lib).gathered(functools.partial(apply, rule), state, x, *grads)
+
+    return whole
 
 
 def istraced(v: Any) -> bool:

@@ -356,13 +356,25 @@ def flatcat(arrays: list) -> Array:
 
 def packed(parts: tuple) -> list:
     """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
+    return pack_into(parts, _PACKS, list)
+
+
+def pack_into(parts: tuple, packs: Packs, dress: Callable[[list], list]) -> list:
+    """pack_into(parts, packs, dress) -> :func:`packed`'s views of one new buffer holding
+    ``parts``, each made what the caller keeps by ``dress`` (a DTensor around it:
+    ``backends/dtensor.py``), recorded in ``packs``.
+
+    Example:
+        >>> [v.tolist() for v in pack_into((torch.ones(2), torch.zeros(1)), _PACKS, list)]
+        [[1.0, 1.0], [0.0]]
+    """
     x0 = parts[0]
     n = sum(p.numel() for p in parts)
     buf = torch.empty(n + PAD // x0.element_size(), dtype=x0.dtype, device=x0.device)
-    lo = _PACKS.start(buf, x0.element_size())
+    lo = packs.start(buf, x0.element_size())
     views = list(_unflatten_dense_tensors(buf.narrow(0, lo, n), parts))
     torch._foreach_copy_(views, [p.detach() for p in parts])
-    return _PACKS.add(buf, lo, n, views)
+    return packs.add(buf, lo, n, dress(views))
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:

@@ -56,5 +56,6 @@ at most 4 times the size of ``like``'s own document plus 1 MiB.
 """
 
 from optimisers.checkpoint.io import load, save
+from optimisers.checkpoint.statedict import load_state_dict, state_dict
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "state_dict", "load_state_dict"]

@@ -1,0 +1,278 @@
+"""PyTorch's sharded tensors (``torch.distributed.tensor.DTensor``, FSDP2's parameters):
+the torch backend's function set, with a rule's state allocated as ``DTensor``s of its
+parameter's placements and every fused group stepped on the local shards.
+
+A rule's formula sees ``DTensor``s on the plain path, where torch's own sharding
+propagation runs each operation on the local shards (a norm's partial sums are added
+across ranks there, so that ``ClipNorm`` clips by the whole gradient's norm). A fused
+group (``fast/fused.py``) concatenates, packs and steps the local shards only: its
+arrays are plain tensors (each ``DTensor``'s local part, by :func:`local`), so the
+numba and fused Adam kernels run on each rank's own memory, and every operation of an
+elementwise rule is the one it would run on that shard alone. Nothing is ever gathered,
+except by :func:`host` (a checkpoint in the library's own file, which holds whole arrays).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+from optimisers.backends import torch as _torch
+from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torch backend has it)
+    CONCATENATES,
+    FUSES_ITSELF,
+    abs,
+    abs2,
+    add,
+    amax,
+    amin,
+    assign,
+    astype,
+    clamp,
+    clip,
+    complement,
+    complex_from,
+    concat,
+    conj,
+    copy,
+    cos,
+    count_nonzero,
+    dtype_name,
+    dtype_name_of,
+    eps,
+    full_like,
+    iscomplex,
+    isfinite,
+    isfloating,
+    ishalf,
+    isnumber,
+    maximum,
+    maywrite,
+    minimum,
+    norm,
+    parallel,
+    real,
+    settle,
+    shape,
+    sign,
+    split,
+    sqrt,
+    subtract,
+    todtype,
+    where,
+    zeros_like,
+)
+from optimisers.fast.packs import Packs
+from optimisers.rules import NewValue
+
+Array = DTensor
+
+
+def local(t: Any) -> Any:
+    """local(t) -> the part of the ``DTensor`` ``t`` that this process holds (a plain tensor
+    sharing its memory); ``t`` itself when it is a plain tensor.
+
+    Read without autograd, where ``to_local()`` gives the very tensor the ``DTensor`` holds
+    (a Parameter's, a new view of it at each call).
+
+    Example:
+        >>> local(torch.ones(2))
+        tensor([1., 1.])
+    """
+    if not isinstance(t, DTensor):
+        return t
+    with torch.no_grad():
+        return t.to_local()
+
+
+def dressed(shard: torch.Tensor, like: DTensor) -> DTensor:
+    """dressed(shard, like) -> a ``DTensor`` holding ``shard`` (no copy) as this process's
+    part of an array placed as ``like`` is: the same device mesh, placements, shape and
+    strides. No communication: every process dresses its own shard.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> from torch.distributed.tensor import init_device_mesh
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> w = distribute_tensor(torch.ones(2, 3), init_device_mesh("cpu", (1,)))
+        >>> d = dressed(torch.zeros(2, 3), w)
+        >>> type(d).__name__, d.placements == w.placements, local(d).sum().item()
+        ('DTensor', True, 0.0)
+        >>> dist.destroy_process_group()
+    """
+    with torch.no_grad():
+        return DTensor.from_local(shard, like.device_mesh, like.placements, run_check=False,
+                                  shape=like.shape, stride=like.stride())
+
+
+def hyper(x: Array, *values: Any) -> tuple:
+    """Hyper-parameters as Python floats; a tensor value (a schedule's, evaluated on a
+    tensor step) made a ``DTensor`` replicated over ``x``'s mesh."""
+    return tuple(_replicated(v, x) if isinstance(v, torch.Tensor) else float(v)
+                 for v in values)
+
+
+def _replicated(v: torch.Tensor, x: Array) -> DTensor:
+    if isinstance(v, DTensor):
+        return v
+    (v,) = _torch.hyper(local(x), v)
+    return distribute_tensor(v, x.device_mesh, [Replicate()] * x.device_mesh.ndim,
+                             src_data_rank=None)
+
+
+def cast(x: Any, like: Array) -> Array:
+    """``x`` (a ``DTensor``, or a whole tensor, NumPy array or number that every process
+    holds alike) as a ``DTensor`` of ``like``'s dtype and placements; no copy when it
+    already is one."""
+    if isinstance(x, DTensor):
+        return x if x.dtype == like.dtype else x.to(like.dtype)
+    whole = _torch.cast(x, local(like))
+    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
+
+
+def like(y: Any, x: Array) -> Array:
+    """``y`` (a ``DTensor``, or this process's shard of one placed as ``x``) made a new
+    parameter as ``x`` is one (see the torch backend's ``like``)."""
+    return _torch.like(y if isinstance(y, DTensor) else dressed(y, x), x)
+
+
+def gradtype(x: Array) -> type:
+    """The type of a gradient that needs no cast: FSDP2 gives a ``DTensor``'s gradient as
+    a ``DTensor``."""
+    return DTensor
+
+
+def size(x: Array) -> int:
+    """The number of elements this process holds."""
+    return int(local(x).numel())
+
+
+def nbytes(x: Array) -> int:
+    """The bytes of the elements this process holds: what the state costs each rank."""
+    return _torch.nbytes(local(x))
+
+
+# --- fused groups: the torch backend's, on the local shards ---------------------------------
+
+_PACKS = Packs(lambda a: local(a)._base, lambda b, lo, n: b.narrow(0, lo, n),
+               lambda b: b.data_ptr())
+
+
+def device(x: Array) -> torch.device:
+    return local(x).device
+
+
+def footprints(xs: list) -> tuple:
+    return _torch.footprints(list(map(local, xs)))
+
+
+def flatcat(arrays: list) -> torch.Tensor:
+    return _torch.flatcat(list(map(local, arrays)))
+
+
+def packed(parts: tuple) -> list:
+    """``DTensor``s placed as ``parts`` whose local shards are views of one new buffer
+    holding the parts' shards."""
+    return _torch.pack_into(tuple(map(local, parts)), _PACKS,
+                            lambda views: list(map(dressed, views, parts)))
+
+
+def joined(parts: tuple) -> tuple[torch.Tensor, bool]:
+    buf = _PACKS.whole(parts)
+    if buf is not None:
+        return buf, True
+    return flatcat(list(parts)), False
+
+
+def scatter(flat: torch.Tensor, parts: tuple) -> None:
+    _torch.scatter(flat, tuple(map(local, parts)))
+
+
+def subtractor(xs: list) -> Callable[[torch.Tensor], None]:
+    return _torch.subtractor(list(map(local, xs)))
+
+
+def split_like(d: torch.Tensor, xs: list) -> list:
+    return list(map(like, _torch.split_like(d, list(map(local, xs))), xs))
+
+
+def flat(x: Array, g: Array, arrays: list) -> tuple | None:
+    return _torch.flat(local(x), local(g), list(map(local, arrays)))
+
+
+def copier() -> Callable[[Any], Any]:
+    """A copy function that keeps packed state packed: a packed buffer is copied once."""
+    return _PACKS.copier(copy, packed)
+
+
+def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
+    """The torch backend's one-pass step (the numba kernel, torch's fused Adam) on the
+    local shards, or ``None``."""
+    step = _torch.onepass(rule, sig, list(map(local, xs)),
+                          [list(map(local, member)) for member in arrays])
+    if step is None:
+        return None
+
+    def on_shards(grads: list, sig: Any) -> Any:
+        return step(list(map(local, grads)), sig)
+
+    on_shards.kind = step.kind
+    return on_shards
+
+
+# --- rules that need whole arrays (backends.on_whole) ----------------------------------------
+
+
+def gathered(apply: Callable, state: Any, x: Array, *grads: Array) -> tuple[Any, Any]:
+    """gathered(apply, state, x, *grads) -> ``apply(state, x, *grads)`` computed on whole
+    arrays: each ``DTensor`` gathered (``full_tensor()``), the step computed by every
+    process alike, and each keeping its own part of the new state and of the step, placed
+    as ``x`` is (an array of another shape: replicated). For a rule whose step needs a
+    whole matrix (an orthogonalisation), declared by ``backends.on_whole``."""
+    def placed(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor) or isinstance(v, DTensor):
+            return v
+        mesh = x.device_mesh
+        placements = x.placements if v.shape == x.shape else [Replicate()] * mesh.ndim
+        return distribute_tensor(v, mesh, placements, src_data_rank=None)
+
+    state, step = apply(_mapped(_whole, state), _whole(x), *map(_whole, grads))
+    return _mapped(placed, state), _mapped(placed, step)
+
+
+def _whole(v: Any) -> Any:
+    return v.full_tensor() if isinstance(v, DTensor) else v
+
+
+def _mapped(f: Callable, v: Any) -> Any:
+    """``f`` on each item of a state (nested tuples, lists and dicts) or a step
+    (a ``NewValue``'s value too)."""
+    if isinstance(v, (tuple, list)):
+        items = [_mapped(f, item) for item in v]
+        return type(v)._make(items) if hasattr(type(v), "_make") else type(v)(items)
+    if isinstance(v, dict):
+        return {k: _mapped(f, item) for k, item in v.items()}
+    if isinstance(v, NewValue):
+        return type(v)(f(v.value))
+    return f(v)
+
+
+# --- checkpoints in the library's own file: whole arrays ------------------------------------
+
+
+def host(a: Array, at: str) -> tuple[np.ndarray, str]:
+    """host(a, at) -> the whole array's values on the host (gathered from every process:
+    each must call it, as :func:`optimisers.save` does), as the torch backend gives them.
+    ``optimisers.state_dict`` keeps ``DTensor``s as they are instead."""
+    return _torch.host(a.full_tensor(), at)
+
+
+def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
+    """from_host(arr, ref, bits) -> the whole array ``arr`` (every process holding it alike)
+    as a ``DTensor`` placed as ``ref``: each process keeps its own part."""
+    whole = _torch.from_host(arr, local(ref), bits, weak)
+    return distribute_tensor(whole, ref.device_mesh, ref.placements, src_data_rank=None)

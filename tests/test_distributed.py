@@ -1,0 +1,254 @@
+"""Many processes on this machine (gloo, CPU): DistributedDataParallel, FSDP2's sharded
+parameters and their state, the rules stepping local shards, and checkpoints through
+``torch.distributed.checkpoint`` that reshard. Each test spawns its processes with a
+time limit (``spawned.py``); the workers' assertions fail the test with their traceback."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+# torch's own DDP and inductor modules call a deprecated torch.jit API on import
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+from torch import nn  # noqa: E402
+
+import optimisers as O  # noqa: E402
+import spawned  # noqa: E402
+from conftest import ALL_RULES  # noqa: E402
+from optimisers import backends  # noqa: E402
+from optimisers.state import leaves, plan_of  # noqa: E402
+
+
+def _mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _sharded(model: nn.Module) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def _batch(step: int, rank: int) -> tuple:
+    """This rank's batch of a step: each rank trains on its own data, as data parallel
+    training does."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 6, generator=g), torch.randn(8, 4, generator=g)
+
+
+def _backward(model: nn.Module, step: int, rank: int) -> None:
+    x, y = _batch(step, rank)
+    ((model(x) - y) ** 2).mean().backward()
+
+
+def _whole_batch_backward(model: nn.Module, step: int, world: int) -> None:
+    """The gradient that data parallel training over ``world`` ranks averages, on one
+    unsharded model: the mean loss over every rank's batch."""
+    x, y = (torch.cat(parts) for parts in zip(*(_batch(step, r) for r in range(world))))
+    ((model(x) - y) ** 2).mean().backward()
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+# --- FSDP2 ------------------------------------------------------------------------------
+
+
+def _fsdp_adamw(rank: int, world: int) -> None:
+    from optimisers.fast import kernels, torchsteps
+
+    kinds = {}
+    for name, compiled_from in [("fused_adam", 1 << 30), ("compiled", 1)]:
+        if name == "compiled" and not kernels.available():
+            continue
+        torchsteps.COMPILED_FROM = compiled_from
+        ours, ref = _sharded(_mlp()), _sharded(_mlp())
+        tree = O.setup(O.AdamW(0.01, lambd=0.1), ours)
+        opt = torch.optim.AdamW(ref.parameters(), lr=0.01, weight_decay=0.1)
+        assert [str(kp) for kp, _ in leaves(tree)] == ["0.weight", "0.bias", "2.weight",
+                                                       "2.bias"]
+        for step in range(5):
+            for model in (ours, ref):
+                _backward(model, step, rank)
+            O.update_(tree, ours)
+            opt.step()
+            for model in (ours, ref):
+                model.zero_grad(set_to_none=True)
+        kinds[name] = [group.step.kind for group in plan_of(tree).groups]
+        for (kp, leaf), p in zip(leaves(tree), ref.parameters(), strict=True):
+            torch.testing.assert_close(_local(O.getkeypath(ours, kp)), _local(p))
+            m, v, _ = leaf.state
+            for a, b in ((m, opt.state[p]["exp_avg"]), (v, opt.state[p]["exp_avg_sq"])):
+                assert type(a) is type(p) and a.placements == p.placements, kp
+                assert _local(a).numel() * world == a.numel(), kp  # 1/2 of it on each rank
+                torch.testing.assert_close(_local(a), _local(b))
+    assert kinds.pop("fused_adam") == ["fused_adam"]  # one group, torch's fused kernel
+    assert kinds in ({}, {"compiled": ["compiled"]})  # and the numba kernel, where it is
+
+
+def test_fsdp2_adamw_equals_torch_optim_with_state_sharded():
+    """AdamW on an FSDP2 model (2 ranks) gives torch.optim.AdamW's parameters and moments;
+    the moments are DTensors placed as their parameters, half of each on each rank, and
+    one fused group steps the local shards, by torch's fused Adam kernel and by the numba
+    kernel."""
+    spawned.run(_fsdp_adamw, 2)
+
+
+# rules that are not elementwise, or whose fused path is not torch's Adam kernel
+FSDP_RULES = [O.Lion(0.01), O.OptimiserChain(O.ClipNorm(0.5), O.Momentum(0.05)),
+              O.MixedPrecision(O.Adam(0.05)), O.OptimiserChain(O.AccumGrad(2), O.Nesterov(0.05))]
+
+
+def _fsdp_rules(rank: int, world: int) -> None:
+    for rule in FSDP_RULES:
+        ours, ref = _sharded(_mlp()), _mlp()
+        tree, tref = O.setup(rule, ours), O.setup(rule, ref)
+        for step in range(4):
+            _backward(ours, step, rank)
+            _whole_batch_backward(ref, step, world)
+            O.update_(tree, ours)
+            O.update_(tref, ref)
+            ours.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+        for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a.full_tensor(), b, msg=f"{rule!r} at {name}")
+    _backward(ours, 0, rank)  # a pure update of a sharded module: refused
+    with pytest.raises(TypeError, match="fully_shard.*update_"):
+        O.update(O.setup(O.Descent(), ours), ours, {k: p.grad for k, p in
+                                                     ours.named_parameters()})
+
+
+def test_fsdp2_rules_equal_one_process_on_the_whole_batch():
+    """Rules with a norm (all-reduced by DTensor), a master copy, accumulation: the FSDP2
+    model steps as one process would with the gradient of every rank's batch."""
+    spawned.run(_fsdp_rules, 2)
+
+
+def _rules_on_shards(rank: int, world: int) -> None:
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    from optimisers.fast import fused
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    shapes = {"a": ((5, 3), Shard(0)), "b": ((4,), Shard(0)), "c": ((1,), Shard(0)),
+              "d": ((2, 6), Shard(1))}  # uneven, empty on one rank, sharded by columns
+    whole = {k: torch.randn(s, generator=g) for k, (s, _) in shapes.items()}
+    grads = [{k: torch.randn(v.shape, generator=g) for k, v in whole.items()}
+             for _ in range(3)]
+
+    def place(tree):
+        return {k: distribute_tensor(v.clone(), mesh, [shapes[k][1]]) for k, v in tree.items()}
+
+    for rule in ALL_RULES:
+        for fuse, inplace in [(True, True), (False, True), (True, False)]:
+            fused.MIN_GROUP = 2 if fuse else 10**9
+            ref, ours = {k: v.clone() for k, v in whole.items()}, place(whole)
+            tref, tree = O.setup(rule, ref), O.setup(rule, ours)
+            step = O.update_ if inplace else O.update
+            for gs in grads:
+                tref, ref = step(tref, ref, gs)
+                tree, ours = step(tree, ours, place(gs))
+            for k in whole:
+                torch.testing.assert_close(ours[k].full_tensor(), ref[k], rtol=1e-6,
+                                           atol=1e-6, msg=f"{rule!r} {fuse=} {inplace=} {k}")
+                for a in O.fleaves(tree[k].state):
+                    if isinstance(a, torch.Tensor):
+                        assert a.placements == ours[k].placements, (rule, k)
+
+
+def test_every_rule_steps_local_shards_as_whole_arrays():
+    """Every rule of ALL_RULES, fused and not, in place and not, on DTensors sharded
+    unevenly (one rank holding nothing of one array): the same numbers as on the whole
+    arrays, with every state array placed as its parameter."""
+    spawned.run(_rules_on_shards, 2)
+
+
+@dataclass(frozen=True)
+class OrthoMomentum(O.Rule):
+    """A rule whose step needs the whole matrix: momentum, then the Q of its QR
+    factorisation (as Muon orthogonalises), which no shard can compute alone."""
+
+    eta: float = 0.1
+
+    def init(self, x):
+        return torch.zeros_like(x)
+
+    @backends.on_whole
+    def apply(self, state, x, dx):
+        assert all(type(a) is torch.Tensor for a in (state, x, dx))  # whole, not DTensors
+        m = 0.9 * state + dx
+        return m, self.eta * torch.linalg.qr(m)[0]
+
+
+def _whole_matrix_rule(rank: int, world: int) -> None:
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    whole = torch.randn(6, 4, generator=g)
+    ref, ours = [whole.clone()], [distribute_tensor(whole.clone(), mesh, [Shard(0)])]
+    tref, tree = O.setup(OrthoMomentum(), ref), O.setup(OrthoMomentum(), ours)
+    for _ in range(3):
+        dx = torch.randn(6, 4, generator=g)
+        O.update_(tref, ref, [dx])
+        O.update_(tree, ours, [distribute_tensor(dx, mesh, [Shard(0)])])
+    torch.testing.assert_close(ours[0].full_tensor(), ref[0])
+    state = tree[0].state
+    assert state.placements == ours[0].placements and state.to_local().shape == (3, 4)
+    torch.testing.assert_close(state.full_tensor(), tref[0].state)
+
+
+def test_a_rule_on_whole_matrices_gathers_them():
+    """backends.on_whole: a rule needing the whole matrix (a QR factorisation) sees a
+    sharded one gathered, as a plain tensor, and its state stays sharded as the
+    parameter."""
+    spawned.run(_whole_matrix_rule, 2)
+
+
+# --- DistributedDataParallel ----------------------------------------------------------------
+
+
+def _ddp(rank: int, world: int) -> None:
+    ours, ref = _mlp(), _mlp()
+    ddp = nn.parallel.DistributedDataParallel(ours)
+    compiled = nn.parallel.DistributedDataParallel(torch.compile(_mlp(), backend="eager"))
+    tree = O.setup(O.AdamW(0.01, lambd=0.1), ddp)
+    paths = [str(kp) for kp, _ in leaves(tree)]
+    assert paths == ["0.weight", "0.bias", "2.weight", "2.bias"]  # no "module." prefix
+    assert [str(kp) for kp, _ in leaves(O.setup(O.Adam(), compiled))] == paths
+    refddp = nn.parallel.DistributedDataParallel(ref)
+    opt = torch.optim.AdamW(refddp.parameters(), lr=0.01, weight_decay=0.1)
+    for step in range(5):
+        _backward(ddp, step, rank)
+        _backward(refddp, step, rank)
+        if step % 2:  # gradients read from .grad, or given by the DDP's own names
+            O.update_(tree, ddp)
+        else:
+            O.update_(tree, ddp, {k: p.grad for k, p in ddp.named_parameters()})
+        opt.step()
+        ddp.zero_grad(set_to_none=True)
+        refddp.zero_grad(set_to_none=True)
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    for kp, leaf in leaves(tree):
+        p = O.getkeypath(ref, kp)
+        torch.testing.assert_close(leaf.state[0], opt.state[p]["exp_avg"])
+
+
+def test_ddp_adamw_equals_torch_optim():
+    """AdamW on a DistributedDataParallel model (2 ranks) gives torch.optim.AdamW's numbers;
+    the tree's paths are the wrapped module's own (a compiled one's too)."""
+    spawned.run(_ddp, 2)
