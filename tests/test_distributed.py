@@ -252,3 +252,88 @@ def test_ddp_adamw_equals_torch_optim():
     """AdamW on a DistributedDataParallel model (2 ranks) gives torch.optim.AdamW's numbers;
     the tree's paths are the wrapped module's own (a compiled one's too)."""
     spawned.run(_ddp, 2)
+
+
+# --- torch.distributed.checkpoint: saved by 2 ranks, loaded by 1, and back ----------------
+
+
+def _whole_arrays(tree) -> dict:
+    """The tree's state dict with every array whole (a DTensor gathered)."""
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v
+            for k, v in O.state_dict(tree).items() if isinstance(v, torch.Tensor)}
+
+
+def _dcp_load(model, tree, path):
+    import torch.distributed.checkpoint as dcp
+
+    both = {"model": model.state_dict(), "optim": O.state_dict(tree)}
+    dcp.load(both, checkpoint_id=path)
+    model.load_state_dict(both["model"])
+    return O.load_state_dict(tree, both["optim"])
+
+
+def _dcp_save(model, tree, path):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": model.state_dict(), "optim": O.state_dict(tree)}, checkpoint_id=path)
+
+
+def _save_on_two(rank: int, world: int, folder: str) -> None:
+    """3 steps, saved (each rank its shards); 2 more, whose parameters are kept whole."""
+    model = _sharded(_mlp())
+    tree = O.setup(O.AdamW(0.01, lambd=0.1), model)
+    for step in range(5):
+        if step == 3:
+            _dcp_save(model, tree, f"{folder}/two")
+            whole = _whole_arrays(tree)
+            assert all(_local(v).numel() * world == v.numel()
+                       for v in O.state_dict(tree).values() if isinstance(v, torch.Tensor))
+        _backward(model, step, rank)
+        O.update_(tree, model)
+        model.zero_grad(set_to_none=True)
+    after = {k: p.full_tensor() for k, p in model.state_dict().items()}
+    if rank == 0:
+        torch.save({"state": whole, "after": after}, f"{folder}/two.pt")
+
+
+def _load_on_one(rank: int, world: int, folder: str) -> None:
+    """The 2 ranks' checkpoint on 1: the same state; 2 more steps on the whole batch give
+    the 2 ranks' parameters; saved again."""
+    model = _mlp(seed=1)
+    tree = _dcp_load(model, O.setup(O.AdamW(), model), f"{folder}/two")
+    want = torch.load(f"{folder}/two.pt")
+    got = _whole_arrays(tree)
+    assert got.keys() == want["state"].keys()
+    for k, v in got.items():
+        assert type(v) is torch.Tensor and torch.equal(v, want["state"][k]), k
+    assert tree["0"]["weight"].rule == O.AdamW(0.01, lambd=0.1)
+    for step in range(3, 5):
+        _whole_batch_backward(model, step, 2)
+        O.update_(tree, model)
+        model.zero_grad(set_to_none=True)
+    for k, p in model.state_dict().items():
+        torch.testing.assert_close(p, want["after"][k], msg=k)
+    _dcp_save(model, tree, f"{folder}/one")
+    torch.save(_whole_arrays(tree), f"{folder}/one.pt")
+
+
+def _load_on_two(rank: int, world: int, folder: str) -> None:
+    """The 1 rank's checkpoint on 2: each rank loads its shards of it."""
+    model = _sharded(_mlp(seed=2))
+    tree = _dcp_load(model, O.setup(O.AdamW(), model), f"{folder}/one")
+    want = torch.load(f"{folder}/one.pt")
+    for k, v in O.state_dict(tree).items():
+        if isinstance(v, torch.Tensor):
+            assert _local(v).numel() * world == v.numel(), k
+            assert torch.equal(v.full_tensor(), want[k]), k
+    _backward(model, 5, rank)
+    O.update_(tree, model)  # and it steps on
+
+
+def test_dcp_saves_on_two_ranks_loads_on_one_and_back(tmp_path):
+    """torch.distributed.checkpoint with the optimiser's state_dict beside the model's:
+    FSDP2's 2 ranks each write their shards; one process loads the whole state (and its
+    training continues as the 2 ranks' did), saves it, and 2 ranks load it sharded."""
+    spawned.run(_save_on_two, 2, str(tmp_path))
+    spawned.run(_load_on_one, 1, str(tmp_path))
+    spawned.run(_load_on_two, 2, str(tmp_path))
