@@ -50,3 +50,23 @@ def _main(rank: int, fn, world: int, port: int, args: tuple) -> None:
         fn(rank, world, *args)
     finally:
         dist.destroy_process_group()
+
+
+def run_script(path: str, timeout: float = TIMEOUT) -> str:
+    """Run the Python file ``path`` (which may spawn processes of its own) in a new
+    session; its standard output. After ``timeout`` seconds the whole session is killed."""
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, path], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise TimeoutError(f"{path} took over {timeout} s") from None
+    if process.returncode:
+        raise AssertionError(f"{path} exited with {process.returncode}:\n{err}")
+    return out

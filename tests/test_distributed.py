@@ -337,3 +337,29 @@ def test_dcp_saves_on_two_ranks_loads_on_one_and_back(tmp_path):
     spawned.run(_save_on_two, 2, str(tmp_path))
     spawned.run(_load_on_one, 1, str(tmp_path))
     spawned.run(_load_on_two, 2, str(tmp_path))
+
+
+# --- the README's example -------------------------------------------------------------------
+
+
+def test_the_readme_fsdp2_example_runs_on_two_processes(tmp_path):
+    """The README's FSDP2 example, which test_readme.py only defines (its spawn is under
+    ``if __name__ == "__main__"``), run as a script: it prints what the README says."""
+    from test_readme import BLOCKS
+
+    (code, expected), = [(code, expected) for heading, code, expected in BLOCKS
+                         if heading == "Training on many devices" and "fully_shard" in code]
+    text = expected or _text_after(code)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    assert spawned.run_script(str(script)).splitlines() == text.splitlines()
+
+
+def _text_after(code: str) -> str:
+    """The ```text block that follows ``code`` in the README (past a sentence)."""
+    import re
+
+    from test_readme import README
+
+    rest = README.read_text(encoding="utf-8").split(code, 1)[1]
+    return re.search(r"^```text\n(.*?)^```\n", rest, re.S | re.M).group(1)
