@@ -20,7 +20,7 @@ def _missing(name: str) -> bool:
 collect_ignore = [f"src/optimisers/backends/{lib}.py" for lib in ("torch", "jax")
                   if _missing(lib)]
 if _missing("torch"):
-    collect_ignore.append("src/optimisers/backends/dtensor.py")
+    collect_ignore += ["src/optimisers/backends/dtensor.py", "src/optimisers/distributed"]
 
 if _missing("numba"):
     collect_ignore.append("src/optimisers/fast/jit.py")

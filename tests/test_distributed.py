@@ -254,6 +254,41 @@ def test_ddp_adamw_equals_torch_optim():
     spawned.run(_ddp, 2)
 
 
+# --- ClipGlobalNorm + AdamW against clip_grad_norm_ + torch.optim.AdamW ------------------
+
+
+def _clipped_adamw(rank: int, world: int) -> None:
+    rule = O.OptimiserChain(O.ClipGlobalNorm(0.05), O.AdamW(0.01, lambd=0.1))
+    for wrap in ("ddp", "fsdp2"):
+        if wrap == "ddp":
+            ours, ref = (nn.parallel.DistributedDataParallel(_mlp()) for _ in "ab")
+        else:
+            ours, ref = _sharded(_mlp()), _sharded(_mlp())
+        tree = O.setup(rule, ours)
+        opt = torch.optim.AdamW(ref.parameters(), lr=0.01, weight_decay=0.1)
+        for step in range(5):
+            for model in (ours, ref):
+                _backward(model, step, rank)
+            norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+            assert norm > 0.05  # the norm of the whole gradient: clipped
+            O.update_(tree, ours)
+            opt.step()
+            for model in (ours, ref):
+                model.zero_grad(set_to_none=True)
+        for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+            # clip_grad_norm_ divides by norm + 1e-6: the two differ by that, relatively
+            torch.testing.assert_close(_local(a), _local(b), rtol=1e-5, atol=1e-6,
+                                       msg=f"{wrap} {name}")
+
+
+def test_clip_global_norm_and_adamw_equal_torch_on_ddp_and_fsdp2():
+    """ClipGlobalNorm + AdamW on DDP and on FSDP2 (2 ranks) gives clip_grad_norm_ +
+    torch.optim.AdamW's parameters: the norm is over the whole model, all shards."""
+    if not hasattr(O, "ClipGlobalNorm"):
+        pytest.skip("ClipGlobalNorm is not in this version")
+    spawned.run(_clipped_adamw, 2)
+
+
 # --- torch.distributed.checkpoint: saved by 2 ranks, loaded by 1, and back ----------------
 
 
@@ -363,3 +398,71 @@ def _text_after(code: str) -> str:
 
     rest = README.read_text(encoding="utf-8").split(code, 1)[1]
     return re.search(r"^```text\n(.*?)^```\n", rest, re.S | re.M).group(1)
+
+
+# --- ZeRO-1 ---------------------------------------------------------------------------------
+
+
+def _state_bytes(tree) -> int:
+    return sum(a.numel() * a.element_size() for _, leaf in leaves(tree)
+               for a in O.fleaves(leaf.state) if isinstance(a, torch.Tensor))
+
+
+def _zero(rank: int, world: int, folder: str) -> None:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from optimisers import distributed
+
+    rule = O.AdamW(0.01, lambd=0.1)
+    ours, ref, theirs = (nn.parallel.DistributedDataParallel(_mlp()) for _ in "abc")
+    tree, tref = distributed.setup(rule, ours), O.setup(rule, ref)  # ZeRO-1, and not
+    opt = ZeroRedundancyOptimizer(theirs.parameters(), optimizer_class=torch.optim.AdamW,
+                                  lr=0.01, weight_decay=0.1)
+    for step in range(5):
+        for model in (ours, ref, theirs):
+            _backward(model, step, rank)
+        if step % 2:
+            distributed.update_(tree, ours)
+        else:
+            distributed.update_(tree, ours, {k: p.grad for k, p in ours.named_parameters()})
+        O.update_(tref, ref)
+        opt.step()
+        for model in (ours, ref, theirs):
+            model.zero_grad(set_to_none=True)
+    for (name, a), b, c in zip(ours.named_parameters(), ref.parameters(), theirs.parameters(),
+                               strict=True):
+        # as if every process stepped every parameter (to rounding: an array stepped alone
+        # takes the plain path, in a group torch's fused Adam kernel), and as torch's
+        # ZeroRedundancyOptimizer
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+        torch.testing.assert_close(a, c, msg=name)
+    mine = [str(kp) for kp, _ in leaves(tree)]
+    every = [None] * world
+    dist.all_gather_object(every, (mine, _state_bytes(tree)))
+    assert sorted(p for paths, _ in every for p in paths) == sorted(
+        str(kp) for kp, _ in leaves(tref))  # each Leaf on one process
+    assert sum(n for _, n in every) == _state_bytes(tref)
+    assert max(n for _, n in every) <= 0.6 * _state_bytes(tref)  # about 1/2 on each
+    _dcp_save(ours, tree, f"{folder}/zero")  # each process its own Leafs
+    torch.save(_whole_arrays(tree), f"{folder}/zero{rank}.pt")
+
+
+def _zero_on_one(rank: int, world: int, folder: str) -> None:
+    from optimisers import distributed
+
+    model = nn.parallel.DistributedDataParallel(_mlp(seed=3))
+    tree = _dcp_load(model, distributed.setup(O.AdamW(), model), f"{folder}/zero")
+    want = {**torch.load(f"{folder}/zero0.pt"), **torch.load(f"{folder}/zero1.pt")}
+    assert _whole_arrays(tree).keys() == want.keys()
+    for k, v in _whole_arrays(tree).items():
+        assert torch.equal(v, want[k]), k
+    assert tree["0"]["weight"].rule == O.AdamW(0.01, lambd=0.1)
+
+
+def test_zero1_keeps_each_state_on_one_process_and_steps_as_one(tmp_path):
+    """optimisers.distributed.setup(rule, ddp_model): each Leaf on one of 2 processes (about
+    half of the state on each), the parameters bit for bit those of every process stepping
+    all, and torch's ZeroRedundancyOptimizer's; the processes' checkpoint through
+    torch.distributed.checkpoint loads whole on one."""
+    spawned.run(_zero, 2, str(tmp_path))
+    spawned.run(_zero_on_one, 1, str(tmp_path))

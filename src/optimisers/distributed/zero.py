@@ -1,0 +1,160 @@
+"""ZeRO-1 (what ``torch.distributed.optim.ZeroRedundancyOptimizer`` does) for parameters
+that every process holds whole, as ``DistributedDataParallel`` has them: each trainable
+array's optimiser state lives on one process only, its *owner* (assigned by size, so that
+each holds about 1/N of the state), which steps it; the new parameter is then broadcast.
+
+The state tree of one process is an ordinary one with ``None`` where another process owns
+the array, so ``update_`` steps only the owned arrays (fused as ever), and ``state_dict``
+gives each process's own entries: ``torch.distributed.checkpoint`` saves them all, and
+loads each process's, for any number of processes. The owners are a function of the
+model's arrays and the number of processes alone (:func:`owners`), computed alike on each.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from optimisers import state as _state
+from optimisers.adjust import matches
+from optimisers.destructure import trainables
+from optimisers.keypath import KeyPath
+from optimisers.rules import Rule
+
+__all__ = ["owners", "setup", "update_", "broadcast_"]
+
+
+def owners(arrays: list, world: int) -> list[int]:
+    """owners(arrays, world) -> the process that owns each array: the largest array first,
+    each to the process that owns the fewest elements so far (the lowest rank on a tie).
+
+    Example:
+        >>> owners([torch.zeros(6), torch.zeros(5), torch.zeros(2), torch.zeros(4)], 2)
+        [0, 1, 0, 1]
+    """
+    sizes = [int(x.numel()) for x in arrays]
+    load, owner = [0] * world, [0] * len(arrays)
+    for i in sorted(range(len(arrays)), key=lambda i: -sizes[i]):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owner[i] = rank
+        load[rank] += sizes[i]
+    return owner
+
+
+def setup(rule: Any, model: Any, shard: Any = None) -> Any:
+    """setup(rule, model, shard=group) -> tree: this process's part of a ZeRO-1 state tree.
+
+    Like :func:`optimisers.setup`, but a Leaf (and its state) only where this process owns
+    the array (:func:`owners`); ``None`` elsewhere. Step it with :func:`update_`, on every
+    process of the group. ``shard`` is the process group whose processes share the state
+    (``None``: the default group).
+
+    Args:
+        rule: a rule, a mapping of ``where=`` patterns to rules, or a function
+            ``(KeyPath, array) -> Rule | None``, as :func:`optimisers.setup` takes.
+        model: a model whose parameters every process holds whole (``DistributedDataParallel``
+            and the module it wraps, or any tree of tensors).
+        shard: the process group, or ``None`` for the default one.
+
+    Raises:
+        ValueError: for parameters that are sharded already (FSDP2's ``DTensor``s: use
+            :func:`optimisers.setup`, which shards their state alike).
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> from optimisers import Adam
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> tree = setup(Adam(), [torch.zeros(3), torch.zeros(2)])  # one process owns all
+        >>> [leaf.state[0].shape for leaf in tree]
+        [torch.Size([3]), torch.Size([2])]
+        >>> dist.destroy_process_group()
+    """
+    arrays = trainables(model)
+    if any(hasattr(x, "placements") for x in arrays):
+        raise ValueError("the model's parameters are sharded already (DTensors, as "
+                         "fully_shard makes them): optimisers.setup(rule, model) shards their "
+                         "state alike; ZeRO-1 is for parameters every process holds whole")
+    rank, world = dist.get_rank(shard), dist.get_world_size(shard)
+    mine = {id(x) for x, r in zip(arrays, owners(arrays, world)) if r == rank}
+    choose = _chooser(rule)
+
+    def pick(kp: KeyPath, x: Any) -> Rule | None:
+        return choose(kp, x) if id(x) in mine else None
+
+    with warnings.catch_warnings():
+        if arrays:  # others own them all: no warning that this process trains none
+            warnings.filterwarnings("ignore", "setup found no trainable parameter")
+        return _state.setup(pick, model)
+
+
+def _chooser(rule: Any) -> Callable[[KeyPath, Any], Any]:
+    """``rule`` (as :func:`optimisers.setup` takes it) as a function of path and array."""
+    if isinstance(rule, Rule):
+        return lambda kp, x: rule
+    if isinstance(rule, Mapping):
+        def by_pattern(kp: KeyPath, x: Any) -> Any:
+            for pattern, r in rule.items():
+                if matches(pattern, kp):
+                    return r
+            raise ValueError(f"no pattern of setup matches the trainable array at {kp} "
+                             f"(patterns: {', '.join(map(repr, rule))}); add one, or "
+                             f"'*': None to leave the rest untrained")
+        return by_pattern
+    return rule
+
+
+def update_(tree: Any, model: Any, *grads: Any, shard: Any = None) -> tuple[Any, Any]:
+    """update_(tree, model, grads=None, shard=group) -> (tree, model): one ZeRO-1 step.
+
+    :func:`optimisers.update_` on this process's tree (its owned arrays step, with
+    ``grads`` or, for a PyTorch model, each parameter's ``.grad``), then
+    :func:`broadcast_`: every process ends with every new parameter. Call it on every
+    process of the group, as a collective.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> from optimisers import Descent
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> model = [torch.ones(2)]
+        >>> tree = setup(Descent(0.5), model)
+        >>> update_(tree, model, [torch.ones(2)])[1]
+        [tensor([0.5000, 0.5000])]
+        >>> dist.destroy_process_group()
+    """
+    tree, model = _state.update_(tree, model, *grads)
+    broadcast_(model, shard)
+    return tree, model
+
+
+def broadcast_(model: Any, shard: Any = None) -> Any:
+    """broadcast_(model, shard=group) -> model: each trainable array sent from its owner
+    (:func:`owners`) to every process of the group, in place: one broadcast per owner
+    and dtype, of all its arrays flattened together.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> broadcast_([torch.ones(2)])
+        [tensor([1., 1.])]
+        >>> dist.destroy_process_group()
+    """
+    arrays = trainables(model)
+    rank, world = dist.get_rank(shard), dist.get_world_size(shard)
+    buckets: dict[tuple, list] = {}
+    for x, r in zip(arrays, owners(arrays, world)):
+        buckets.setdefault((r, x.dtype, x.device), []).append(x)
+    with torch.no_grad():
+        for (r, dtype, device), xs in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(
+                kv[0][1]), str(kv[0][2]))):
+            flat = (_flatten_dense_tensors(xs) if r == rank else
+                    torch.empty(sum(x.numel() for x in xs), dtype=dtype, device=device))
+            dist.broadcast(flat, src=dist.get_global_rank(shard or dist.group.WORLD, r),
+                           group=shard)
+            if r != rank:
+                torch._foreach_copy_(xs, list(_unflatten_dense_tensors(flat, xs)))
+    return model
