@@ -111,7 +111,7 @@ FSDP_RULES = [O.Lion(0.01), O.OptimiserChain(O.ClipNorm(0.5), O.Momentum(0.05)),
               O.MixedPrecision(O.Adam(0.05)), O.OptimiserChain(O.AccumGrad(2), O.Nesterov(0.05))]
 
 
-def _fsdp_rules(rank: int, world: int) -> None:
+def _fsdp_rules(rank: int, world: int, folder: str) -> None:
     for rule in FSDP_RULES:
         ours, ref = _sharded(_mlp()), _mlp()
         tree, tref = O.setup(rule, ours), O.setup(rule, ref)
@@ -124,16 +124,24 @@ def _fsdp_rules(rank: int, world: int) -> None:
             ref.zero_grad(set_to_none=True)
         for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a.full_tensor(), b, msg=f"{rule!r} at {name}")
+    O.save(f"{folder}/{rank}.ckpt", tree)  # the library's own file: whole arrays
+    back = O.load(f"{folder}/{rank}.ckpt", like=O.setup(rule, ours))
+    for (kp, a), (_, b) in zip(leaves(tree), leaves(back), strict=True):
+        for u, v in zip(O.fleaves(a.state), O.fleaves(b.state), strict=True):
+            assert type(u) is type(v) and (u == v if not isinstance(u, torch.Tensor) else
+                                           u.placements == v.placements
+                                           and torch.equal(_local(u), _local(v))), kp
     _backward(ours, 0, rank)  # a pure update of a sharded module: refused
     with pytest.raises(TypeError, match="fully_shard.*update_"):
         O.update(O.setup(O.Descent(), ours), ours, {k: p.grad for k, p in
                                                      ours.named_parameters()})
 
 
-def test_fsdp2_rules_equal_one_process_on_the_whole_batch():
+def test_fsdp2_rules_equal_one_process_on_the_whole_batch(tmp_path):
     """Rules with a norm (all-reduced by DTensor), a master copy, accumulation: the FSDP2
-    model steps as one process would with the gradient of every rank's batch."""
-    spawned.run(_fsdp_rules, 2)
+    model steps as one process would with the gradient of every rank's batch. save and
+    load (whole arrays in the file) give each rank its shards back."""
+    spawned.run(_fsdp_rules, 2, str(tmp_path))
 
 
 def _rules_on_shards(rank: int, world: int) -> None:
