@@ -451,6 +451,8 @@ def _zero(rank: int, world: int, folder: str) -> None:
         str(kp) for kp, _ in leaves(tref))  # each Leaf on one process
     assert sum(n for _, n in every) == _state_bytes(tref)
     assert max(n for _, n in every) <= 0.6 * _state_bytes(tref)  # about 1/2 on each
+    with pytest.raises(ValueError, match="'0.weight'.*ClipGlobalNorm.*only those"):
+        distributed.setup(O.OptimiserChain(O.ClipGlobalNorm(), rule), ours)
     _dcp_save(ours, tree, f"{folder}/zero")  # each process its own Leafs
     torch.save(_whole_arrays(tree), f"{folder}/zero{rank}.pt")
 

@@ -55,9 +55,10 @@ def test_keys_arrays_and_plain_values(rng):
     tree = O.setup(O.OptimiserChain(O.ClipGrad(1.0), O.Adam(0.1)), model)
     O.freeze_(tree, "layers")
     d = O.state_dict(tree)
-    assert list(d)[:6] == ["enc.weight.rule", "enc.weight.frozen", "enc.weight.state.1.0",
-                           "enc.weight.state.1.1", "enc.weight.state.1.2.0",
-                           "enc.weight.state.1.2.1"]  # ClipGrad's state, None: no key
+    assert list(d)[:7] == ["enc.weight.rule", "enc.weight.frozen", "enc.weight.clock",
+                           "enc.weight.state.1.0", "enc.weight.state.1.1",
+                           "enc.weight.state.1.2.0", "enc.weight.state.1.2.1"]
+    # (ClipGrad's state, None: no key)
     assert d["enc.weight.state.1.0"] is tree["enc"]["weight"].state[1][0]  # the tree's own
     assert d["layers.0.frozen"] is True and d["enc.bias.frozen"] is False
     assert d["enc.weight.rule"] == {"rule": "OptimiserChain", "fields": {"rules": {"tuple": [
@@ -125,27 +126,35 @@ def test_an_array_hyper_parameter_is_given_as_its_number():
         "float": "0.5"}}}
 
 
-class ClockLeaf(Leaf):
-    """A Leaf that keeps a step count, as Leafs of a later version do."""
-
-    __slots__ = ("clock",)
-
-    def __init__(self, rule, state, frozen=False, clock=0):
-        super().__init__(rule, state, frozen)
-        self.clock = clock
-
-
 def test_a_clock_is_one_more_key_and_optional():
-    tree = {"w": ClockLeaf(O.Descent(), None, clock=3)}
+    tree = {"w": Leaf(O.Descent(), None, clock=3)}
     d = O.state_dict(tree)
     assert d == {"w.rule": {"rule": "Descent", "fields": {"eta": {"float": "0.1"}}},
                  "w.frozen": False, "w.clock": 3}
-    fresh = {"w": ClockLeaf(O.Descent(), None)}
+    fresh = {"w": Leaf(O.Descent(), None)}
     assert O.load_state_dict(fresh, d)["w"].clock == 3
     del d["w.clock"]
     assert O.load_state_dict(fresh, d)["w"].clock == 3  # absent: left as it is
-    with pytest.raises(ValueError, match="'w.clock'.*keep no clock"):
-        O.load_state_dict({"w": Leaf(O.Descent(), None)}, {**d, "w.clock": 1})
+    with pytest.raises(ValueError, match="'w.clock' is -1; a clock is a whole number"):
+        O.load_state_dict(fresh, {**d, "w.clock": -1})
+
+
+def test_a_schedule_resumes_at_its_clock(rng):
+    rule = O.Adam(O.Cosine(0.1, 0.0, steps=6))
+    model = make_model(rng)
+    tree = O.setup(rule, model)
+    for step in range(3):
+        tree, model = O.update_(tree, model, grads_at(model, step))
+    d = O.state_dict(tree)
+    assert d["enc.weight.clock"] == 3 and d["enc.weight.rule"]["fields"]["eta"] == (
+        rule_form(rule)["fields"]["eta"])
+    resumed_model = copy_model(model)
+    resumed = O.load_state_dict(O.setup(O.Adam(), resumed_model), d)
+    for step in range(3, 6):
+        tree, model = O.update_(tree, model, grads_at(model, step))
+        resumed, resumed_model = O.update_(resumed, resumed_model, grads_at(model, step))
+    for a, b in zip(O.trainables(model), O.trainables(resumed_model), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_torch_state_stays_packed_and_in_place():

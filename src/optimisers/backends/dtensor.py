@@ -217,8 +217,8 @@ def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     if step is None:
         return None
 
-    def on_shards(grads: list, sig: Any) -> Any:
-        return step(list(map(local, grads)), sig)
+    def on_shards(grads: list, sig: Any, rule: Any) -> Any:
+        return step(list(map(local, grads)), sig, rule)
 
     on_shards.kind = step.kind
     return on_shards

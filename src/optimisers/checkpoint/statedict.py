@@ -7,7 +7,8 @@ Each Leaf (once, at its first path in walk order, as ties are stored) gives the 
 - ``"<path>.rule"``: the rule in the JSON-able form that :func:`~optimisers.save` writes
   (``{"rule": "Adam", "fields": {...}}``), a plain value;
 - ``"<path>.frozen"``: its frozen flag;
-- ``"<path>.clock"``, where a Leaf keeps a step count: an ``int`` (read as optional);
+- ``"<path>.clock"``: the steps its rule has taken (an ``int``; read as optional, a dict
+  without it leaving the Leaf's clock as it is);
 - ``"<path>.state"``, or ``"<path>.state.0"``, ``"<path>.state.2.1"``, ... for each item of
   a state of tuples, lists and dicts: the library's own arrays as they are (PyTorch's
   ``DTensor``, JAX's sharded arrays: never gathered) and numbers as plain Python values.
@@ -63,9 +64,9 @@ def state_dict(tree: Any) -> dict:
         >>> tree, model = update_(setup(Adam(0.1), model), model, {"w": np.ones(2)})
         >>> d = state_dict(tree)
         >>> list(d)
-        ['w.rule', 'w.frozen', 'w.state.0', 'w.state.1', 'w.state.2.0', 'w.state.2.1']
-        >>> d["w.state.0"] is tree["w"].state[0], d["w.state.2.0"], d["w.frozen"]
-        (True, 0.9, False)
+        ['w.rule', 'w.frozen', 'w.clock', 'w.state.0', 'w.state.1', 'w.state.2.0', 'w.state.2.1']
+        >>> d["w.state.0"] is tree["w"].state[0], d["w.state.2.0"], d["w.frozen"], d["w.clock"]
+        (True, 0.9, False, 1)
         >>> d["w.rule"]["rule"], d["w.rule"]["fields"]["eta"]
         ('Adam', {'float': '0.1'})
     """
@@ -95,9 +96,7 @@ def _key(kp: KeyPath, name: str) -> str:
 def _entries(leaf: Leaf, kp: KeyPath) -> Iterator[tuple[str, Any]]:
     yield _key(kp, "rule"), rule_form(leaf.rule, kp)
     yield _key(kp, "frozen"), bool(leaf.frozen)
-    clock = getattr(leaf, "clock", None)
-    if clock is not None:
-        yield _key(kp, "clock"), int(clock)
+    yield _key(kp, "clock"), int(leaf.clock)
     yield from _items(leaf.state, _key(kp, "state"))
 
 
@@ -253,7 +252,7 @@ def _read_leaf(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> tuple:
     if not isinstance(frozen, (bool, np.bool_)):
         raise ValueError(f"the state dict's {key!r} is {frozen!r:.40}; a frozen flag is a bool")
     state = _state(leaf.state, d, _key(kp, "state"), used)
-    return leaf, rule, bool(frozen), _clock(leaf, kp, d, used), state
+    return leaf, rule, bool(frozen), _clock(kp, d, used), state
 
 
 _VALUES = Reader.__new__(Reader)  # the checkpoint's reader of values: of rules, not files
@@ -277,17 +276,15 @@ def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
         return rule
 
 
-def _clock(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> int | None:
+def _clock(kp: KeyPath, d: Mapping, used: set) -> int | None:
     key = _key(kp, "clock")
     if key not in d:
         return None
     used.add(key)
     v = d[key]
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise ValueError(f"the state dict's {key!r} is {v!r:.40}; a clock is an int")
-    if not hasattr(type(leaf), "clock"):
-        raise ValueError(f"the state dict has {key!r}, but the Leafs of this version keep no "
-                         f"clock")
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+        raise ValueError(f"the state dict's {key!r} is {v!r:.40}; a clock is a whole number "
+                         f">= 0")
     return int(v)
 
 

@@ -24,6 +24,7 @@ from optimisers import state as _state
 from optimisers.adjust import matches
 from optimisers.destructure import trainables
 from optimisers.keypath import KeyPath
+from optimisers.reduce import places
 from optimisers.rules import Rule
 
 __all__ = ["owners", "setup", "update_", "broadcast_"]
@@ -63,7 +64,9 @@ def setup(rule: Any, model: Any, shard: Any = None) -> Any:
 
     Raises:
         ValueError: for parameters that are sharded already (FSDP2's ``DTensor``s: use
-            :func:`optimisers.setup`, which shards their state alike).
+            :func:`optimisers.setup`, which shards their state alike), and for a
+            tree-level rule (``ClipGlobalNorm``), whose reduction would see this
+            process's Leafs only.
 
     Example:
         >>> import torch.distributed as dist
@@ -84,7 +87,14 @@ def setup(rule: Any, model: Any, shard: Any = None) -> Any:
     choose = _chooser(rule)
 
     def pick(kp: KeyPath, x: Any) -> Rule | None:
-        return choose(kp, x) if id(x) in mine else None
+        r = choose(kp, x)
+        if r is not None and places(r):
+            raise ValueError(
+                f"the rule at {str(kp)!r} holds the tree-level rule {places(r)[0][1]!r}: under "
+                f"ZeRO-1 each process steps only the Leafs it owns, so its reduction would "
+                f"see only those; use it with optimisers.setup (DDP or FSDP2), or clip "
+                f"before the step (torch.nn.utils.clip_grad_norm_)")
+        return r if id(x) in mine else None
 
     with warnings.catch_warnings():
         if arrays:  # others own them all: no warning that this process trains none
