@@ -144,6 +144,20 @@ def test_fsdp2_rules_equal_one_process_on_the_whole_batch(tmp_path):
     spawned.run(_fsdp_rules, 2, str(tmp_path))
 
 
+@dataclass(frozen=True)
+class Shrink(O.Rule):
+    """An elementwise rule whose step is a new value, not a difference."""
+
+    elementwise, reads_x = True, True
+    eta: float = 0.1
+
+    def raises(self):
+        return False
+
+    def apply(self, state, x, dx):
+        return state, O.NewValue(x * 0.5 - self.eta * dx)
+
+
 def _rules_on_shards(rank: int, world: int) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
@@ -160,7 +174,7 @@ def _rules_on_shards(rank: int, world: int) -> None:
     def place(tree):
         return {k: distribute_tensor(v.clone(), mesh, [shapes[k][1]]) for k, v in tree.items()}
 
-    for rule in ALL_RULES:
+    for rule in [*ALL_RULES, Shrink()]:
         for fuse, inplace in [(True, True), (False, True), (True, False)]:
             fused.MIN_GROUP = 2 if fuse else 10**9
             ref, ours = {k: v.clone() for k, v in whole.items()}, place(whole)

@@ -59,7 +59,6 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     settle,
     shape,
     sign,
-    split,
     sqrt,
     subtract,
     todtype,
@@ -194,6 +193,12 @@ def scatter(flat: torch.Tensor, parts: tuple) -> None:
 
 def subtractor(xs: list) -> Callable[[torch.Tensor], None]:
     return _torch.subtractor(list(map(local, xs)))
+
+
+def split(v: torch.Tensor, stops: list, like: list) -> list:
+    """Consecutive segments of ``v`` (the local shards of a group, concatenated), each
+    shaped as the local shard of the matching ``DTensor`` in ``like``."""
+    return _torch.split(v, stops, list(map(local, like)))
 
 
 def split_like(d: torch.Tensor, xs: list) -> list:
