@@ -9,7 +9,9 @@ group (``fast/fused.py``) concatenates, packs and steps the local shards only: i
 arrays are plain tensors (each ``DTensor``'s local part, by :func:`local`), so the
 numba and fused Adam kernels run on each rank's own memory, and every operation of an
 elementwise rule is the one it would run on that shard alone. Nothing is ever gathered,
-except by :func:`host` (a checkpoint in the library's own file, which holds whole arrays).
+except for a rule that asks for whole arrays (:func:`gathered`, by
+``backends.on_whole``) and by :func:`host` (a checkpoint in the library's own file, which
+holds whole arrays).
 """
 
 from __future__ import annotations
