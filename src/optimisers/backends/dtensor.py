@@ -16,26 +16,26 @@ holds whole arrays).
 
 from __future__ import annotations
 
+import functools
+import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
+from optimisers.backends import common
 from optimisers.backends import torch as _torch
 from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torch backend has it)
     CONCATENATES,
     FUSES_ITSELF,
     abs,
-    abs2,
     add,
-    amax,
-    amin,
     assign,
     astype,
     clamp,
-    clip,
     complement,
     complex_from,
     concat,
@@ -45,7 +45,6 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     count_nonzero,
     dtype_name,
     dtype_name_of,
-    eps,
     full_like,
     iscomplex,
     isfinite,
@@ -55,7 +54,6 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     maximum,
     maywrite,
     minimum,
-    norm,
     parallel,
     real,
     settle,
@@ -139,6 +137,38 @@ def like(y: Any, x: Array) -> Array:
     """``y`` (a ``DTensor``, or this process's shard of one placed as ``x``) made a new
     parameter as ``x`` is one (see the torch backend's ``like``)."""
     return _torch.like(y if isinstance(y, DTensor) else dressed(y, x), x)
+
+
+def amax(a: Array) -> Array:
+    """The largest element, a ``DTensor`` replicated over ``a``'s mesh: each process's
+    largest (``-inf`` where it holds none), then the largest of those; 0 for an empty
+    ``a`` (the torch backend's)."""
+    return _extreme(a, torch.amax, -math.inf, "max")
+
+
+def amin(a: Array) -> Array:
+    """The smallest element, as :func:`amax` (``inf`` for an empty ``a``)."""
+    return _extreme(a, torch.amin, math.inf, "min")
+
+
+def _extreme(a: Array, reduce: Callable, none: float, op: str) -> Any:
+    """DTensor's own reduction asks every process for an element: a process holding none
+    of ``a`` (2 rows over 3 processes) would fail."""
+    if not a.numel():
+        return _torch.amax(a) if op == "max" else _torch.amin(a)
+    shard = local(a)
+    part = reduce(shard) if shard.numel() else shard.new_full((), none)
+    mesh = a.device_mesh
+    partial = DTensor.from_local(part, mesh, [Partial(op)] * mesh.ndim, run_check=False)
+    return partial.redistribute(mesh, [Replicate()] * mesh.ndim)
+
+
+# written once over the primitives (common.py), bound to this module: its amax and hyper
+_SELF = sys.modules[__name__]
+abs2 = functools.partial(common.abs2, _SELF)
+clip = functools.partial(common.clip, _SELF)
+norm = functools.partial(common.norm, _SELF)
+eps = functools.partial(common.eps, _SELF)
 
 
 def gradtype(x: Array) -> type:
