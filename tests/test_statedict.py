@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from conftest import ALL_RULES, rules_param
+from conftest import ALL_RULES, fitting, rules_param
 from optimisers.checkpoint.statedict import rule_form
 from optimisers.leaf import Leaf
 from optimisers.state import leaves
@@ -36,13 +36,13 @@ def grads_at(model, step):
 @rules_param(ALL_RULES)
 def test_training_resumed_from_a_state_dict_continues_bit_for_bit(rule, rng):
     model = make_model(rng)
-    tree = O.setup(rule, model)
+    tree = O.setup(fitting(rule), model)
     for step in range(3):
         tree, model = O.update_(tree, model, grads_at(model, step))
     d = O.state_dict(tree)
     json.dumps({k: v for k, v in d.items() if not isinstance(v, np.ndarray)})  # plain
     resumed_model = copy_model(model)
-    resumed = O.load_state_dict(O.setup(rule, resumed_model), d)
+    resumed = O.load_state_dict(O.setup(fitting(rule), resumed_model), d)
     for step in range(3, 6):
         tree, model = O.update_(tree, model, grads_at(model, step))
         resumed, resumed_model = O.update_(resumed, resumed_model, grads_at(model, step))

@@ -17,6 +17,7 @@ holds whole arrays).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import sys
 from collections.abc import Callable
@@ -33,7 +34,6 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     FUSES_ITSELF,
     abs,
     add,
-    assign,
     astype,
     clamp,
     complement,
@@ -51,8 +51,12 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     isfloating,
     ishalf,
     isnumber,
+    machine_epsilon,
+    matmul,
+    matmul_add,
     maximum,
     maywrite,
+    mean,
     minimum,
     parallel,
     real,
@@ -60,8 +64,10 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     shape,
     sign,
     sqrt,
-    subtract,
+    to_bfloat16,
     todtype,
+    transpose,
+    vector_norm,
     where,
     zeros_like,
 )
@@ -171,6 +177,37 @@ norm = functools.partial(common.norm, _SELF)
 eps = functools.partial(common.eps, _SELF)
 
 
+def assign(dst: Array, value: Any) -> Array:
+    """Write ``value`` into ``dst`` in place, placed as ``dst`` first (see
+    :func:`subtract`)."""
+    return _torch.assign(dst, _placed_as(value, dst))
+
+
+def subtract(x: Array, d: Any, inplace: bool) -> Array:
+    """``x - d`` (see the torch backend's), ``d`` placed as ``x`` first: sharding
+    propagation may replicate a step (a ``(1,)`` array times its own norm, also of shape
+    ``(1,)``), which an in-place write into a shard refuses; taking this process's part of
+    it needs no communication."""
+    return _torch.subtract(x, _placed_as(d, x), inplace)
+
+
+def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
+    """The torch backend's, ``b`` placed as ``a`` first (see :func:`subtract`)."""
+    return _torch.lerp(a, _placed_as(b, a), w, inplace)
+
+
+def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
+    """The torch backend's, ``y`` (and ``b``, a norm of ``x``'s shape where ``x`` is
+    ``(1,)``) placed as ``x`` first (see :func:`subtract`)."""
+    return _torch.scaled_sum(a, x, _placed_as(b, x), _placed_as(y, x))
+
+
+def _placed_as(v: Any, x: Array) -> Any:
+    if isinstance(v, DTensor) and v.placements != x.placements and v.shape == x.shape:
+        return v.redistribute(x.device_mesh, x.placements)
+    return v
+
+
 def gradtype(x: Array) -> type:
     """The type of a gradient that needs no cast: FSDP2 gives a ``DTensor``'s gradient as
     a ``DTensor``."""
@@ -178,8 +215,8 @@ def gradtype(x: Array) -> type:
 
 
 def size(x: Array) -> int:
-    """The number of elements this process holds."""
-    return int(local(x).numel())
+    """The number of elements of the whole array (a rule's RMS divides by it)."""
+    return int(x.numel())
 
 
 def nbytes(x: Array) -> int:
@@ -229,8 +266,10 @@ def subtractor(xs: list) -> Callable[[torch.Tensor], None]:
 
 def split(v: torch.Tensor, stops: list, like: list) -> list:
     """Consecutive segments of ``v`` (the local shards of a group, concatenated), each
-    shaped as the local shard of the matching ``DTensor`` in ``like``."""
-    return _torch.split(v, stops, list(map(local, like)))
+    shaped as the local shard of the matching ``DTensor`` in ``like``: where each ends
+    is counted from the shards (``stops``, from the whole arrays' sizes, is not used)."""
+    shards = list(map(local, like))
+    return _torch.split(v, list(itertools.accumulate(s.numel() for s in shards)), shards)
 
 
 def split_like(d: torch.Tensor, xs: list) -> list:

@@ -120,6 +120,7 @@ class Muon(Rule):
     def init(self, x):
         return backends.of(x).zeros_like(x)
 
+    @backends.on_whole  # a sharded matrix (FSDP2) is gathered for its orthogonalisation
     def apply(self, state, x, dx):
         xp = backends.of(x)
         shape = xp.shape(x)
