@@ -76,7 +76,7 @@ def test_the_programs_of_descent_and_adam():
     p = trace.trace(O.Adam(), sig)
     assert (p.nrule, p.nscalar, p.nstate, p.reads_x) == (4, 2, 2, False)
     assert p.news == ("(S0 * R1)", "(S1 * R2)")  # bias_powers, as apply computes them
-    assert "CAST(Q2)" in p.consts  # 1 - b2 from the Python float, as _decays has it
+    assert "CAST(Q2)" in p.consts  # 1 - b2 from the Python float, as decays has it
     assert [line for line in p.lines if line.startswith(("s", "x"))] == [
         "s0[i] = t1", "s1[i] = t2", "x[i] = t3"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from optimisers import backends
 from optimisers.rules.base import Rule
@@ -12,18 +13,36 @@ __all__ = ["RMSProp", "Adam", "RAdam", "AdaMax", "OAdam", "AdaGrad", "AdaDelta",
            "NAdam", "AdamW", "AdaBelief", "Lion", "ADOPT"]
 
 
-def _adam_moments(xp, state_m, state_v, dx, b1, b2, c1, c2):
-    """Adam's moments, ``c = 1 - b`` given (see :func:`_decays`)."""
+def adam_moments(xp: Any, state_m: Any, state_v: Any, dx: Any, b1: Any, b2: Any, c1: Any,
+                 c2: Any) -> tuple:
+    """adam_moments(xp, m, v, g, b1, b2, c1, c2) -> Adam's moments after one more
+    gradient, written into ``m`` and ``v`` where they may be, ``c = 1 - b`` given (see
+    :func:`decays`): the Adam family's shared first step.
+
+    Example:
+        >>> import numpy as np
+        >>> m, v = adam_moments(backends.of(np.zeros(1)), np.zeros(1), np.zeros(1),
+        ...                     np.array([2.0]), 0.9, 0.999, 0.1, 0.001)
+        >>> m, v
+        (array([0.2]), array([0.004]))
+    """
     m = xp.assign(state_m, b1 * state_m + c1 * dx)
     v = xp.assign(state_v, b2 * state_v + c2 * xp.abs2(dx))
     return m, v
 
 
-def _decays(xp, x, *decays):
-    """Each decay ``b`` and then each complement ``1 - b``, in ``x``'s dtype, the
-    complements computed before the cast (in float64 from a Python number), as optax and
-    torch.optim do: ``1 - float32(0.999)`` is 1.3e-5 off ``0.001``, relatively."""
-    return xp.hyper(x, *decays, *map(xp.complement, decays))
+def decays(xp: Any, x: Any, *b: Any) -> tuple:
+    """decays(xp, x, *b) -> each decay ``b`` and then each complement ``1 - b``, in ``x``'s
+    dtype, the complements computed before the cast (in float64 from a Python number), as
+    optax and torch.optim do: ``1 - float32(0.999)`` is 1.3e-5 off ``0.001``, relatively.
+
+    Example:
+        >>> import numpy as np
+        >>> x = np.zeros(1, np.float32)
+        >>> [float(v) for v in decays(backends.of(x), x, 0.5, 0.75)]
+        [0.5, 0.75, 0.5, 0.25]
+    """
+    return xp.hyper(x, *b, *map(xp.complement, b))
 
 
 def bias_powers(bt: tuple, beta: tuple) -> tuple:
@@ -65,7 +84,7 @@ class RMSProp(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        rho, c = _decays(xp, x, self.rho)
+        rho, c = decays(xp, x, self.rho)
         eps = xp.eps(x, self.epsilon)
         q, l = state
         q = xp.assign(q, rho * q + c * xp.abs2(dx))
@@ -103,10 +122,10 @@ class Adam(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         d = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
         return (m, v, bias_powers(bt, self.beta)), d
 
@@ -141,10 +160,10 @@ class RAdam(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt, t = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         rinf = 2 / xp.complement(self.beta[1]) - 1
         r = rinf - 2 * t * bt[1] / (1 - bt[1])
         traced = backends.istraced(r)  # under jax.jit: compute both branches, then select
@@ -186,7 +205,7 @@ class AdaMax(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, u, bt = state
         m = xp.assign(m, b1 * m + c1 * dx)
@@ -221,10 +240,10 @@ class OAdam(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, term, bt = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         new = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
         d = 2 * new - term
         term = xp.assign(term, new)
@@ -285,7 +304,7 @@ class AdaDelta(Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        rho, c = _decays(xp, x, self.rho)
+        rho, c = decays(xp, x, self.rho)
         eps = xp.eps(x, self.epsilon)
         acc, dacc = state
         acc = xp.assign(acc, rho * acc + c * xp.abs2(dx))
@@ -322,10 +341,10 @@ class AMSGrad(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, vhat = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         vhat = xp.assign(vhat, xp.maximum(vhat, v))
         return (m, v, vhat), eta * m / (xp.sqrt(vhat) + eps)
 
@@ -359,10 +378,10 @@ class NAdam(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         k1, k2 = xp.hyper(x, 1 - self.beta[0] * bt[0], 1 - bt[0])
         d = eta * (b1 * m / k1 + c1 * dx / k2) / (xp.sqrt(v / (1 - bt[1])) + eps)
         return (m, v, bias_powers(bt, self.beta)), d
@@ -400,10 +419,10 @@ class AdamW(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         eta, lambd = xp.hyper(x, self.eta, self.lambd)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt = state
-        m, v = _adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         a = m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
         d = eta * (a + lambd * x) if self.couple else eta * a + lambd * x
         return (m, v, bias_powers(bt, self.beta)), d
@@ -435,7 +454,7 @@ class AdaBelief(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, s, bt = state
         m = xp.assign(m, b1 * m + c1 * dx)
@@ -470,7 +489,7 @@ class Lion(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         d = eta * xp.sign(b1 * state + c1 * dx)
         m = xp.assign(state, b2 * state + c2 * dx)
         return m, d
@@ -515,7 +534,7 @@ class ADOPT(Rule):
         xp = backends.of(x)
         m, v, t = state
         (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = _decays(xp, x, *self.beta)
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         (on,) = xp.hyper(x, t > 0)  # 0 at the first step: u = 0 (m stays 0), v = |g|^2
         u = on * dx / xp.maximum(xp.sqrt(v), eps)

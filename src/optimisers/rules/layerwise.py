@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimisers import backends
-from optimisers.rules.adaptive import bias_powers
+from optimisers.rules.adaptive import adam_moments, bias_powers, decays
 from optimisers.rules.base import Rule
 from optimisers.rules.fields import hyperparameter
 
@@ -78,11 +78,10 @@ class LAMB(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         eta, lambd = xp.hyper(x, self.eta, self.lambd)
-        b1, b2, c1, c2 = xp.hyper(x, *self.beta, *map(xp.complement, self.beta))
+        b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
         m, v, bt = state
-        m = xp.assign(m, b1 * m + c1 * dx)
-        v = xp.assign(v, b2 * v + c2 * xp.abs2(dx))
+        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         u = m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps) + lambd * x
         return (m, v, bias_powers(bt, self.beta)), eta * trust_ratio(xp, x, u) * u
 
