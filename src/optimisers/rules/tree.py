@@ -128,9 +128,9 @@ def _larger(a: Any, b: Any) -> Any:
     return a if a >= b else b
 
 
-class _Counting(Rule):
-    """The state of :class:`SkipNonFinite` once the decision is known: the count of
-    consecutive skips (a step is real when it is 0)."""
+class _Counting:
+    """What :class:`SkipNonFinite` and its per-array forms share: the state is the count
+    of consecutive skips, and a step is real when it is 0."""
 
     def raises(self) -> bool:
         return False
@@ -143,7 +143,7 @@ class _Counting(Rule):
 
 
 @dataclass(frozen=True)
-class _Passing(_Counting):
+class _Passing(_Counting, Rule):
     """Every gradient finite: passed on, the count back to 0."""
 
     elementwise = True
@@ -153,7 +153,7 @@ class _Passing(_Counting):
 
 
 @dataclass(frozen=True)
-class _Skipped(_Counting):
+class _Skipped(_Counting, Rule):
     """A gradient not finite: no step, the count up."""
 
     elementwise = True
@@ -163,7 +163,7 @@ class _Skipped(_Counting):
 
 
 @dataclass(frozen=True)
-class _Skipping(_Counting):
+class _Skipping(_Counting, Rule):
     """Under ``jax.jit``, the decision traced: chosen with ``where``."""
 
     finite: Any = None
@@ -175,7 +175,7 @@ class _Skipping(_Counting):
 
 
 @dataclass(frozen=True)
-class SkipNonFinite(TreeRule):
+class SkipNonFinite(_Counting, TreeRule):
     """SkipNonFinite(limit=None): when any gradient in scope is NaN or infinite, skip the
     whole step: no parameter, no state of the rules after it and no clock changes, and the
     state counts the skip. After ``limit`` consecutive skips, the next non-finite step
@@ -202,15 +202,6 @@ class SkipNonFinite(TreeRule):
                 self.limit, bool) or self.limit < 0):
             raise ValueError(f"Invalid limit parameter: {self.limit!r}; SkipNonFinite's "
                              f"limit must be None or a whole number >= 0")
-
-    def raises(self) -> bool:
-        return False
-
-    def init(self, x):
-        return 0
-
-    def stepped(self, state: Any) -> Any:
-        return state == 0
 
     def part(self, dx: Any) -> Any:
         # 0 * g is NaN exactly where g is not finite, and a sum keeps a NaN (a max may not)
