@@ -185,3 +185,28 @@ def alone_and_together(jobs: list) -> tuple[list, list]:
     for t in threads:
         t.join()
     return alone, together
+
+
+def counted(f):
+    """``f``, noting each call in the list returned beside it: under ``jit``, each trace."""
+    calls = []
+
+    def noted(*args):
+        calls.append(1)
+        return f(*args)
+
+    return noted, calls
+
+
+def beside_optax(step, tree, model, tx, draw, steps):
+    """Train ``model`` ``steps`` times with ``step(tree, model, grads)`` and, beside it, with
+    optax's ``tx``, on the same gradients ``draw()``: ``(tree, ours, theirs)``."""
+    import optax
+
+    ours, theirs, state = model, model, tx.init(model)
+    for _ in range(steps):
+        g = draw()
+        tree, ours = step(tree, ours, g)
+        u, state = tx.update(g, state, theirs)
+        theirs = optax.apply_updates(theirs, u)
+    return tree, ours, theirs

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
+from conftest import beside_optax, counted
 from optimisers.schedules import at
 
 SCHED = O.Warmup(O.Cosine(3e-2, 3e-3, 20), 5)
@@ -210,22 +211,12 @@ def test_under_jit_a_schedule_tracks_optax_and_adjust_never_retraces():
     def draw():
         return {k: jnp.asarray(rng.normal(size=s).astype(np.float32)) for k, s in shapes.items()}
 
-    traces = []
-
-    def step(tree, model, grads):
-        traces.append(1)
-        return O.update(tree, model, grads)
-
+    step, traces = counted(O.update)
     jitted = jax.jit(step)
     model = draw()
-    tree = O.setup(O.Adam(eta=SCHED), model)
     tx = optax.adam(optax.warmup_cosine_decay_schedule(0.0, 3e-2, 5, 25, 3e-3))
-    ours, theirs, state = model, model, tx.init(model)
-    for _ in range(25):
-        g = draw()
-        tree, ours = jitted(tree, ours, g)
-        u, state = tx.update(g, state, theirs)
-        theirs = optax.apply_updates(theirs, u)
+    tree, ours, theirs = beside_optax(jitted, O.setup(O.Adam(eta=SCHED), model), model, tx,
+                                      draw, 25)
     for k in shapes:
         np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-5, atol=1e-6)
     assert int(tree["a"].clock) == 25

@@ -15,7 +15,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 import optimisers as O  # noqa: E402
-from conftest import ALL_RULES, fitting, normal, rules_param  # noqa: E402
+from conftest import ALL_RULES, counted, fitting, normal, rules_param  # noqa: E402
 from optimisers import backends  # noqa: E402
 
 
@@ -41,16 +41,6 @@ def data(step: int) -> jax.Array:
 def train_step(tree, model, x):
     return O.update(tree, model, jax.grad(loss)(model, x))
 
-
-def counted(f):
-    """``f``, noting each call in the list returned beside it: under ``jit``, each trace."""
-    calls = []
-
-    def noted(*args):
-        calls.append(1)
-        return f(*args)
-
-    return noted, calls
 
 
 def assert_trees_close(a, b, **tol):

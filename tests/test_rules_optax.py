@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from conftest import normal, rule_id, run_fused
+from conftest import counted, normal, rule_id, run_fused
 from optimisers.fast import fused, trace
 
 jax = pytest.importorskip("jax")
@@ -191,15 +191,6 @@ def test_fields_and_defaults_are_the_contracts():
 
 # ------------------------------------------------------------------ jit, fused, checkpoints
 
-
-def counted(f):
-    calls = []
-
-    def noted(*args):
-        calls.append(1)
-        return f(*args)
-
-    return noted, calls
 
 
 ADJUSTED = [

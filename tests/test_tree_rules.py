@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import optimisers as O
+from conftest import beside_optax
 
 
 def _draw(rng, n=5, size=100):
@@ -70,13 +71,7 @@ def test_clip_global_norm_under_jit_equals_optax():
     model = draw()
     tree = O.setup(O.OptimiserChain(O.ClipGlobalNorm(1.0), O.Adam(1e-2)), model)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
-    step = jax.jit(O.update)
-    ours, theirs, state = model, model, tx.init(model)
-    for _ in range(10):
-        g = draw()
-        tree, ours = step(tree, ours, g)
-        u, state = tx.update(g, state, theirs)
-        theirs = optax.apply_updates(theirs, u)
+    _, ours, theirs = beside_optax(jax.jit(O.update), tree, model, tx, draw, 10)
     for k in shapes:
         np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-5, atol=1e-6)
 
