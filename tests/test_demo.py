@@ -30,7 +30,7 @@ FEATURES = [  # a line that starts so, for each thing the demo must show
     "destructure(model):",
     "summary(tree, model):",
 ]
-RULES = ["Descent(", "Momentum(", "Nesterov(", "Adam(", "AdamW(", "Lion("]
+RULES = ["Descent(", "Momentum(", "Nesterov(", "Adam(", "AdamW(", "Lion(", "Muon+AdamW "]
 
 
 def run_demo(capsys, *args: str) -> str:
@@ -70,11 +70,14 @@ def check_output(out: str, tied: bool = True, rules: list[str] = RULES) -> None:
         assert row.startswith(rule), row
         assert re.search(r"\s\d+\.\d{4}\s+\d+\.\d%\s+\d+\.\d%\s+\d+\.\d s$", row), row
     assert re.search(r"^done in \d+\.\d s$", out, re.M)
+    if "Muon+AdamW" in rules:  # the mapping's rules, named under the table
+        assert re.search(r"^  'block\*\.weight' -> Muon\(eta=0.02, .*\n  '\*' -> AdamW\(", out,
+                         re.M), out
 
 
 def table(out: str) -> list[str]:
     header = out.index("final loss")
-    return [re.sub(r"\d+\.\d s$", "", row) for row in out[header:].splitlines()[1:7]]
+    return [re.sub(r"\d+\.\d s$", "", row) for row in out[header:].splitlines()[1:8]]
 
 
 def test_demo_shows_every_feature(capsys):
@@ -101,7 +104,7 @@ def test_plot_writes_png(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "losses.png"
     out = run_demo(capsys, "--plot", str(path))
-    assert f"plot: wrote the loss curves of 6 rules and the tour's learning rate to {path}" in out
+    assert f"plot: wrote the loss curves of 7 rules and the tour's learning rate to {path}" in out
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
 

@@ -12,6 +12,7 @@ from optimisers import (
     Descent,
     Lion,
     Momentum,
+    Muon,
     Nesterov,
     setup,
 )
@@ -21,10 +22,39 @@ from optimisers.demo.model import (
 )
 from optimisers.demo.training import Progress, Task, evaluate, train
 
+#: The compared rules. An entry may be ``setup``'s mapping from paths to rules: the last
+#: one gives the hidden matrix (``block1``'s and ``block2``'s tied weight) to ``Muon`` and
+#: the rest (the input and output layers, biases, the BatchNorm) to ``AdamW``.
 COMPARED = [Descent(0.2), Momentum(0.02, 0.9), Nesterov(0.02, 0.9), Adam(0.005),
-            AdamW(0.005, lambd=0.01), Lion(0.001)]
+            AdamW(0.005, lambd=0.01), Lion(0.001),
+            {"block*.weight": Muon(0.02, lambd=0.01), "*": AdamW(0.005, lambd=0.01)}]
 
 
+def name(rule: Any) -> str:
+    """A compared entry's short name: its rule's class, or the mapping's classes joined.
+
+    Example:
+        >>> name({"*.w": Muon(), "*": AdamW()}), name(Adam())
+        ('Muon+AdamW', 'Adam')
+    """
+    if isinstance(rule, dict):
+        return "+".join(dict.fromkeys(type(r).__name__ for r in rule.values()))
+    return type(rule).__name__
+
+
+def described(rule: Any) -> list[str]:
+    """A compared entry in full, as lines under the table: a mapping's patterns and their
+    rules (a single rule is printed in the table itself, and gives no lines).
+
+    Example:
+        >>> described({"*.w": Muon(0.02), "*": AdamW()})[1]
+        "  '*.w' -> Muon(eta=0.02, rho=0.95, lambd=0.1, nesterov=True, ns_steps=5, ..."
+    """
+    if not isinstance(rule, dict):
+        return []
+    lines = [f"{name(rule)}: setup(mapping, model) with the mapping"]
+    lines += [f"  {k!r} -> {r!r}" for k, r in rule.items()]
+    return lines
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -36,7 +66,7 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
     rows, curves = [], {}
     every = max(1, steps // 100)
     for rule in COMPARED:
-        name = type(rule).__name__
+        label = name(rule)
         model = make_model(task.bk, task.init)
         at: list[int] = []
         losses: list[float] = []
@@ -48,15 +78,18 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
                 losses.append(evaluate(task, model)[0])
 
         t0 = time.perf_counter()
-        _, model = train(task, setup(rule, model), model, 0, steps, name, record)
+        _, model = train(task, setup(rule, model), model, 0, steps, label, record)
         seconds = time.perf_counter() - t0
         result = evaluate(task, model)
-        curves[name] = (at + [steps], losses + [result[0]])
-        rows.append((repr(rule), *result, seconds))
+        curves[label] = (at + [steps], losses + [result[0]])
+        rows.append((name(rule) if isinstance(rule, dict) else repr(rule), *result, seconds))
     width = max(len(r[0]) for r in rows)
     out(f"{'rule':<{width}}  final loss  train acc  test acc  time")
     for rule, loss, acc, test, seconds in rows:
         out(f"{rule:<{width}}  {loss:>10.4f}  {acc:>9.1%}  {test:>8.1%}  {seconds:4.1f} s")
+    for rule in COMPARED:
+        for line in described(rule):
+            out(line)
     return curves
 
 
