@@ -108,6 +108,7 @@ def test_an_ema_of_a_clipped_chain():
     np.testing.assert_allclose(O.averaged(tree, model)[1], [-0.4])
 
 
+@pytest.mark.filterwarnings("error")  # (a non-finite gradient is no cause for a warning)
 @pytest.mark.parametrize("n,size", [(1, 30), (5, 100), (3, 300_000)])
 def test_skip_non_finite_skips_the_whole_step_then_raises_after_limit(n, size):
     rng = np.random.default_rng(2)

@@ -152,6 +152,13 @@ def amax(a: Array) -> Array:
     return _extreme(a, torch.amax, -math.inf, "max")
 
 
+def allfinite(g: Array) -> Array:
+    """Whether every element is finite, over all processes' shards: ``0 * g`` is NaN
+    exactly where ``g`` is not, and the sum of its magnitudes (DTensor adds each
+    process's partial sum) keeps a NaN."""
+    return norm(0 * g, 1.0) == 0
+
+
 def amin(a: Array) -> Array:
     """The smallest element, as :func:`amax` (``inf`` for an empty ``a``)."""
     return _extreme(a, torch.amin, math.inf, "min")

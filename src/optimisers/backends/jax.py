@@ -112,6 +112,10 @@ def amin(a: Array) -> Array:
     return jnp.min(a, initial=np.inf)
 
 
+def allfinite(g: Array) -> Array:
+    return jnp.isfinite(g).all()
+
+
 def count_nonzero(g: Array, like: Array) -> Array:
     return jnp.count_nonzero(g).astype(like.dtype)
 

@@ -98,6 +98,10 @@ def amin(a: Array) -> Array:
     return a.min(initial=np.inf)
 
 
+def allfinite(g: Array) -> Array:
+    return np.isfinite(g).all()
+
+
 def count_nonzero(g: Array, like: Array) -> Array:
     return np.count_nonzero(g).astype(like.dtype)
 

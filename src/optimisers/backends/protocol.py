@@ -199,6 +199,10 @@ class Backend(Protocol):
     def count_nonzero(self, g: Array, like: Array) -> Array:
         """The number of non-zero elements of ``g``, a 0-d array of ``like``'s dtype."""
 
+    def allfinite(self, g: Array) -> Array:
+        """Whether every element of ``g`` is finite, a 0-d bool array (traced under
+        ``jit``; over every process's shard of a sharded ``g``), warning of nothing."""
+
     # --- matrices (for rules that are not elementwise: Muon, Adafactor) --------------------
 
     def transpose(self, x: Array, /) -> Array:

@@ -142,6 +142,10 @@ def amin(a: Array) -> Array:
     return a.min() if a.numel() else a.new_full((), np.inf)
 
 
+def allfinite(g: Array) -> Array:
+    return torch.isfinite(g).all()
+
+
 def count_nonzero(g: Array, like: Array) -> Array:
     return torch.count_nonzero(g).to(like.dtype)
 
