@@ -54,7 +54,6 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     machine_epsilon,
     matmul,
     matmul_add,
-    maximum,
     maywrite,
     mean,
     minimum,
@@ -63,7 +62,6 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     settle,
     shape,
     sign,
-    sqrt,
     to_bfloat16,
     todtype,
     transpose,
@@ -150,6 +148,22 @@ def amax(a: Array) -> Array:
     largest (``-inf`` where it holds none), then the largest of those; 0 for an empty
     ``a`` (the torch backend's)."""
     return _extreme(a, torch.amax, -math.inf, "max")
+
+
+def sqrt(x: Array, out: Array | None = None) -> Array:
+    return torch.sqrt(x)  # (out: sharding propagation refuses some outs, so none is used)
+
+
+def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
+    return _torch.maximum(a, b)
+
+
+def divide(a: Any, b: Any, out: Array | None = None) -> Array:
+    return torch.div(a, b)
+
+
+def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
+    return torch.mul(a, b)
 
 
 def allfinite(g: Array) -> Array:

@@ -41,7 +41,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
+from jax.numpy import abs, conj, minimum, real, sign, where  # noqa: F401
 from jax.tree_util import GetAttrKey
 
 from optimisers.backends import common
@@ -110,6 +110,22 @@ def amax(a: Array) -> Array:
 
 def amin(a: Array) -> Array:
     return jnp.min(a, initial=np.inf)
+
+
+def sqrt(x: Array, out: Array | None = None) -> Array:
+    return jnp.sqrt(x)  # (out: an immutable array is never written)
+
+
+def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
+    return jnp.maximum(a, b)
+
+
+def divide(a: Any, b: Any, out: Array | None = None) -> Array:
+    return jnp.divide(a, b)
+
+
+def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
+    return jnp.multiply(a, b)
 
 
 def allfinite(g: Array) -> Array:

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 import numpy as np
-from numpy import abs, conj, maximum, minimum, real, sign, sqrt, where  # noqa: F401
+from numpy import abs, conj, minimum, real, sign, where  # noqa: F401
 
 from optimisers.backends import common
 from optimisers.fast import kernels, ufuncs
@@ -96,6 +96,27 @@ def amax(a: Array) -> Array:
 
 def amin(a: Array) -> Array:
     return a.min(initial=np.inf)
+
+
+def sqrt(x: Array, out: Array | None = None) -> Array:
+    return np.sqrt(x, out=_out(out))
+
+
+def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
+    return np.maximum(a, b, out=_out(out))
+
+
+def divide(a: Any, b: Any, out: Array | None = None) -> Array:
+    return np.divide(a, b, out=_out(out))
+
+
+def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
+    return np.multiply(a, b, out=_out(out))
+
+
+def _out(out: Any) -> Array | None:
+    """``out`` where it is an array (a 0-d result is a NumPy scalar, not written into)."""
+    return out if isinstance(out, np.ndarray) else None
 
 
 def allfinite(g: Array) -> Array:

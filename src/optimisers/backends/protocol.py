@@ -152,8 +152,16 @@ class Backend(Protocol):
     def abs(self, x: Array, /) -> Array:
         """``|x|`` elementwise."""
 
-    def sqrt(self, x: Array, /) -> Array:
-        """The square root elementwise."""
+    def sqrt(self, x: Array, /, out: Array | None = None) -> Array:
+        """The square root elementwise.
+
+        Here and in :meth:`maximum`, :meth:`divide` and :meth:`multiply`, ``out`` is an
+        array of the caller's own (a temporary it made, never a parameter, gradient or
+        state) of the result's shape and dtype, to write the result into, as NumPy's
+        ``out=``: a large temporary reused costs no new memory. JAX, whose arrays are
+        immutable, ignores it, and so do ``DTensor``s (whose sharding propagation refuses
+        some).
+        """
 
     def sign(self, x: Array, /) -> Array:
         """The sign elementwise; ``x/|x|`` (0 at 0) for complex ``x``."""
@@ -167,8 +175,14 @@ class Backend(Protocol):
     def conj(self, x: Array, /) -> Array:
         """The complex conjugate."""
 
-    def maximum(self, a: Any, b: Any, /) -> Array:
+    def maximum(self, a: Any, b: Any, /, out: Array | None = None) -> Array:
         """The larger of ``a`` and ``b`` elementwise (either may be a number)."""
+
+    def divide(self, a: Any, b: Any, /, out: Array | None = None) -> Array:
+        """``a / b`` elementwise."""
+
+    def multiply(self, a: Any, b: Any, /, out: Array | None = None) -> Array:
+        """``a * b`` elementwise."""
 
     def minimum(self, a: Any, b: Any, /) -> Array:
         """The smaller of ``a`` and ``b`` elementwise (either may be a number)."""

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import conj, nn, real, sqrt  # noqa: F401
+from torch import div as divide  # noqa: F401
+from torch import mul as multiply  # noqa: F401
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from optimisers.backends import common, registry
@@ -92,12 +94,12 @@ def abs(x: Array) -> Array:  # noqa: A001
     return torch.abs(x)
 
 
-def maximum(a: Any, b: Any) -> Array:
+def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
     if not isinstance(b, torch.Tensor):
-        return torch.clamp(a, min=b)
+        return torch.clamp(a, min=b, out=out)
     if not isinstance(a, torch.Tensor):
-        return torch.clamp(b, min=a)
-    return torch.maximum(a, b)
+        return torch.clamp(b, min=a, out=out)
+    return torch.maximum(a, b, out=out)
 
 
 def minimum(a: Any, b: Any) -> Array:

@@ -224,16 +224,20 @@ class Adafactor(Rule):
                                     eps2, self.d)
         if c is None:
             v = r = xp.assign(r, r + w * (xp.abs2(dx) - r))
+            v = xp.maximum(v, eps1 * eps1)
         else:
             rows, cols = xp.shape(x)[-2:]
             r = xp.assign(r, r + w * (xp.vector_norm(dx, (-1,)) ** 2 / cols - r))
             c = xp.assign(c, c + w * (xp.vector_norm(dx, (-2,)) ** 2 / rows - c))
             v = r / xp.maximum(xp.mean(r, (-2,)), eps1) * c  # (one array-sized product)
-        u = dx / xp.sqrt(xp.maximum(v, eps1 * eps1))
+            v = xp.maximum(v, eps1 * eps1, out=v)
+        # v is now an array of this step's own: u and the step are written into it
+        own = None if xp.iscomplex(dx) else v
+        u = xp.divide(dx, xp.sqrt(v, out=v), out=own)
         every = tuple(range(len(xp.shape(x))))
         n = math.sqrt(xp.size(x))
         alpha = xp.maximum(xp.vector_norm(x, every) / n, eps2) * rho
         scale = alpha / xp.maximum(xp.vector_norm(u, every) / (n * clip), 1.0)
         if backends.istraced(self.lambd) or self.lambd != 0:  # (torch's test too)
             return (r, c, t), xp.scaled_sum(decay, x, scale, u)
-        return (r, c, t), scale * u
+        return (r, c, t), xp.multiply(u, scale, out=u if own is not None else None)
