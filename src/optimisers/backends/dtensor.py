@@ -154,6 +154,10 @@ def sqrt(x: Array, out: Array | None = None) -> Array:
     return torch.sqrt(x)  # (out: sharding propagation refuses some outs, so none is used)
 
 
+def rsqrt(x: Array, out: Array | None = None) -> Array:
+    return torch.rsqrt(x)
+
+
 def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
     return _torch.maximum(a, b)
 

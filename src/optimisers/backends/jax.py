@@ -116,6 +116,10 @@ def sqrt(x: Array, out: Array | None = None) -> Array:
     return jnp.sqrt(x)  # (out: an immutable array is never written)
 
 
+def rsqrt(x: Array, out: Array | None = None) -> Array:
+    return jax.lax.rsqrt(x)
+
+
 def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
     return jnp.maximum(a, b)
 

@@ -102,6 +102,11 @@ def sqrt(x: Array, out: Array | None = None) -> Array:
     return np.sqrt(x, out=_out(out))
 
 
+def rsqrt(x: Array, out: Array | None = None) -> Array:
+    s = np.sqrt(x, out=_out(out))
+    return np.reciprocal(s, out=_out(s))
+
+
 def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
     return np.maximum(a, b, out=_out(out))
 

@@ -155,13 +155,17 @@ class Backend(Protocol):
     def sqrt(self, x: Array, /, out: Array | None = None) -> Array:
         """The square root elementwise.
 
-        Here and in :meth:`maximum`, :meth:`divide` and :meth:`multiply`, ``out`` is an
+        Here and in :meth:`rsqrt`, :meth:`maximum`, :meth:`divide` and :meth:`multiply`,
+        ``out`` is an
         array of the caller's own (a temporary it made, never a parameter, gradient or
         state) of the result's shape and dtype, to write the result into, as NumPy's
         ``out=``: a large temporary reused costs no new memory. JAX, whose arrays are
         immutable, ignores it, and so do ``DTensor``s (whose sharding propagation refuses
         some).
         """
+
+    def rsqrt(self, x: Array, /, out: Array | None = None) -> Array:
+        """``1 / sqrt(x)`` elementwise (one kernel where the library has one)."""
 
     def sign(self, x: Array, /) -> Array:
         """The sign elementwise; ``x/|x|`` (0 at 0) for complex ``x``."""

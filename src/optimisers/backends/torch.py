@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import conj, nn, real, sqrt  # noqa: F401
+from torch import conj, nn, real, rsqrt, sqrt  # noqa: F401
 from torch import div as divide  # noqa: F401
 from torch import mul as multiply  # noqa: F401
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors

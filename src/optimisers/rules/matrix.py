@@ -222,18 +222,18 @@ class Adafactor(Rule):
                                  self.eta * self.lambd)
         eps1, eps2, clip = xp.hyper(x, xp.machine_epsilon(x) if eps1 is None else eps1,
                                     eps2, self.d)
-        if c is None:
-            v = r = xp.assign(r, r + w * (xp.abs2(dx) - r))
-            v = xp.maximum(v, eps1 * eps1)
+        if c is None:  # (torch's lerp_, and lerp)
+            r = xp.lerp(r, xp.abs2(dx), w, inplace=True)
+            v = xp.maximum(r, eps1 * eps1)
         else:
             rows, cols = xp.shape(x)[-2:]
-            r = xp.assign(r, r + w * (xp.vector_norm(dx, (-1,)) ** 2 / cols - r))
-            c = xp.assign(c, c + w * (xp.vector_norm(dx, (-2,)) ** 2 / rows - c))
+            r = xp.lerp(r, xp.vector_norm(dx, (-1,)) ** 2 / cols, w, inplace=True)
+            c = xp.lerp(c, xp.vector_norm(dx, (-2,)) ** 2 / rows, w, inplace=True)
             v = r / xp.maximum(xp.mean(r, (-2,)), eps1) * c  # (one array-sized product)
             v = xp.maximum(v, eps1 * eps1, out=v)
         # v is now an array of this step's own: u and the step are written into it
         own = None if xp.iscomplex(dx) else v
-        u = xp.divide(dx, xp.sqrt(v, out=v), out=own)
+        u = xp.multiply(dx, xp.rsqrt(v, out=v), out=own)
         every = tuple(range(len(xp.shape(x))))
         n = math.sqrt(xp.size(x))
         alpha = xp.maximum(xp.vector_norm(x, every) / n, eps2) * rho
