@@ -15,7 +15,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 import optimisers as O  # noqa: E402
-from conftest import ALL_RULES, counted, fitting, normal, rules_param  # noqa: E402
+from conftest import ALL_RULES, counted, fitting, normal, rule_id, rules_param  # noqa: E402
 from optimisers import backends  # noqa: E402
 
 
@@ -583,3 +583,20 @@ def test_adam_is_the_same_float32_numbers_in_numpy_torch_and_jax():
     for lib in ("torch", "jax"):  # the moments too: v took 1 - float32(0.999) in NumPy
         for a, b in zip(results[lib], results["numpy"]):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("rule", [O.EMA(O.Adam(0.1), 0.9), O.ScheduleFreeAdamW(0.1),
+                                  O.MixedPrecision(O.Adam(0.1))], ids=rule_id)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_state_made_from_the_parameter_may_be_donated_with_it(rule, dtype):
+    """EMA's average and Schedule-Free's point start as the parameter: in buffers of their
+    own, so that ``jit`` may donate the model and the tree together."""
+    model = {"w": jnp.ones((4, 3), dtype), "b": jnp.zeros(3, dtype)}
+    eager = {"w": jnp.ones((4, 3), dtype), "b": jnp.zeros(3, dtype)}
+    tree, eager_tree = O.setup(rule, model), O.setup(rule, eager)
+    step = jax.jit(O.update, donate_argnums=(0, 1))
+    grads = {"w": jnp.ones((4, 3), dtype), "b": jnp.ones(3, dtype)}
+    for _ in range(3):
+        tree, model = step(tree, model, grads)
+        eager_tree, eager = O.update(eager_tree, eager, grads)
+    assert_trees_close(model, eager, rtol=1e-2 if dtype == jnp.bfloat16 else 1e-4)

@@ -229,12 +229,20 @@ def todtype(dtype: Any) -> np.dtype:
 
 
 def copy(x: Array) -> Array:
-    return x  # immutable: nothing to protect
+    """A new array equal to ``x``, in its own buffer: a state array made from the parameter
+    (``EMA``'s average) must not be the parameter's buffer, which ``jit`` may be asked to
+    donate along with the state."""
+    return jnp.array(x, copy=True)
 
 
 def copier() -> Any:
-    """A copy function for a state tree's arrays: :func:`copy`, JAX arrays being immutable."""
-    return copy
+    """A copy function for a state tree's arrays: none is needed, JAX arrays being
+    immutable (``_same``)."""
+    return _same
+
+
+def _same(x: Array) -> Array:
+    return x
 
 
 def assign(dst: Array, value: Any) -> Array:
