@@ -231,8 +231,9 @@ class Adafactor(Rule):
             c = xp.lerp(c, xp.vector_norm(dx, (-2,)) ** 2 / rows, w, inplace=True)
             v = r / xp.maximum(xp.mean(r, (-2,)), eps1) * c  # (one array-sized product)
             v = xp.maximum(v, eps1 * eps1, out=v)
-        # v is now an array of this step's own: u and the step are written into it
-        own = None if xp.iscomplex(dx) else v
+        # v is now an array of this step's own: u and the step are written into it (where
+        # they have its dtype: a complex g's do not)
+        own = v if xp.dtype_name(dx) == xp.dtype_name(v) else None
         u = xp.multiply(dx, xp.rsqrt(v, out=v), out=own)
         every = tuple(range(len(xp.shape(x))))
         n = math.sqrt(xp.size(x))
