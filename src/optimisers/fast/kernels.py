@@ -97,17 +97,25 @@ def _writable(arrays: list, dtype: np.dtype) -> bool:
 _ONEPASS: dict[tuple, Any] = {}
 
 
-def _compile(source_lines: list, nstate: int, parallel: bool, prelude: tuple = ()) -> str:
+def _compile(source_lines: list, nstate: int, parallel: bool, prelude: tuple = (),
+             out: bool = False) -> str:
     """The source of a one-pass kernel over pieces of arrays: piece ``j`` has ``sizes[j]``
     elements at addresses ``xa[j]`` (parameter), ``ga[j]`` (gradient) and ``sa*[j]``
     (states), and reads its constants from row ``rows[j]`` of ``C`` (one row for a
     NumPy group; a row of raw hyper-parameters per Leaf for a JAX group, turned into
     constants by the ``prelude`` lines). Pieces run in parallel (``prange``) when
     ``parallel``, holding the process-wide mutex (``jit.mutex_calls``) where there is
-    one."""
+    one. With ``out`` the kernel reads the parameter and states at those addresses and
+    writes their new values at others (``xo``, ``so*``: the same or fresh memory)."""
     states = "".join(f", sa{k}" for k in range(nstate))
     views = "".join(f"\n        s{k} = numba.carray(as_pointer(sa{k}[j]), (n,))"
                     for k in range(nstate))
+    if out:
+        source_lines = _written_to(source_lines, nstate)
+        states += ", xo" + "".join(f", so{k}" for k in range(nstate))
+        views += "".join(f"\n        o{k} = numba.carray(as_pointer(so{k}[j]), (n,))"
+                         for k in range(nstate))
+        views += "\n        xw = numba.carray(as_pointer(xo[j]), (n,))"
     pre = "".join(f"\n        {line}" for line in prelude)
     body = "\n".join("            " + line for line in source_lines)
     loop = "numba.prange" if parallel else "range"
@@ -128,21 +136,35 @@ def kernel(xa, ga, sizes, rows, C{states}):{lock}
     return src
 
 
-def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple = ()) -> Any:
+def _written_to(lines: tuple, nstate: int) -> list:
+    """The element program storing into ``xw`` and ``o*`` (the new values' memory) where
+    it stored into ``x`` and ``s*``, and copying there each array it does not store."""
+    stores = {"x[i]": "xw[i]", **{f"s{k}[i]": f"o{k}[i]" for k in range(nstate)}}
+    written = []
+    for line in lines:
+        target, _, value = line.partition(" = ")
+        written.append(f"{stores[target]} = {value}" if target in stores else line)
+    stored = {line.partition(" = ")[0] for line in lines}
+    return written + [f"{new} = {'xi' if old == 'x[i]' else old}"
+                      for old, new in stores.items() if old not in stored]
+
+
+def build(lines: list, nstate: int, parallel: bool, dtype: Any, prelude: tuple = (),
+          out: bool = False) -> Any:
     """The compiled kernel of :func:`_compile` (made once per source, and loaded from the
     disk cache where an earlier process compiled it: ``jit.compiled``). ``ValueError``
     where ``lines`` read a state array beyond the ``nstate`` it is given."""
     used = max(map(int, _STATE.findall("\n".join(lines))), default=-1) + 1
     if used > nstate:
         raise ValueError(f"a kernel given {nstate} state arrays for a rule reading {used}")
-    key = (tuple(lines), tuple(prelude), nstate, parallel, np.dtype(dtype))
+    key = (tuple(lines), tuple(prelude), nstate, parallel, np.dtype(dtype), out)
     if key not in _ONEPASS:
         import numba
 
         namespace = {"numba": numba, "np": np, "as_pointer": _pointer(dtype)}
         if parallel and jit.MUTEX:
             namespace["lock"], namespace["unlock"] = jit.mutex_calls()
-        source = _compile(lines, nstate, parallel, prelude)
+        source = _compile(lines, nstate, parallel, prelude, out)
         _ONEPASS[key] = jit.compiled(source, "kernel", namespace, nogil=True,
                                       error_model="numpy", parallel=parallel)
     return _ONEPASS[key]

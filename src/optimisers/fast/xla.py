@@ -18,8 +18,10 @@ path runs, as it does without numba.
 
 The call's operands are the ``n`` parameters, the ``n`` gradients, each state array
 slot's ``n`` arrays, then each Leaf's numbers; its results the ``n`` new parameters, the new
-state arrays, and each Leaf's new numbers, every result aliased to its operand (in place
-where the caller donates them; else XLA copies them first). Under ``jax.jit`` a Leaf's
+state arrays, and each Leaf's new numbers. The kernel reads the operands and writes the
+results: where the jitted function's caller donates an operand, its result is the
+operand's memory (in place); where the caller keeps it, fresh memory (``_primitive``'s
+lowering tells them apart), so that XLA copies nothing first. Under ``jax.jit`` a Leaf's
 numbers travel as one array, its pack (``backends/jax.py``), and its clock: where every raw
 scalar of the rule came from that pack, the call takes the pack and the clock whole, writes
 the new counters into the pack and counts the clock, and the Leaf keeps the pack the call
@@ -46,8 +48,7 @@ LARGE = 1
 """Arrays of at least this many elements take the custom call, smaller ones the plain
 path: every array. (Before the call took each Leaf's pack whole it paid only from 2**15
 elements: slicing a Leaf's numbers out of its pack cost XLA a kernel each; see
-benchmarks/README.md.) Results are aliased to their operands, in place where the caller
-donates them."""
+benchmarks/README.md.)"""
 
 CALL = 8
 """Leafs per custom call at most: a group of more is stepped by several calls. XLA's
@@ -74,12 +75,15 @@ def run(args, rets):
     table = cut(sizes, PIECE if PARALLEL else 0)
     rows, offset, psize = table[0], table[1], table[3]
     npieces = rows.size
-    streams = np.empty((1 + NSTATE, npieces), np.intp)  # results: aliased to operands
+    streams = np.empty((2 + 2 * NSTATE, npieces), np.intp)  # operands, then results
     for k in range(1 + NSTATE):
         for q in range(npieces):
             j = rows[q]
-            base = numba.carray(i64(rets[k * n + j]), (BUFFER // 8,))[BUF_DATA]
+            base = numba.carray(i64(args[(k + 1 if k else 0) * n + j]),
+                                (BUFFER // 8,))[BUF_DATA]
             streams[k, q] = base + offset[q] * ITEMSIZE
+            base = numba.carray(i64(rets[k * n + j]), (BUFFER // 8,))[BUF_DATA]
+            streams[1 + NSTATE + k, q] = base + offset[q] * ITEMSIZE
     ga = np.empty(npieces, np.intp)
     for q in range(npieces):
         ga[q] = (numba.carray(i64(args[n + rows[q]]), (BUFFER // 8,))[BUF_DATA]
@@ -123,6 +127,21 @@ def put(buffer, i, value):  # element i of a float32 or float64 result
         numba.carray(f64(b[BUF_DATA]), (i + 1,))[i] = value
 
 
+def copy(buffer, result):  # a float32 or float64 operand into its result, unless aliased
+    b = numba.carray(i64(buffer), (BUFFER // 8,))
+    r = numba.carray(i64(result), (BUFFER // 8,))
+    if b[BUF_DATA] == r[BUF_DATA]:
+        return
+    dims = numba.carray(i64(b[BUF_DIMS]), (b[BUF_RANK],))
+    n = 1
+    for d in dims:
+        n *= d
+    if (b[BUF_DTYPE] & 0xffffffff) == F32:
+        numba.carray(f32(r[BUF_DATA]), (n,))[:] = numba.carray(f32(b[BUF_DATA]), (n,))
+    else:
+        numba.carray(f64(r[BUF_DATA]), (n,))[:] = numba.carray(f64(b[BUF_DATA]), (n,))
+
+
 def tick32(buffer, result):  # a 0-d int32 clock, one more
     b = numba.carray(i64(buffer), (BUFFER // 8,))
     r = numba.carray(i64(result), (BUFFER // 8,))
@@ -147,7 +166,7 @@ def _helpers() -> dict:
     layout = ffi.kernel_globals()  # the names XLA's structures are read with
     scope = dict(pointers, numba=numba, np=np, **layout)
     made = {name: jit.compiled(_SCALARS, name, scope, nogil=True)
-            for name in ("get", "put", "tick32", "tick64")}
+            for name in ("get", "put", "copy", "tick32", "tick64")}
     return dict(pointers, numba=numba, np=np, cut=kernels.cutter(), **made, **layout)
 
 
@@ -190,8 +209,10 @@ def _blocks(program: Any, where: Any) -> tuple[str, str]:
     places, writes, clock = where
     read = "".join(f"        P[j, {q}] = get(args[first + j], {at})\n"
                    for q, at in enumerate(places))
-    return read, raws + "".join(f"        put(rets[out + j], {at}, {_render(e, np.float64)})\n"
-                                for at, e in zip(writes, news)) + (
+    copied = "        copy(args[first + j], rets[out + j])\n"  # unless in place
+    return read, raws + copied + "".join(
+        f"        put(rets[out + j], {at}, {_render(e, np.float64)})\n"
+        for at, e in zip(writes, news)) + (
         f"        tick{8 * np.dtype(clock).itemsize}(args[first + n + j], rets[out + n + j])\n")
 
 
@@ -205,11 +226,11 @@ def _target(key: tuple, program: Any, dtype: Any, where: Any) -> str | None:
     nstate, news = program.nstate, program.news
     prelude = _raws(program, dtype, "c[{}]") + [
         f"K{k} = {_render(c, dtype)}" for k, c in enumerate(program.consts)]
-    kernel = kernels.build(program.lines, nstate, parallel, dtype, tuple(prelude))
+    kernel = kernels.build(program.lines, nstate, parallel, dtype, tuple(prelude), out=True)
     read, body = _blocks(program, where)
     source = _HANDLER.replace("{advance}", body.rstrip("\n") or "        pass").replace(
         "{read}", read.rstrip("\n")).replace(
-        "{states}", "".join(f", streams[{k + 1}]" for k in range(nstate)))
+        "{states}", "".join(f", streams[{k}]" for k in range(1, 2 + 2 * nstate)))
     namespace = dict(_helpers(), kernel=kernel,
                      NOUT=1 + nstate + (len(news) if where is None else 2), NSTATE=nstate,
                      NRAW=program.nrule + len(_complements(program)) + program.nscalar,
@@ -234,7 +255,8 @@ def _usable() -> bool:
 
     api = getattr(jax, "ffi", None)
     return (kernels.available() and jax.default_backend() == "cpu"
-            and all(hasattr(api, n) for n in ("ffi_call", "register_ffi_target", "pycapsule"))
+            and all(hasattr(api, n) for n in ("ffi_lowering", "register_ffi_target",
+                                                "pycapsule"))
             and not ffi.differences())
 
 
@@ -417,6 +439,57 @@ def _aliases(n: int, nstate: int, more: int) -> dict:
     return alias
 
 
+@functools.cache
+def _primitive() -> Any:
+    """The custom call as a JAX primitive of its own: where its lowering finds an operand
+    that the jitted function takes and does not donate, its result is fresh memory (the
+    kernel reads the operand and writes there); else the operand's, in place. (XLA would
+    copy a kept operand first, an operation per array.)"""
+    import jax
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    call = Primitive("optimisers_onepass")
+    call.multiple_results = True
+    call.def_abstract_eval(lambda *operands, name, results, aliases: results)
+
+    def lowering(ctx: Any, *operands: Any, name: str, results: tuple, aliases: tuple) -> Any:
+        kept = {i: r for i, r in aliases if not _kept(operands[i])}
+        return jax.ffi.ffi_lowering(name, operand_output_aliases=kept)(ctx, *operands)
+
+    mlir.register_lowering(call, lowering, platform="cpu", cacheable=False)
+    return call
+
+
+def _kept(value: Any) -> bool:
+    """Whether an operand in MLIR is an argument of the jitted function (``main``) that
+    the caller does not donate (no ``tf.aliasing_output`` nor ``jax.buffer_donor``)."""
+    from jax.interpreters.mlir import ir
+
+    arg = value.maybe_downcast() if hasattr(value, "maybe_downcast") else value
+    if not isinstance(arg, ir.BlockArgument):
+        return False
+    owner = arg.owner.owner.operation
+    if owner.name != "func.func" or ir.StringAttr(owner.attributes["sym_name"]).value != "main":
+        return False
+    try:
+        attrs = ir.DictAttr(ir.ArrayAttr(owner.attributes["arg_attrs"])[arg.arg_number])
+    except (KeyError, IndexError, ValueError):
+        return True
+    return not any(k in attrs for k in ("tf.aliasing_output", "jax.buffer_donor"))
+
+
+def _called(name: str, results: list, aliases: dict, operands: list) -> list:
+    """The custom call ``name`` on ``operands``, giving ``results`` (shape structures),
+    each result in place of its operand (``aliases``) unless the operand is kept."""
+    import jax
+
+    avals = tuple(jax.core.ShapedArray(r.shape, r.dtype, weak_type=getattr(r, "weak_type", False))
+                  for r in results)
+    return _primitive().bind(*operands, name=name, results=avals,
+                             aliases=tuple(sorted(aliases.items())))
+
+
 def _one_by_one(name: str, program: Any, members: list, where: Any) -> list:
     """The call taking each Leaf's raw scalars as 0-d operands, its counters as 0-d
     results; the Leafs advanced as the plain path advances them."""
@@ -434,8 +507,7 @@ def _one_by_one(name: str, program: Any, members: list, where: Any) -> list:
     operands += [r for row in raws for r in row]
     results += [jax.ShapeDtypeStruct((), c.dtype, weak_type=c.weak_type)  # as the old
                 for row in raws for c in row[first:]]                      # counters
-    out = jax.ffi.ffi_call(name, results, input_output_aliases=_aliases(n, nstate, 0))(
-        *operands)
+    out = _called(name, results, _aliases(n, nstate, 0), operands)
     done, per = [], program.nscalar
     for j, m in enumerate(members):
         arrays = iter([out[(1 + k) * n + j] for k in range(nstate)])
@@ -460,8 +532,7 @@ def _whole(name: str, program: Any, members: list, where: Any) -> list:
     operands += [*packs, *clocks]
     results += [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
                 for a in (*packs, *clocks)]
-    out = jax.ffi.ffi_call(name, results, input_output_aliases=_aliases(n, nstate, 2))(
-        *operands)
+    out = _called(name, results, _aliases(n, nstate, 2), operands)
     done, olds = [], program.nrule
     for j, m in enumerate(members):
         arrays = [out[(1 + k) * n + j] for k in range(nstate)]
