@@ -110,14 +110,16 @@ def _compile(source_lines: list, nstate: int, parallel: bool, prelude: tuple = (
     states = "".join(f", sa{k}" for k in range(nstate))
     views = "".join(f"\n        s{k} = numba.carray(as_pointer(sa{k}[j]), (n,))"
                     for k in range(nstate))
-    if out:
-        source_lines = _written_to(source_lines, nstate)
-        states += ", xo" + "".join(f", so{k}" for k in range(nstate))
+    loops = _loop(source_lines, 8)
+    if out:  # in place where every result is its operand's memory: LLVM vectorises
+        states += ", xo" + "".join(f", so{k}" for k in range(nstate))  # only then
         views += "".join(f"\n        o{k} = numba.carray(as_pointer(so{k}[j]), (n,))"
                          for k in range(nstate))
         views += "\n        xw = numba.carray(as_pointer(xo[j]), (n,))"
+        same = " and ".join(["xa[j] == xo[j]", *(f"sa{k}[j] == so{k}[j]" for k in range(nstate))])
+        loops = (f"        if {same}:\n{_loop(source_lines, 12)}\n        else:\n"
+                 f"{_loop(_written_to(source_lines, nstate), 12)}")
     pre = "".join(f"\n        {line}" for line in prelude)
-    body = "\n".join("            " + line for line in source_lines)
     loop = "numba.prange" if parallel else "range"
     held = parallel and jit.MUTEX
     lock, unlock = ("\n    lock()", "\n    unlock()") if held else ("", "")
@@ -128,12 +130,16 @@ def kernel(xa, ga, sizes, rows, C{states}):{lock}
         c = C[rows[j]]{pre}
         x = numba.carray(as_pointer(xa[j]), (n,))
         gv = numba.carray(as_pointer(ga[j]), (n,)){views}
-        for i in range(n):
-            xi = x[i]
-            g = gv[i]
-{body}{unlock}
+{loops}{unlock}
 '''
     return src
+
+
+def _loop(lines: tuple, indent: int) -> str:
+    """The loop over a piece's elements running the element program ``lines``."""
+    pad = " " * indent
+    return "\n".join([f"{pad}for i in range(n):", f"{pad}    xi = x[i]", f"{pad}    g = gv[i]",
+                      *(f"{pad}    {line}" for line in lines)])
 
 
 def _written_to(lines: tuple, nstate: int) -> list:

@@ -52,6 +52,11 @@ path: every array. (Before the call took each Leaf's pack whole it paid only fro
 elements: slicing a Leaf's numbers out of its pack cost XLA a kernel each; see
 benchmarks/README.md.)"""
 
+PARALLEL = False
+"""Whether a custom call's kernel runs on all cores (numba's ``prange``): no, each call
+runs on the XLA thread that makes it. numba's OpenMP threads spin after a parallel kernel
+while XLA's own threads need the cores: steps ran 1.1-17 times slower (benchmarks/README.md)."""
+
 CALL = 8
 """Leafs per custom call at most: a group of more is stepped by several calls. XLA's
 compile time grows faster than linearly with one call's operands (benchmarks/README.md)."""
@@ -224,7 +229,7 @@ def _target(key: tuple, program: Any, dtype: Any, where: Any) -> str | None:
         return _TARGETS[key]
     import jax
 
-    parallel = jit.MUTEX and not jit.SERIAL  # in parallel it holds the mutex
+    parallel = PARALLEL and jit.MUTEX and not jit.SERIAL  # in parallel it holds the mutex
     nstate, news = program.nstate, program.news
     prelude = _raws(program, dtype, "c[{}]") + [
         f"K{k} = {_render(c, dtype)}" for k, c in enumerate(program.consts)]
