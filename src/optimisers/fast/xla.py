@@ -55,7 +55,7 @@ benchmarks/README.md.)"""
 PARALLEL = False
 """Whether a custom call's kernel runs on all cores (numba's ``prange``): no, each call
 runs on the XLA thread that makes it. numba's OpenMP threads spin after a parallel kernel
-while XLA's own threads need the cores: steps ran 1.1-17 times slower (benchmarks/README.md)."""
+while XLA's own threads need the cores: steps ran 1.2-17 times slower (benchmarks/README.md)."""
 
 CALL = 8
 """Leafs per custom call at most: a group of more is stepped by several calls. XLA's
