@@ -284,14 +284,3 @@ def test_kept_operands_are_read_and_donated_ones_written_in_place(donate, monkey
     if not donate:
         for a, b in zip(jax.tree.leaves((tree, model)), jax.tree.leaves(kept)):
             np.testing.assert_array_equal(np.asarray(a), b)
-
-
-def test_setup_starts_loading_numba_in_a_thread_once():
-    """``setup`` of a JAX tree starts ``xla.warm``'s thread (once a process), which loads
-    what the first custom call needs; the first jitted step waits for it."""
-    O.setup(O.Adam(0.1), {"w": jnp.ones(100)})
-    xla.warm()
-    assert len(xla._WARMING) == 1
-    xla._WARMING[0].join(timeout=120)
-    assert not xla._WARMING[0].is_alive()
-    assert xla._usable()

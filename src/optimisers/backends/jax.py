@@ -319,12 +319,8 @@ def settle(leaf: Any) -> Any:
     here, a tree straight from ``setup`` costs a call what any tree does, instead of
     turning its Python numbers into arrays each time (six per Adam Leaf; the cost is in
     benchmarks/README.md). And it is of the type that a jitted call
-    returns, so that the call after the first does not trace again. The first one also
-    starts loading the custom call's numba code in a thread (``xla.warm``).
+    returns, so that the call after the first does not trace again.
     """
-    from optimisers.fast import xla
-
-    xla.warm()  # numba loads while setup goes on (the first jitted step needs it)
     settled = PackedLeaf(leaf.rule, leaf.state, leaf.frozen, leaf.clock)
     packed, traced = _pack(settled.rule, settled.state, settled.clock)
     if not traced:

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
-import threading
 import warnings
 from typing import Any
 
@@ -267,45 +265,6 @@ def _usable() -> bool:
             and not ffi.differences())
 
 
-_WARMING: list = []  # the thread loading numba and the handlers' helpers, once
-
-
-def warm() -> None:
-    """Start loading, in a thread of its own, what the first custom call needs (numba,
-    the FFI probe, the handlers' helpers: from the disk cache where an earlier process
-    compiled them), so that the first jitted step does not wait for all of it. Once per
-    process; nothing where numba is not installed or JAX does not run on the CPU.
-
-    >>> warm()
-    """
-    import jax
-
-    if _WARMING or not kernels.available() or jax.default_backend() != "cpu":
-        return
-    thread = threading.Thread(target=_warmed, name="optimisers-warm", daemon=True)
-    _WARMING.append(thread)
-    thread.start()
-
-
-def _warmed() -> None:
-    try:
-        if _usable():
-            _helpers()
-    except Exception:  # noqa: BLE001, S110 (fuse finds the same failure, and says so)
-        pass
-
-
-def _waited() -> None:
-    """Wait for :func:`warm`'s thread (a second loader would race it)."""
-    for thread in _WARMING:
-        if thread is not threading.current_thread():
-            thread.join()
-
-
-if hasattr(os, "register_at_fork"):  # a child must not inherit numba half loaded
-    os.register_at_fork(before=_waited)
-
-
 def _jit_traced(v: Any) -> bool:
     return type(v).__name__ == "DynamicJaxprTracer"
 
@@ -393,7 +352,6 @@ def fuse(entries: list) -> tuple[list, list]:
     stepped: its new parameter."""
     import jax
 
-    _waited()
     if not _usable() or jax.default_backend() != "cpu":
         return entries, []
     groups: dict[tuple, list] = {}
