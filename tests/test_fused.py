@@ -10,6 +10,7 @@ from conftest import (
     ALL_RULES,
     alone_and_together,
     numpy_adam_job,
+    rule_id,
     rules_param,
     run_fused,
     spy_runs,
@@ -371,3 +372,40 @@ def test_arrays_are_cut_whole_or_in_pieces():
         [0, 0, 0, 0], [1, 0, 0, 3], [1, 3, 3, 3], [1, 6, 6, 1], [2, 0, 7, 2]])
     np.testing.assert_array_equal(cut(np.array([0, 7, 2]), 0).T, [
         [0, 0, 0, 0], [1, 0, 0, 7], [2, 0, 7, 2]])
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("inplace", [True, False])
+@pytest.mark.parametrize("size", [40, 300_000])
+@pytest.mark.parametrize("rule", [O.LAMB(0.02), O.LAMB(0.02, lambd=0.01)], ids=rule_id)
+def test_lamb_steps_adams_direction_fused_then_each_trust_ratio(rule, size, inplace, lib,
+                                                                monkeypatch):
+    """LAMB's Leafs form a ``Directed`` group: Adam's direction through the fused paths
+    (the one-pass kernel, the pieces of large arrays, or the joined arrays), then each
+    array's trust ratio: the plain path's results, bit for bit on NumPy."""
+    wrap = (lambda a: a) if lib == "numpy" else pytest.importorskip("torch").from_numpy
+    rng = np.random.default_rng(3)
+    start = {f"p{i}": rng.normal(size=size).astype(np.float32) for i in range(3)}
+    start["frozen"] = rng.normal(size=size).astype(np.float32)
+
+    def grads(m, k):
+        r = np.random.default_rng(100 + k)
+        return {key: wrap(r.normal(size=v.shape).astype(np.float32)) for key, v in m.items()}
+
+    def model():
+        return {k: wrap(v.copy()) for k, v in start.items()}
+
+    fast = run_fused(rule, model(), grads, 4, inplace, True, monkeypatch)
+    plain = run_fused(rule, model(), grads, 4, inplace, False, monkeypatch)
+    if inplace:
+        kinds = {type(g).__name__ for g in O.state.plan_of(fast[0]).groups}
+        assert kinds == {"Directed"}
+    for k in start:
+        a, b = np.asarray(fast[1][k]), np.asarray(plain[1][k])
+        if lib == "numpy":
+            np.testing.assert_array_equal(a, b)
+        else:  # (torch's fused Adam kernel rounds as torch.optim's fused Adam)
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        assert [fast[0][k].clock, fast[0][k].state[2]] == [plain[0][k].clock, plain[0][k].state[2]]
+    assert not np.array_equal(np.asarray(fast[1]["p0"]), start["p0"])
+    np.testing.assert_array_equal(np.asarray(fast[1]["frozen"]), start["frozen"])

@@ -56,7 +56,8 @@ def run(rule, steps, inplace, fuse, monkeypatch, dtype=torch.float32, adjust_at=
 
 def has_program(rule) -> bool:
     """Whether the code generator follows the rule's ``apply`` (``fast/trace.py``), so
-    that a group of it may run a compiled kernel."""
+    that a group of it may run a compiled kernel (of its direction, for LAMB)."""
+    rule = rule.direction() or rule
     x = torch.ones(2)
     sig = O.fast.fused.signature(rule.init(x), [])
     reduce = O.reduce  # a tree-level rule is traced as a group steps it: given its total
@@ -67,8 +68,9 @@ def has_program(rule) -> bool:
 
 def kernel(rule, dtype=torch.float32):
     """Whether the group steps in torch's fused Adam kernel (not the same operations as
-    ours, so equal only to rounding)."""
-    return type(rule) in (O.Adam, O.AdamW) and dtype in (torch.float32, torch.float64)
+    ours, so equal only to rounding): its own, or its direction's (LAMB's)."""
+    return (type(rule.direction() or rule) in (O.Adam, O.AdamW)
+            and dtype in (torch.float32, torch.float64))
 
 
 def assert_same(a, b, exact=True):

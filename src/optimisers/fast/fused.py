@@ -34,6 +34,7 @@ import itertools
 from typing import Any
 
 from optimisers import backends
+from optimisers.gather import Entry
 from optimisers.reduce import given, places
 from optimisers.rules import EMA, MixedPrecision, NewValue, OptimiserChain, Rule, call
 from optimisers.schedules import at, timed
@@ -99,8 +100,14 @@ def stackable(rule: Rule) -> bool:
 
 
 def _kind(rule: Rule) -> type | None:
-    """The group a rule's Leafs may form: :class:`Group`, :class:`Stack`, or none."""
-    return Group if fusible(rule)[0] else Stack if stackable(rule) else None
+    """The group a rule's Leafs may form: :class:`Group`, :class:`Stack`,
+    :class:`Directed`, or none."""
+    if fusible(rule)[0]:
+        return Group
+    if stackable(rule):
+        return Stack
+    inner = rule.direction()
+    return Directed if inner is not None and fusible(inner) == (True, False) else None
 
 
 def _inner(rule: Rule) -> list:
@@ -190,7 +197,7 @@ class Group:
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
                  "step", "large", "subtract", "prints", "t", "timed", "now", "reduced",
-                 "made_for", "counts", "clocks")
+                 "made_for", "counts", "clocks", "owner", "params")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -206,30 +213,32 @@ class Group:
         self.counts = _counts(rule)  # whether it must ask which steps were real
         self.arrays = [arrays for _, arrays in members]
         self.xs = [e.x for e, _ in members]
+        # the Leafs' own rule and parameters (a Directed group steps others: see there)
+        self.owner, self.params = rule, self.xs
         self.states: list = []  # the state objects this group last gave its Leafs
         self.xp = backends.of(self.xs[0])
         self.uses_x = fusible(rule)[1]
         self.step: Any = _UNMADE  # the backend's one-pass step (made at the first run)
         self.large: bool | None = None  # mostly large arrays: stepped piece by piece
         self.subtract: Any = None  # the backend's x -= d over all xs (made when needed)
-        self.prints = self.xp.footprints(self.xs)  # what these assume of the xs' memory
+        self.prints = self.xp.footprints(self.params)  # what these assume of their memory
 
     def moved(self) -> bool:
         """Whether a parameter's memory changed since the group was made (``p.data = ...``,
         an array resized in place): its kernels and views no longer fit, so it must not
         run again."""
-        return self.xp.footprints(self.xs) != self.prints
+        return self.xp.footprints(self.params) != self.prints
 
     def holds(self, entries: list) -> bool:
         """Whether ``entries`` (in member order) can step as this group now: the same
         parameters and rule, and each Leaf still holding the very state object this group
         gave it last time (so the same arrays, and the one shared non-array state) and the
         clock it set."""
-        rule = self.rule
+        rule = self.owner
         return bool(self.states) and len(entries) == len(self.leaves) and all(
             e is not None and e.leaf is leaf and e.x is x and leaf.rule is rule
             and leaf.state is st and leaf.clock is c
-            for e, leaf, x, st, c in zip(entries, self.leaves, self.xs, self.states,
+            for e, leaf, x, st, c in zip(entries, self.leaves, self.params, self.states,
                                          self.clocks)
         ) and not self.moved()
 
@@ -401,6 +410,49 @@ class Stack(Group):
 
     def _flat(self, a: Any) -> Any:
         return a.reshape(-1)
+
+
+class Directed(Group):
+    """Leafs whose rule steps along an elementwise :meth:`~optimisers.Rule.direction`
+    scaled per array (``LAMB``: Adam's direction times a trust ratio). The direction runs
+    as a :class:`Group` does (the generated one-pass kernel where there is one) on zeros
+    standing for the parameters, which it does not read: each then holds exactly minus
+    the direction's step ``a`` (``0 - a``); each parameter then takes
+    ``rule.scaled(x, a)``, as the rule's own ``apply`` composes them.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import LAMB, setup, update_
+        >>> from optimisers.state import plan_of
+        >>> model = [np.ones(3) for _ in range(4)]
+        >>> tree = setup(LAMB(0.1), model)
+        >>> _ = update_(tree, model, [np.ones(3)] * 4)
+        >>> [(type(g).__name__, len(g.leaves)) for g in plan_of(tree).groups]
+        [('Directed', 4)]
+    """
+
+    __slots__ = ("scratch", "writes")
+
+    def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
+        xp = backends.of(members[0][0].x)
+        self.scratch = [xp.zeros_like(e.x) for e, _ in members]
+        inner = [(Entry(e.leaf, s, e.grads, e.paths[0]), arrays)
+                 for (e, arrays), s in zip(members, self.scratch)]
+        super().__init__(rule.direction(), sig, inner, write)
+        self.owner, self.params, self.writes = rule, [e.x for e, _ in members], write
+
+    def run(self, grads: list, new: dict, found: dict | None = None) -> None:
+        """The direction into the zeros, then each parameter's scaled step."""
+        xp = self.xp
+        now = at(self.owner, self.t)  # (at the clock before this step)
+        for s in self.scratch:
+            xp.assign(s, 0)
+        minus: dict = {}
+        super().run(grads, minus)
+        for leaf, x, s in zip(self.leaves, self.params, self.scratch):
+            y = xp.subtract(x, now.scaled(x, -minus.get(id(leaf), s)), self.writes)
+            if y is not x:
+                new[id(leaf)] = y
 
 
 def step_groups(entries: list, inplace: bool, known: list | None = None,

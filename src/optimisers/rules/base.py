@@ -65,6 +65,24 @@ class Rule:
         RULES.setdefault(cls.__name__, cls)
         backends.rule_defined(cls)  # JAX seen already: the new rule is a pytree too
 
+    def direction(self) -> Rule | None:
+        """direction() -> an ``elementwise`` rule of the same state whose step ``a`` this
+        rule's step is made of, per array, by :meth:`scaled`: ``apply(state, x, g)`` is
+        ``(s, scaled(x, a))`` for ``(s, a) = direction().apply(state, x, g)``; or ``None``
+        (most rules). ``LAMB``'s is Adam's direction, and a fused group runs it through
+        the generated kernels (``fused.Directed``) before each array's trust ratio.
+
+        Example:
+            >>> from optimisers import LAMB
+            >>> LAMB(0.1).direction()
+            Adam(eta=1.0, beta=(0.9, 0.999), epsilon=1e-06)
+        """
+        return None
+
+    def scaled(self, x: Any, a: Any) -> Any:
+        """The step for the parameter ``x`` from its :meth:`direction`'s step ``a``."""
+        raise NotImplementedError(f"{type(self).__name__} has no direction")
+
     def raises(self) -> bool:
         """Whether ``apply`` may raise (as ``ClipNorm`` does on a non-finite norm).
 

@@ -2,8 +2,8 @@
 
 Each array is one "layer": the ratio ``|x| / |u|`` (2-norms over the whole array) makes
 every array move by about the same fraction of its own size, whatever the scale of its
-gradient. The norms reduce over the whole array, so these rules are not elementwise and
-never run fused.
+gradient. The norms reduce over the whole array, so these rules are not elementwise;
+LAMB's Adam direction runs fused (``Rule.direction``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimisers import backends
-from optimisers.rules.adaptive import adam_moments, bias_powers, decays
+from optimisers.rules.adaptive import Adam
 from optimisers.rules.base import Rule
 from optimisers.rules.fields import hyperparameter
 
@@ -75,15 +75,20 @@ class LAMB(Rule):
         xp = backends.of(x)
         return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
 
-    def apply(self, state, x, dx):
+    def direction(self) -> Rule:
+        """Adam's step at learning rate 1 (``1.0 * m`` is ``m``): ``u`` without the decay."""
+        return Adam(1.0, self.beta, self.epsilon)
+
+    def scaled(self, x: Any, a: Any) -> Any:
+        """``eta * trust_ratio * u`` for ``u = a + lambd*x``."""
         xp = backends.of(x)
         eta, lambd = xp.hyper(x, self.eta, self.lambd)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
-        m, v, bt = state
-        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        u = m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps) + lambd * x
-        return (m, v, bias_powers(bt, self.beta)), eta * trust_ratio(xp, x, u) * u
+        u = a + lambd * x
+        return eta * trust_ratio(xp, x, u) * u
+
+    def apply(self, state, x, dx):
+        state, a = self.direction().apply(state, x, dx)
+        return state, self.scaled(x, a)
 
 
 @dataclass(frozen=True)
