@@ -80,11 +80,13 @@ def hyper(x: Array, *values: Any) -> tuple:
 
 
 def zeros_like(x: Array, real_: bool = False) -> Array:
-    return jnp.zeros(x.shape, _real(x.dtype) if real_ else x.dtype)
+    """Zeros shaped and placed as ``x`` (a sharded ``x``: sharded as it is)."""
+    return jnp.zeros_like(x, _real(x.dtype) if real_ else x.dtype)
 
 
 def full_like(x: Array, value: Any, real_: bool = False) -> Array:
-    return jnp.full(x.shape, value, _real(x.dtype) if real_ else x.dtype)
+    """``value`` everywhere, shaped and placed as ``x``."""
+    return jnp.full_like(x, value, _real(x.dtype) if real_ else x.dtype)
 
 
 def complex_from(re: Array, im: Array) -> Array:
@@ -207,8 +209,15 @@ def isfinite(n: Any) -> bool | None:
 
 
 def cast(x: Any, like: Array) -> Array:
-    """``x`` (a JAX or NumPy array, or a number) as a JAX array of ``like``'s dtype."""
-    return jnp.asarray(x, dtype=like.dtype)
+    """``x`` (a JAX or NumPy array, or a number) as a JAX array of ``like``'s dtype; an
+    array of ``like``'s shape, under ``jax.jit``, placed as ``like`` (``partition.follow``:
+    a gradient sharded as its parameter)."""
+    out = jnp.asarray(x, dtype=like.dtype)
+    if type(like).__name__ == "DynamicJaxprTracer" and like.ndim and out.shape == like.shape:
+        from optimisers.fast import partition
+
+        return partition.follow(like, out)
+    return out
 
 
 def astype(x: Array, dtype: Any) -> Array:

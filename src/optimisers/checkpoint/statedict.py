@@ -261,8 +261,7 @@ _VALUES = Reader.__new__(Reader)  # the checkpoint's reader of values: of rules,
 def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
     """The rule from its form, by the checkpoint's own reader: its class (and those inside
     it) compared with ``like``'s before it is built; ``like`` itself when equal."""
-    if isinstance(form, Rule):
-        form = rule_form(form, kp)
+    form = rule_form(form, kp) if isinstance(form, Rule) else _tag_first(form)
     try:
         rule = _VALUES.value(form, like, kp)
     except Invalid as err:
@@ -274,6 +273,17 @@ def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
         return like if bool(rule == like) else rule
     except (TypeError, ValueError):  # array hyper-parameters compare element by element
         return rule
+
+
+def _tag_first(form: Any) -> Any:
+    """A rule's form with each ``{"rule": ..., "fields": ...}`` (and schedule's) tag first
+    again, as the reader takes it: a checkpointer may give dicts back with sorted keys."""
+    if isinstance(form, list):
+        return [_tag_first(v) for v in form]
+    if not isinstance(form, dict):
+        return form
+    first = [k for k in ("rule", "schedule") if k in form]
+    return {k: _tag_first(form[k]) for k in (*first, *(k for k in form if k not in first))}
 
 
 def _clock(kp: KeyPath, d: Mapping, used: set) -> int | None:

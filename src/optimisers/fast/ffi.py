@@ -258,7 +258,7 @@ def _probe() -> np.ndarray:
             array, scalar, record)
 
     args = (_ARRAY, np.float64(_SCALAR), record)
-    cpu = jax.devices("cpu")[0]
+    cpu = jax.local_devices(backend="cpu")[0]  # (of this process, under jax.distributed)
     with jax.enable_x64(True), jax.default_device(cpu):  # compiled and run now, in a trace too
         return np.asarray(jax.jit(call).lower(*args).compile()(*args))
 

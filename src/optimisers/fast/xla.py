@@ -502,6 +502,7 @@ def _one_by_one(name: str, program: Any, members: list, where: Any) -> list:
     import jax.numpy as jnp
 
     from optimisers.backends.jax import complement
+    from optimisers.fast import partition
 
     n, nstate, nrule = len(members), program.nstate, program.nrule
     qs = _complements(program)
@@ -512,7 +513,8 @@ def _one_by_one(name: str, program: Any, members: list, where: Any) -> list:
     operands += [r for row in raws for r in row]
     results += [jax.ShapeDtypeStruct((), c.dtype, weak_type=c.weak_type)  # as the old
                 for row in raws for c in row[first:]]                      # counters
-    out = _called(name, results, _aliases(n, nstate, 0), operands)
+    out = partition.call(_called, name, results, _aliases(n, nstate, 0), operands, n,
+                         nstate)
     done, per = [], program.nscalar
     for j, m in enumerate(members):
         arrays = iter([out[(1 + k) * n + j] for k in range(nstate)])
@@ -529,6 +531,7 @@ def _whole(name: str, program: Any, members: list, where: Any) -> list:
     import jax
 
     from optimisers.backends import jax as backend
+    from optimisers.fast import partition
 
     n, nstate = len(members), program.nstate
     operands, results, _, _ = _arrays(members, nstate)
@@ -537,7 +540,8 @@ def _whole(name: str, program: Any, members: list, where: Any) -> list:
     operands += [*packs, *clocks]
     results += [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
                 for a in (*packs, *clocks)]
-    out = _called(name, results, _aliases(n, nstate, 2), operands)
+    out = partition.call(_called, name, results, _aliases(n, nstate, 2), operands, n,
+                         nstate)
     done, olds = [], program.nrule
     for j, m in enumerate(members):
         arrays = [out[(1 + k) * n + j] for k in range(nstate)]
