@@ -239,7 +239,8 @@ def distributed(rank: str, port: str) -> None:
     print("ok")
 
 
-WORKERS = {"distributed": distributed, "mesh_rule": mesh_rule, "eager": eager, "clip": clip, "checkpoints": checkpoints}
+WORKERS = {"distributed": distributed, "mesh_rule": mesh_rule, "eager": eager, "clip": clip,
+           "checkpoints": checkpoints}
 
 if __name__ == "__main__":
     WORKERS[sys.argv[1]](*sys.argv[2:])

@@ -5,6 +5,7 @@ runs in a fresh process (tests/jaxmesh.py's workers), bounded in time."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ def _env(devices: int) -> dict:
     src = str(Path(__file__).resolve().parents[1] / "src")
     path = os.environ.get("PYTHONPATH", "")
     return dict(os.environ, JAXMESH_DEVICES=str(devices),
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                 PYTHONPATH=src + (os.pathsep + path if path else ""))
 
 
@@ -49,7 +51,7 @@ def _finish(processes: list) -> list[str]:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.communicate()
-    for p, (out, err) in zip(processes, outs):
+    for p, (_, err) in zip(processes, outs):
         assert p.returncode == 0, f"{p.args[2:]} exited with {p.returncode}:\n{err[-4000:]}"
     return [out for out, _ in outs]
 
@@ -94,3 +96,22 @@ def test_jax_distributed_two_processes_match_one():
         port = str(s.getsockname()[1])
     outs = _finish([_start(["distributed", str(rank), port], 2) for rank in (0, 1)])
     assert [out.split()[-1:] for out in outs] == [["ok"], ["ok"]]  # (after gloo's lines)
+
+
+def test_the_readme_mesh_example_runs_on_8_devices(tmp_path):
+    """The README's JAX mesh example, which test_readme.py only defines (its training is
+    under ``if __name__ == "__main__"``), run as a script on 8 devices: it prints what
+    the README says."""
+    from test_readme import BLOCKS, README
+
+    (code, expected), = [(code, expected) for heading, code, expected in BLOCKS
+                         if heading == "Training on many devices" and "Mesh(" in code]
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    process = subprocess.Popen([sys.executable, str(script)], env=_env(8),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    (out,) = _finish([process])
+    rest = README.read_text(encoding="utf-8").split(code, 1)[1]  # its ```text, past a line
+    want = expected or re.search(r"^```text\n(.*?)^```\n", rest, re.S | re.M).group(1)
+    assert out.splitlines() == want.splitlines()

@@ -2,7 +2,7 @@
 
 A ```python block is run on its own, in a fresh namespace. When a ```text block follows it
 directly, the block's output must equal that text. A block that imports PyTorch, JAX,
-flax or equinox is skipped when that library is not installed.
+flax, equinox or orbax is skipped when that library is not installed.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_readme_has_examples():
 @pytest.mark.parametrize(("heading", "code", "expected"), BLOCKS,
                          ids=[f"{i}-{h}" for i, (h, _, _) in enumerate(BLOCKS)])
 def test_example_runs(heading, code, expected):
-    for lib in ("torch", "jax", "flax", "equinox"):
+    for lib in ("torch", "jax", "flax", "equinox", "orbax"):
         if re.search(rf"^\s*(import|from) {lib}\b", code, re.M):
             if importlib.util.find_spec(lib) is None:
                 pytest.skip(f"{lib} is not installed")

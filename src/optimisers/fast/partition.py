@@ -41,11 +41,14 @@ def call(caller: Any, name: str, results: list, aliases: dict, operands: list, n
     then ``caller`` gets each device's local operands and results.
 
     Example:
-        >>> import jax.numpy as jnp
-        >>> from optimisers.fast import ffi, kernels
-        >>> import jax
-        >>> ffi.differences() if kernels.available() else ()  # registers the probe
-        ()
+        >>> import jax, jax.numpy as jnp
+        >>> from optimisers import AdamW, setup, update
+        >>> from optimisers.fast import kernels
+        >>> model = {"w": jnp.ones((4, 4))}
+        >>> step = jax.jit(update)  # a custom call, through this function, where numba is
+        >>> text = step.lower(setup(AdamW(), model), model, model).as_text()
+        >>> "optimisers_onepass" in text or not kernels.available()
+        True
     """
     alias = tuple(sorted(aliases.items()))
     results = tuple(jax.ShapeDtypeStruct(r.shape, r.dtype, weak_type=r.weak_type)
