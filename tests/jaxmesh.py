@@ -239,8 +239,23 @@ def distributed(rank: str, port: str) -> None:
     print("ok")
 
 
-WORKERS = {"distributed": distributed, "mesh_rule": mesh_rule, "eager": eager, "clip": clip,
-           "checkpoints": checkpoints}
+def explicit() -> None:
+    """A mesh of Explicit axes (shardings in the types, ``jax.set_mesh``): the plain path,
+    shardings kept, results one device's."""
+    from jax.sharding import AxisType
+
+    m = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    for name in ("adamw", "clip_adamw"):
+        with jax.set_mesh(m):
+            tree, model, _, _ = train(RULES[name](), m)
+        one_tree, one_model, _, _ = train(RULES[name](), None)
+        for k in model:
+            close(model[k], one_model[k])
+    print("ok")
+
+
+WORKERS = {"explicit": explicit, "distributed": distributed, "mesh_rule": mesh_rule,
+           "eager": eager, "clip": clip, "checkpoints": checkpoints}
 
 if __name__ == "__main__":
     WORKERS[sys.argv[1]](*sys.argv[2:])

@@ -70,6 +70,10 @@ def test_mesh_training_keeps_shardings_and_matches_one_device(rule):
     assert run("mesh_rule", rule).split() == ["ok"]
 
 
+def test_a_mesh_of_explicit_axes_keeps_shardings():
+    assert run("explicit").split() == ["ok"]
+
+
 def test_update_outside_jit_keeps_shardings():
     assert run("eager").split() == ["ok"]
 

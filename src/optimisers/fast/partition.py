@@ -28,7 +28,7 @@ from jax.experimental.custom_partitioning import (
     SdyShardingRule,
     custom_partitioning,
 )
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 __all__ = ["call"]
 
@@ -149,7 +149,25 @@ def follow(x: Any, g: Any) -> Any:
     """
     if jax.device_count() == 1:
         return g
+    if explicit(x):  # shardings in the types: JAX's own reshard
+        want = jax.typeof(x).sharding
+        return g if jax.typeof(g).sharding == want else jax.sharding.reshard(g, want.spec)
     return _follower(len(x.shape))(x, g)
+
+
+def explicit(x: Any) -> bool:
+    """explicit(x) -> whether ``x``, traced, is sharded over a mesh of ``Explicit`` axes
+    (``jax.sharding.AxisType``): its sharding is in its type, and JAX's own operations
+    keep it, where a custom call (which has no rule for types) would lose it. ``xla.py``
+    leaves such arrays to the plain path.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> explicit(jnp.ones(2))
+        False
+    """
+    mesh = jax.typeof(x).sharding.mesh
+    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
 
 
 @functools.cache

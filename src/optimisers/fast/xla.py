@@ -321,8 +321,10 @@ def _member(e: Any, dtype: Any) -> tuple[tuple, _Member] | None:
     import jax
     import jax.numpy as jnp
 
+    from optimisers.fast import partition
+
     x, g, rule = e.x, e.grads[0], at(e.leaf.rule, e.leaf.clock)
-    if g is None or tuple(g.shape) != tuple(x.shape):
+    if g is None or tuple(g.shape) != tuple(x.shape) or partition.explicit(x):
         return None
     arrays: list = []
     sig = _signature(e.leaf.state, x, dtype, arrays)
