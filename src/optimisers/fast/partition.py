@@ -53,10 +53,17 @@ def call(caller: Any, name: str, results: list, aliases: dict, operands: list, n
     alias = tuple(sorted(aliases.items()))
     results = tuple(jax.ShapeDtypeStruct(r.shape, r.dtype, weak_type=r.weak_type)
                     for r in results)
-    if jax.device_count() == 1:
-        return _body(name, results, alias, *operands)
+    if _devices() == 1:
+        return _body(caller, name, results, alias, *operands)
     ranks = tuple(len(o.shape) for o in operands)
-    return _partitioned(name, results, alias, n, (2 + nstate) * n, ranks)(*operands)
+    return _partitioned(caller, name, results, alias, n, (2 + nstate) * n, ranks)(*operands)
+
+
+@functools.cache
+def _devices() -> int:
+    """The devices of all processes (fixed once JAX's backend has started, as it has when
+    a step is traced)."""
+    return jax.device_count()
 
 
 def _body(caller: Any, name: str, results: tuple, alias: tuple, *operands: Any) -> Any:
@@ -147,7 +154,7 @@ def follow(x: Any, g: Any) -> Any:
         >>> jax.jit(follow)(x, 2 * x).tolist()
         [2.0, 2.0, 2.0, 2.0]
     """
-    if jax.device_count() == 1:
+    if _devices() == 1:
         return g
     if explicit(x):  # shardings in the types: JAX's own reshard
         want = jax.typeof(x).sharding
