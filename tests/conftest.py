@@ -45,6 +45,9 @@ from optimisers import (
     update_,
 )
 
+collect_ignore = ["jaxmesh.py"]  # test_jax_mesh.py's workers, run as scripts: importing one
+# sets XLA_FLAGS (8 devices), which would reach JAX in the test process itself
+
 # Rules that descend on their own: defaults, chains and non-default variants.
 DESCENDING = [
     Descent(0.1), Momentum(0.01, 0.9), Nesterov(0.01, 0.9), RMSProp(0.01),
