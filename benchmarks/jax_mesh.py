@@ -78,8 +78,8 @@ def main() -> None:
     paths = {"custom call, partitioned": lambda: None,
              "plain path": lambda: setattr(xla, "_usable", lambda: False),
              "custom call, unpartitioned (before)": lambda: setattr(
-                 partition, "_partitioned", lambda name, results, alias, *_:
-                 lambda *ops: partition._body(name, results, alias, *ops))}
+                 partition, "_partitioned", lambda caller, name, results, alias, *_:
+                 lambda *ops: partition._body(caller, name, results, alias, *ops))}
     print(f"{args.arrays} arrays of 512x1024 float32, AdamW, 4x2 mesh of CPU devices\n")
     print("| path | shardings kept | step, median ms | first call s |\n|---|---|---|---|")
     found: dict = {name: [] for name in paths}
