@@ -80,8 +80,9 @@ def _body(caller: Any, name: str, results: tuple, alias: tuple, *operands: Any) 
 def _partitioned(caller: Any, name: str, results: tuple, alias: tuple, n: int, shaped: int,
                  ranks: tuple) -> Any:
     """The call as a ``custom_partitioning`` function of its operands (one per kind)."""
-    def body(*operands: Any) -> Any:
-        return _body(caller, name, results, alias, *operands)
+    def body(*operands: Any) -> Any:  # (behind a barrier: not taken for kept arguments
+        operands = jax.lax.optimization_barrier(operands)  # of the jitted function, by
+        return _body(caller, name, results, alias, *operands)  # which xla.py writes afresh)
 
     fn = custom_partitioning(body)
     layout = (n, shaped, ranks, tuple(len(r.shape) for r in results), alias)
