@@ -91,6 +91,8 @@ def mesh_rule(name: str) -> None:
     parameter and state array keeping its sharding, no array gathered for the step."""
     m = mesh()
     tree, model, step, grads = train(RULES[name](), m)
+    compiled = step._cache_size()  # 2 where XLA wrote a spec anew: P("model", None) as
+    assert compiled <= 2, "a step on the mesh compiled again"  # P("model"), one sharding
     hlo = step.lower(tree, model, grads).compile().as_text()
     if name != "muon":  # (XLA shards Muon's matrix products as it chooses)
         assert "all-gather" not in hlo, "a sharded array was gathered for the step"
@@ -105,6 +107,9 @@ def mesh_rule(name: str) -> None:
         close(model[k], one_model[k])
         for a, b in zip(state_arrays(tree[k]), state_arrays(one_tree[k])):
             close(a, b)
+    # the Leafs' numbers and clocks live on the mesh: an adjust does not compile again
+    tree, model = step(O.adjust(tree, 3e-3), model, grads)
+    assert step._cache_size() == compiled, "an adjust compiled the step again on the mesh"
     print("ok")
 
 
