@@ -242,6 +242,30 @@ def test_fused_path_is_taken_and_groups_are_reused(rule, monkeypatch):
     assert (kind(group) == "fused_adam") == isinstance(rule, O.Adam)
 
 
+def test_lamb_directed_group_is_reused_and_remade_when_a_parameter_moves():
+    """A ``Directed`` group (LAMB) found in one step is kept for the next: what it checks
+    of the memory is its parameters' (not its zeros'); ``p.data = ...`` makes it anew,
+    and the steps stay the plain path's."""
+    model = [torch.ones(8) * (i + 1) for i in range(4)]
+    plain = [p.clone() for p in model]
+    tree, tree_p = O.setup(O.LAMB(0.1), model), O.setup(O.LAMB(0.1), plain)
+    found = []
+    for step in range(4):
+        if step == 3:
+            model[1].data, plain[1].data = model[1].data.clone(), plain[1].data.clone()
+        g = [torch.full((8,), 0.5 + step) for _ in model]
+        O.update_(tree, model, g)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fused, "MIN_GROUP", 10**9)
+            O.update_(tree_p, plain, g)
+        (group,) = O.state.plan_of(tree).groups
+        found.append(group)
+    assert isinstance(found[0], fused.Directed)
+    assert found[1] is found[2] and found[3] is not found[2]
+    for a, b in zip(model, plain):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_module_with_grad_is_fused(monkeypatch):
     runs = spy_runs(monkeypatch)
     torch.manual_seed(0)

@@ -440,6 +440,7 @@ class Directed(Group):
                  for (e, arrays), s in zip(members, self.scratch)]
         super().__init__(rule.direction(), sig, inner, write)
         self.owner, self.params, self.writes = rule, [e.x for e, _ in members], write
+        self.prints = xp.footprints(self.params)  # (the parameters', not the zeros')
 
     def run(self, grads: list, new: dict, found: dict | None = None) -> None:
         """The direction into the zeros, then each parameter's scaled step."""
