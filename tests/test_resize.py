@@ -352,3 +352,24 @@ def test_torch_view_at_the_same_address_is_noticed(how, torch_path):
         model[1].data = model[1].data[:3]
         with pytest.raises(ValueError, match=r"KeyPath\(1\)"):
             O.update_(tree, model, grads)
+
+
+@pytest.mark.parametrize("rule", [O.OptimiserChain(O.ClipNorm(1.0), O.Adafactor()),
+                                  O.EMA(O.Adafactor()), O.MixedPrecision(O.Adafactor()),
+                                  O.EMA(O.OptimiserChain(O.WeightDecay(), O.Adam()))],
+                         ids=repr)
+def test_composites_ask_their_rules_whether_a_state_fits(rule):
+    """A chain, ``EMA`` and ``MixedPrecision`` ask each rule they hold whether its state
+    fits (``Rule.misfit``): ``Adafactor``'s factored moments fit a matrix inside them too,
+    and a resized parameter is still refused."""
+    model = {"w": np.ones((3, 4), np.float32), "b": np.ones(5, np.float32)}
+    tree = O.setup(rule, model)
+    for _ in range(2):
+        tree, model = O.update_(tree, model, grads_of(model))
+        tree, model = O.update(tree, model, grads_of(model))
+    assert not np.array_equal(model["w"], np.ones((3, 4)))
+    model["w"] = np.ones((3, 5), np.float32)
+    before = snapshot(tree, model)
+    with pytest.raises(ValueError, match=r"Leaf at KeyPath\('w'\) holds state of shape"):
+        O.update_(tree, model, grads_of(model))
+    assert same(before, snapshot(tree, model))

@@ -59,6 +59,12 @@ class OptimiserChain(Rule):
     def init(self, x):
         return tuple(r.init(x) for r in self.rules)
 
+    def misfit(self, state: Any, x: Any) -> tuple | None:
+        """The first misfit of a rule's state against ``x`` (each rule's own test: an
+        ``Adafactor``'s factored moments fit)."""
+        found = (r.misfit(s, x) for r, s in zip(self.rules, state))
+        return next((f for f in found if f is not None), None)
+
     def stepped(self, state: Any) -> Any:
         """Real when every rule's step was (an :class:`AccumGrad` in it decides)."""
         real: Any = True
@@ -185,6 +191,10 @@ class MixedPrecision(Rule):
         xT = backends.of(x).astype(x, self.dtype)
         return xT, self.rule.init(xT)
 
+    def misfit(self, state: Any, x: Any) -> tuple | None:
+        """The master copy's shape against ``x``'s, then the rule's own test."""
+        return Rule.misfit(self, state[0], x) or self.rule.misfit(state[1], x)
+
     def stepped(self, state: Any) -> Any:
         return self.rule.stepped(state[1])
 
@@ -242,6 +252,10 @@ class EMA(Rule):
 
     def init(self, x):
         return self.rule.init(x), backends.of(x).copy(x)
+
+    def misfit(self, state: Any, x: Any) -> tuple | None:
+        """The rule's own test, then the average's shape against ``x``'s."""
+        return self.rule.misfit(state[0], x) or Rule.misfit(self, state[1], x)
 
     def stepped(self, state: Any) -> Any:
         return self.rule.stepped(state[0])
