@@ -533,7 +533,7 @@ def _run(group: Group, members: list, new: dict, found: dict | None) -> None:
     try:
         group.run([e.grads[0] for e in members], new, found)
     except (ValueError, TypeError, ArithmeticError) as err:
-        err.add_note(in_group([e.paths[0] for e in members], group.rule))
+        err.add_note(in_group([e.paths[0] for e in members], group.owner))
         raise
 
 
