@@ -578,29 +578,11 @@ def _pack(rule: Any, state: Any, clock: Any) -> tuple[tuple, bool]:
     if numbers:
         numbers += [complement(v) for v in numbers[:spec.rule_n]]
         rest.insert(0, jnp.stack(numbers) if traced else _STACK(*numbers))
-    replica = None if traced else _mesh_of(state)
-    if replica is not None:  # the numbers and clock replicated where the state is sharded
-        rest = [_replicated(v, replica) for v in rest]
+    if not traced:  # the numbers and clock replicated where the state is sharded
+        from optimisers.fast import partition
+
+        rest = partition.beside(state, rest)
     return (spec, *rest), traced
-
-
-def _mesh_of(state: Any) -> Any:
-    """The sharding replicated over the mesh that an array of ``state`` is sharded over
-    (more than one device), or ``None``: a Leaf's numbers and clock go there, so that a
-    jitted step gets them as it gives them back (made on one device, they would make the
-    step after the first, and each ``adjust``, compile again)."""
-    for v in jax.tree.leaves(state):
-        s = getattr(v, "sharding", None)
-        if isinstance(s, jax.sharding.NamedSharding) and len(s.device_set) > 1:
-            return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec())
-    return None
-
-
-def _replicated(v: Any, replica: Any) -> Any:
-    """``v`` placed by ``replica`` if it is an array on one device (the state's own
-    sharded arrays stay as they are)."""
-    s = getattr(v, "sharding", None)
-    return jax.device_put(v, replica) if s is not None and len(s.device_set) == 1 else v
 
 
 class _Lazy:

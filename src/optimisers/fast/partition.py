@@ -30,7 +30,7 @@ from jax.experimental.custom_partitioning import (
 )
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-__all__ = ["call"]
+__all__ = ["beside", "call", "follow"]
 
 
 def call(caller: Any, name: str, results: list, aliases: dict, operands: list, n: int,
@@ -91,6 +91,30 @@ def _partitioned(caller: Any, name: str, results: tuple, alias: tuple, n: int, s
         infer_sharding_from_operands=functools.partial(_infer, layout),
         sharding_rule=_rule(layout))
     return fn
+
+
+def beside(state: Any, values: list) -> list:
+    """beside(state, values) -> ``values`` (a Leaf's flat form: its numbers and clock, and
+    its state's arrays), each that is on one device placed replicated over the mesh that an
+    array of ``state`` is sharded over; as they are with one device, or no sharded state.
+    A jitted step then gets them as it gives them back: made on one device, they would
+    make the step after the first, and each ``adjust``, compile again.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> values = [jnp.ones(3), jnp.int32(0)]
+        >>> beside((jnp.zeros(3),), values) == values  # (one device: as they are)
+        True
+    """
+    if _devices() == 1:
+        return values
+    for v in jax.tree.leaves(state):
+        s = getattr(v, "sharding", None)
+        if isinstance(s, NamedSharding) and len(s.device_set) > 1:
+            where = _replicated(s.mesh, s)
+            return [jax.device_put(a, where) if len(getattr(a, "sharding", s).device_set) == 1
+                    else a for a in values]
+    return values
 
 
 def _replicated(mesh: Any, like: Any) -> Any:
