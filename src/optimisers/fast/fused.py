@@ -431,7 +431,7 @@ class Directed(Group):
         [('Directed', 4)]
     """
 
-    __slots__ = ("scratch", "writes")
+    __slots__ = ("scratch",)
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         xp = backends.of(members[0][0].x)
@@ -439,19 +439,20 @@ class Directed(Group):
         inner = [(Entry(e.leaf, s, e.grads, e.paths[0]), arrays)
                  for (e, arrays), s in zip(members, self.scratch)]
         super().__init__(rule.direction(), sig, inner, write)
-        self.owner, self.params, self.writes = rule, [e.x for e, _ in members], write
+        self.owner, self.params = rule, [e.x for e, _ in members]
         self.prints = xp.footprints(self.params)  # (the parameters', not the zeros')
 
     def run(self, grads: list, new: dict, found: dict | None = None) -> None:
         """The direction into the zeros, then each parameter's scaled step."""
         xp = self.xp
         now = at(self.owner, self.t)  # (at the clock before this step)
-        for s in self.scratch:
-            xp.assign(s, 0)
+        if self.write:  # (out of place, the direction leaves the zeros as they are)
+            for s in self.scratch:
+                xp.assign(s, 0)
         minus: dict = {}
         super().run(grads, minus)
         for leaf, x, s in zip(self.leaves, self.params, self.scratch):
-            y = xp.subtract(x, now.scaled(x, -minus.get(id(leaf), s)), self.writes)
+            y = xp.subtract(x, now.scaled(x, -minus.get(id(leaf), s)), self.write)
             if y is not x:
                 new[id(leaf)] = y
 
