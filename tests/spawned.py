@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -42,6 +43,13 @@ def run(fn, world: int, *args, timeout: float = TIMEOUT) -> None:
 
 
 def _main(rank: int, fn, world: int, port: int, args: tuple) -> None:
+    """One worker: ``fn`` in a gloo process group. On success it leaves by ``os._exit``,
+    past the interpreter's teardown: a group held by DDP's reducer or FSDP's device mesh
+    outlives ``destroy_process_group``, and when one of its worker threads frees a finished
+    collective's tensor during that teardown it must take the GIL, which then ends the
+    thread by a forced unwind through a C++ destructor: ``std::terminate`` and SIGABRT
+    ("terminate called without an active exception"). An exception still takes torch's
+    own way out, which writes its traceback for the parent first."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # two processes share the machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world,
@@ -50,6 +58,15 @@ def _main(rank: int, fn, world: int, port: int, args: tuple) -> None:
         fn(rank, world, *args)
     finally:
         dist.destroy_process_group()
+    leave()
+
+
+def leave() -> None:
+    """End this process now with status 0, its output flushed, without the interpreter's
+    teardown (see ``_main``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_script(path: str, timeout: float = TIMEOUT) -> str:
@@ -57,7 +74,6 @@ def run_script(path: str, timeout: float = TIMEOUT) -> str:
     session; its standard output. After ``timeout`` seconds the whole session is killed."""
     import signal
     import subprocess
-    import sys
 
     process = subprocess.Popen([sys.executable, path], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
