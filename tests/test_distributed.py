@@ -401,6 +401,24 @@ def test_dcp_saves_on_two_ranks_loads_on_one_and_back(tmp_path):
     spawned.run(_load_on_two, 2, str(tmp_path))
 
 
+# --- leaving: no abort in the interpreter's teardown -----------------------------------------
+
+
+def _collectives_in_flight(rank: int, world: int) -> None:
+    nn.parallel.DistributedDataParallel(nn.Linear(4, 4))  # its reducer keeps the group alive
+    for _ in range(20):  # handles dropped at once: gloo's threads free the tensors, late
+        out = [torch.empty(1000) for _ in range(world)]
+        dist.all_gather(out, torch.ones(1000), async_op=True)
+
+
+def test_a_worker_leaving_collectives_in_flight_exits_cleanly():
+    """A worker whose group outlives ``destroy_process_group`` (DDP's reducer holds it)
+    while gloo's threads still free tensors: it exits with status 0, not SIGABRT from the
+    interpreter's teardown (9 runs in 10 aborted before ``spawned`` left by ``os._exit``)."""
+    for _ in range(3):
+        spawned.run(_collectives_in_flight, 2)
+
+
 # --- the README's example -------------------------------------------------------------------
 
 
