@@ -254,7 +254,7 @@ def load() -> str:
         return "?"
 
 
-def machine(libs: set, numba_blocked: bool) -> list[str]:
+def machine(libs: set) -> list[str]:
     cpu = platform.processor() or "?"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -282,15 +282,6 @@ def machine(libs: set, numba_blocked: bool) -> list[str]:
             vers.append(f"optax {optax.__version__}")
         except ImportError:
             pass
-    if numba_blocked:
-        vers.append("numba blocked (--no-numba)")
-    else:
-        try:
-            import numba
-
-            vers.append(f"numba {numba.__version__}")
-        except ImportError:
-            vers.append("numba not installed")
     rev = "?"
     try:
         rev = subprocess.run(["git", "-C", str(HERE.parent), "describe", "--always", "--dirty"],

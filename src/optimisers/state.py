@@ -12,8 +12,8 @@ An update reads top to bottom, in three phases:
 2. else *gather* (``gather.py``) walks tree, model and gradients together, validating
    everything and summing the gradients of tied parameters, into entries;
 3. *step* (:func:`_step`) runs each Leaf's rule once: fused groups of like Leafs
-   (``fast/fused.py``, whose compiled passes the code generator ``fast/trace.py`` makes
-   from the rules' own ``apply``), the rest one by one. Rules that may raise run first,
+   (``fast/fused.py``: the rules' own ``apply`` over each group's flat buffers), the
+   rest one by one. Rules that may raise run first,
    on copies, so that ``update_`` writes nothing when the input is bad.
 """
 
