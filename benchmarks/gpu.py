@@ -150,7 +150,7 @@ def describe(torch_dev: str | None, jax_dev: str | None) -> list[str]:
         d = jax.devices(jax_dev)[0]
         lines.append(f"JAX on {jax_dev}: {d} {d.device_kind} (jax {jax.__version__})")
     libs = {"torch"} if torch_dev else set()
-    return lines + machine(libs | ({"jax"} if jax_dev else set()), numba_blocked=False)
+    return lines + machine(libs | ({"jax"} if jax_dev else set()))
 
 
 # --- agreement -------------------------------------------------------------------------------
