@@ -54,12 +54,14 @@ def setup(rule: Rules, model: Any) -> Any:
     :func:`isnumeric`) gets ``Leaf(rule, rule.init(x))``; every other position gets
     ``None``. Keyed nodes become dicts keyed like the model, tuples stay tuples and
     lists lists, so ``tree["layers"][0]["weight"]`` addresses a Leaf. A mutable array
-    reached by several paths (a tie) gets one shared Leaf.
+    reached by several paths (a tie; also an array inside a shared container or
+    ``nnx.Param``) gets one shared Leaf.
 
     Rules per subset, as torch's parameter groups and optax's ``partition``: ``rule`` may
     be a mapping from ``where=`` patterns (see :func:`~optimisers.adjust.matches`) to
     rules, the first pattern that matches an array's path winning, ``None`` meaning "not
-    trained"; or a function ``(KeyPath, array) -> Rule | None``.
+    trained"; or a function ``(KeyPath, array) -> Rule | None``. Every path of a tie is
+    asked, once, and all must give equal (``==``) rules.
 
     Args:
         rule: the optimisation rule, e.g. ``Adam()``; or rules by path, as above.
@@ -91,13 +93,12 @@ def setup(rule: Rules, model: Any) -> Any:
         (0.0, 0.1)
     """
     choose = _chooser(rule)
-    picked = _picks(choose, model) if choose is not None else None
     made: list[Leaf] = []
 
     def make(kp: KeyPath, x: Any) -> Leaf | None:
         if not isnumeric(x):
             return None
-        r = rule if picked is None else picked[id(x)][1] if ismutable(x) else choose(kp, x)
+        r = rule if choose is None else choose(kp, x)
         if r is None:
             return None
         why = r.refuses(x)
@@ -109,7 +110,8 @@ def setup(rule: Rules, model: Any) -> Any:
         return made[-1]
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
-                build=mirror, keys=trainable, skip=lambda v: None)
+                build=mirror, keys=trainable, skip=lambda v: None,
+                again=None if choose is None else _asker(choose))
     fused.pack(made)
     if not made:
         warnings.warn("setup found no trainable parameter in the model: no floating-point "
@@ -158,22 +160,26 @@ def _by_pattern(rules: Mapping) -> Callable[[KeyPath, Any], Rule | None]:
     return by_pattern
 
 
-def _picks(choose: Callable, model: Any) -> dict[int, tuple]:
-    """``{id(array): (path, rule)}`` for the mutable trainable arrays of ``model``, every
-    path of a tied one asked: ``ValueError`` where two of them pick different rules."""
-    picks: dict[int, tuple] = {}
+def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
+    """What ``setup``'s walk does where it reaches a tied object again (an array, or a
+    container or Variable holding arrays): ``choose`` is asked for each array under the
+    new path too, and must give the rule that the first path gave (``==``), or a
+    ``ValueError`` names both paths. Every path of a tie is so asked exactly once."""
 
-    def note(kp: KeyPath, x: Any) -> None:
-        if isnumeric(x) and ismutable(x):
-            r = choose(kp, x)
-            first = picks.setdefault(id(x), (kp, r, x))
-            if first[1] != r:
-                raise ValueError(f"the tied array at {first[0]} and {kp} would get two "
-                                 f"rules, {first[1]!r} and {r!r}; give its paths one rule")
+    def same(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
+        if not isnumeric(x):
+            return
+        want = out.rule if isinstance(out, Leaf) else None
+        r = choose(kp, x)
+        if r != want:
+            raise ValueError(f"the tied array at {first} and {kp} would get two rules, "
+                             f"{want!r} and {r!r}; give its paths one rule")
 
-    walk(note, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
-         build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
-    return picks
+    def again(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
+        walk(lambda rel, a, y: same(first + rel, kp + rel, a, y), x, (out,),
+             exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
+             build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
+    return again
 
 
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
