@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import numpy as np
@@ -173,3 +174,49 @@ def test_a_tie_whose_paths_give_equal_rules_is_one_leaf(tied):
     tree = O.setup(lambda kp, x: None if kp in (KeyPath(*first), KeyPath(*second))
                    else O.Adam(), model)
     assert O.getkeypath(tree, first) is None and O.getkeypath(tree, second) is None
+
+
+# ---------------------------------------------------------------- a rule that refuses an array
+
+
+def _suggested(err: pytest.ExceptionInfo) -> str:
+    """The call of setup that a refusal's message suggests."""
+    found = re.search(r"e\.g\. (setup\(.*, model\))$", str(err.value))
+    assert found, str(err.value)
+    return found.group(1)
+
+
+def _numpy_net() -> dict:
+    rng = np.random.default_rng(0)
+    return {"fc": {"weight": rng.normal(size=(4, 3)), "bias": np.zeros(4)},
+            "ln": {"weight": np.ones(4), "bias": np.zeros(4)},
+            "out": {"weight": rng.normal(size=(1, 4))}, "weight": np.ones(2)}
+
+
+@pytest.mark.parametrize("rule", [
+    O.Muon(0.02), O.OptimiserChain(O.ClipNorm(1.0), O.Muon(O.Cosine(0.02, steps=10))),
+    {"*.weight": O.Muon(0.02), "*": O.AdamW()},  # the old message's advice
+], ids=["Muon", "chain", "mapping"])
+def test_muons_suggested_setup_runs_and_trains_every_matrix_with_the_users_rule(rule):
+    model = _numpy_net()
+    with pytest.raises(ValueError, match=r"cannot train the array at (fc\.bias|ln\.weight): ") as e:
+        O.setup(rule, model)
+    code = _suggested(e)
+    assert "OptimiserChain()" not in code
+    tree = eval(code, {**vars(O), "model": model})  # the very text of the message
+    muon = rule if isinstance(rule, O.Rule) else rule["*.weight"]
+    for path in ("fc.weight", "out.weight"):
+        assert O.getkeypath(tree, O.KeyPath(*path.split("."))).rule == muon
+    for path in ("fc.bias", "ln.weight", "ln.bias", "weight"):
+        assert O.getkeypath(tree, O.KeyPath(*path.split("."))).rule == O.AdamW()
+    before = copy.deepcopy(model)
+    grads = {k: {n: np.ones_like(v) for n, v in d.items()} if isinstance(d, dict)
+             else np.ones_like(d) for k, d in model.items()}
+    O.update_(tree, model, grads)
+    assert all((model[k]["weight"] != before[k]["weight"]).all() for k in ("fc", "ln", "out"))
+
+
+def test_a_function_that_gives_muon_for_a_vector_is_told_to_give_another_rule():
+    with pytest.raises(ValueError, match=r"cannot train the array at fc\.bias: .* return "
+                                         r"another rule \(AdamW\(\), say\) for fc\.bias"):
+        O.setup(lambda kp, x: O.Muon(), _numpy_net())

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optimisers import backends
-from optimisers.adjust import matches
+from optimisers.adjust import covering, matches
 from optimisers.backends.registry import COMPILERS
 from optimisers.fast import fused
 from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
@@ -103,9 +103,8 @@ def setup(rule: Rules, model: Any) -> Any:
             return None
         why = r.refuses(x)
         if why is not None:
-            raise ValueError(f"{r!r} cannot train the array at {kp}: {why}; give such arrays "
-                             f"another rule by path, e.g. setup({{'*.weight': "
-                             f"{type(r).__name__}(), '*': AdamW()}}, model)")
+            raise ValueError(f"{r!r} cannot train the array at {kp}: {why}; "
+                             f"{_another_rule(rule, model, kp)}")
         made.append(backends.of(x).settle(Leaf(r, at(r, 0).init(x))))
         return made[-1]
 
@@ -158,6 +157,33 @@ def _by_pattern(rules: Mapping) -> Callable[[KeyPath, Any], Rule | None]:
                          f"(patterns: {', '.join(map(repr, rules))}); add one, or "
                          f"'*': None to leave the rest untrained")
     return by_pattern
+
+
+def _another_rule(rule: Rules, model: Any, kp: KeyPath) -> str:
+    """What to do when a rule refuses the array at ``kp``: the call of ``setup`` that gives
+    ``AdamW()`` to every array that ``rule`` (a rule or mapping) would give a rule that
+    refuses it, by patterns that pick no other array, and ``rule`` to the rest."""
+    if not isinstance(rule, Rule | Mapping):
+        return (f"make the function given to setup return another rule (AdamW(), say) for "
+                f"{kp} and arrays like it")
+    if not kp:
+        return "give it another rule, e.g. setup(AdamW(), model)"
+    choose, refused, kept = _chooser(rule), [], []
+
+    def note(path: KeyPath, x: Any) -> None:
+        if isnumeric(x):
+            try:
+                r = rule if choose is None else choose(path, x)
+            except ValueError:  # no pattern matches it: not this error's business
+                r = None
+            (refused if r is not None and r.refuses(x) is not None else kept).append(path)
+
+    walk(note, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
+         build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
+    given = {"*": rule} if isinstance(rule, Rule) else rule
+    items = [*(f"{p!r}: AdamW()" for p in covering(refused, kept)),
+             *(f"{p!r}: {r!r}" for p, r in given.items())]
+    return f"give such arrays another rule by path, e.g. setup({{{', '.join(items)}}}, model)"
 
 
 def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
