@@ -49,7 +49,7 @@ BAD = [  # (make, the exception's message, or its beginning)
                                     ">= 0"),
     (lambda: O.ClipNorm(omega=-1), "Invalid omega parameter: -1; ClipNorm's omega must be >= 0"),
     (lambda: O.ClipNorm(p=float("nan")), "Invalid p parameter: nan; ClipNorm's p must be in "
-                                         "[-inf, inf]"),
+                                         "(0, inf]"),
     (lambda: O.MixedPrecision(O.Adam(), dtype=np.int32),
      "MixedPrecision's dtype must be a floating dtype"),
     (lambda: O.MixedPrecision(O.Adam(), dtype=None), "MixedPrecision's dtype must be a floating"),
@@ -107,7 +107,7 @@ def test_a_value_of_the_wrong_kind_is_a_type_error_too(make):
 @pytest.mark.parametrize("make", [
     lambda: O.Descent(np.float32(0.5)), lambda: O.Descent(np.array(0.5)), lambda: O.Descent(1),
     lambda: O.Descent(0), lambda: O.AccumGrad(np.int64(3)), lambda: O.ClipNorm(p=float("inf")),
-    lambda: O.ClipNorm(p=-float("inf")), lambda: O.ClipNorm(p=0), lambda: O.ClipGrad(0.0),
+    lambda: O.ClipNorm(p=0.5), lambda: O.ClipGrad(0.0),
     lambda: O.Momentum(rho=1.0), lambda: O.Lion(beta=(1.0, 1.0)),
     lambda: O.AdamW(0.1, (0.0, 0.0), lambd=0.1, epsilon=0.0, couple=np.bool_(False)),
     lambda: O.MixedPrecision(O.Adam(), np.float64), lambda: O.MixedPrecision(O.Adam(), "float16"),
@@ -408,3 +408,73 @@ def test_a_concrete_jax_number_given_to_adjust_does_not_retrace_the_step():
     inside = jax.jit(lambda t, lr: O.adjust(t, lr).rule.eta)(tree["w"], 0.5)
     assert float(inside) == 0.5
 
+
+@pytest.mark.parametrize("p", [0, 0.0, -1, -2.5, -float("inf"), float("nan")])
+def test_clip_norm_takes_p_in_0_inf_as_clip_global_norm_does(p):
+    """``ClipNorm`` took ``p=0`` (a count of non-zeros) and ``p=-1`` (which does not clip);
+    it takes ``p`` in ``(0, inf]``, as ``ClipGlobalNorm`` does."""
+    for rule in (O.ClipNorm, O.ClipGlobalNorm):
+        with pytest.raises(ValueError, match=re.escape(f"{rule.__name__}'s p must be in (0, inf]")):
+            rule(1.0, p)
+    tree = O.setup(O.ClipNorm(1.0), {"w": np.ones(2)})
+    with pytest.raises(ValueError, match=r"ClipNorm's p must be in \(0, inf\]"):
+        O.adjust_(tree, p=p)
+    assert tree["w"].rule == O.ClipNorm(1.0)
+
+
+def test_clip_norm_clips_to_the_same_norm_as_clip_global_norm_for_every_allowed_p():
+    g = np.array([3.0, -4.0, 0.5])
+    for p in (0.5, 1, 1.5, 2, float("inf")):
+        one = O.ClipNorm(1.0, p).apply(None, np.zeros(3), g)[1]
+        everything = O.ClipGlobalNorm(1.0, p).apply(None, np.zeros(3), g)[1]
+        np.testing.assert_allclose(one, everything, rtol=1e-12)
+        assert np.linalg.norm(one, p) == pytest.approx(1.0)
+
+
+def test_rmsprop_refuses_rho_1_whose_steps_are_eta_over_epsilon():
+    """``RMSProp(rho=1.0)`` never learns its mean square (``q`` stays 0): every step was
+    ``eta*g/epsilon``. Refused, as ``torch.optim.Adam`` refuses the same decay at 1."""
+    with pytest.raises(ValueError, match=r"Invalid rho parameter: 1.0; RMSProp's rho must be "
+                                         r"in \[0, 1\)"):
+        O.RMSProp(rho=1.0)
+    with pytest.raises(ValueError, match=r"RMSProp's rho must be in \[0, 1\)"):
+        O.adjust_(O.setup(O.RMSProp(), {"w": np.ones(2)}), rho=1)
+    assert O.RMSProp(rho=0.0).rho == 0.0 and O.RMSProp(rho=0.9999).rho == 0.9999
+
+
+def test_momentum_and_nesterov_take_rho_1_as_torch_sgd_takes_momentum_1():
+    """Allowed, documented: ``torch.optim.SGD`` checks only ``momentum >= 0``; with
+    ``rho = 1`` the velocity sums every gradient, and the steps are torch's."""
+    torch = pytest.importorskip("torch")
+    for rule, nesterov in ((O.Momentum(0.1, 1.0), False), (O.Nesterov(0.1, 1.0), True)):
+        assert "``rho = 1`` is allowed" in type(rule).__doc__
+        x = np.array([1.0, -2.0])
+        tree, model = O.setup(rule, {"w": x.copy()}), {"w": x.copy()}
+        w = torch.tensor(x.copy(), requires_grad=True)
+        opt = torch.optim.SGD([w], lr=0.1, momentum=1.0, nesterov=nesterov)
+        for k in range(4):
+            g = np.array([0.5, -1.0]) * (k + 1)
+            O.update_(tree, model, {"w": g})
+            w.grad = torch.tensor(g)
+            opt.step()
+            np.testing.assert_allclose(model["w"], w.detach().numpy(), rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match=r"Momentum's rho must be in \[0, 1\]"):
+        O.Momentum(rho=1.01)
+
+
+def test_skip_non_finite_limit_is_a_whole_number_of_any_library_and_0_raises_at_once():
+    """``limit`` is declared as every field is (a NumPy int is a whole number: it was
+    refused); ``limit=0`` is allowed: the first non-finite gradient raises, nothing written."""
+    assert O.SkipNonFinite(np.int64(2)) == O.SkipNonFinite(2)
+    assert type(O.SkipNonFinite(np.int64(2)).limit) is int
+    for bad in (-1, 1.5, True, np.float64(2.0), "2"):
+        with pytest.raises(ValueError, match="SkipNonFinite's limit must be"):
+            O.SkipNonFinite(bad)
+    model = {"w": np.ones(2)}
+    tree = O.setup(O.OptimiserChain(O.SkipNonFinite(0), O.Descent(0.5)), model)
+    with pytest.raises(FloatingPointError, match="after 0 consecutive skipped steps"):
+        O.update_(tree, model, {"w": np.array([np.nan, 1.0])})
+    np.testing.assert_array_equal(model["w"], np.ones(2))
+    assert tree["w"].state[0] == 0
+    O.update_(tree, model, {"w": np.ones(2)})
+    np.testing.assert_array_equal(model["w"], np.full(2, 0.5))
