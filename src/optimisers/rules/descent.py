@@ -38,7 +38,10 @@ class Momentum(Rule):
     constant ``eta`` the steps are those of ``torch.optim.SGD(lr=eta, momentum=rho)`` and
     ``optax.sgd(eta, momentum=rho)``, whose velocity leaves ``eta`` out (theirs is
     ``v/eta``); by design, after ``adjust`` of ``eta`` ours still carries the old rate in
-    ``v`` and changes pace smoothly.
+    ``v`` and changes pace smoothly. ``rho`` is in ``[0, 1]``: ``rho = 1`` is allowed, as
+    ``torch.optim.SGD`` allows ``momentum=1`` (it checks only ``momentum >= 0``): the
+    velocity then sums every gradient, never forgetting one, which is well defined (no
+    division by ``1 - rho``); a ``rho`` above 1 grows the velocity without bound.
 
     Example:
         >>> import numpy as np
@@ -67,7 +70,8 @@ class Nesterov(Rule):
     """Nesterov(eta=0.001, rho=0.9): Nesterov's accelerated gradient (Sutskever et al. 2013).
 
     ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``; the same steps as
-    ``torch.optim.SGD(lr=eta, momentum=rho, nesterov=True)``.
+    ``torch.optim.SGD(lr=eta, momentum=rho, nesterov=True)``. ``rho = 1`` is allowed, as
+    for :class:`Momentum` (and ``torch.optim.SGD``'s ``momentum=1``).
 
     Example:
         >>> import numpy as np
