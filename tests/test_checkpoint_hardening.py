@@ -7,6 +7,7 @@ limit, and read the child's peak memory from ``os.wait4``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -520,6 +521,74 @@ def test_save_writes_through_a_symlink(tmp_path: Any) -> None:
     dangling.symlink_to(tmp_path / "runs" / "step2.ckpt")
     save(dangling, tree)
     assert dangling.is_symlink() and load(dangling, like=tree)["enc"]["b"].rule == Descent(0.5)
+
+
+def make_special(kind: str, where: Any) -> None:
+    """Put a ``kind`` of file that is not a regular one at ``where``."""
+    if kind == "fifo":
+        os.mkfifo(where)
+    elif kind == "directory":
+        where.mkdir()
+        (where / "keep.txt").write_text("kept")
+    elif kind == "socket":
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as sock:  # a relative name: AF_UNIX caps paths
+            sock.bind(os.path.relpath(where))          # at 108 bytes
+    elif kind == "device":  # a character device with /dev/null's numbers, made in tmp_path
+        os.mknod(where, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs, sockets, devices and symlinks")
+@pytest.mark.parametrize("through_link", [False, True], ids=["at the path", "through a link"])
+@pytest.mark.parametrize("kind", ["fifo", "directory", "socket", "device"])
+def test_save_never_replaces_what_is_not_a_regular_file(
+        tmp_path: Any, monkeypatch: Any, kind: str, through_link: bool) -> None:
+    """Saving to a device (as root, to /dev/null) replaced it with a regular file: save
+    refuses, naming the path, and the thing at the path (or the link's target) stays."""
+    if kind == "device" and (not hasattr(os, "mknod") or os.geteuid() != 0):
+        pytest.skip("making a device node needs root")
+    monkeypatch.chdir(tmp_path)
+    special = tmp_path / "special"
+    make_special(kind, special)
+    before = os.lstat(special)
+    path = special
+    if through_link:
+        path = tmp_path / "latest.ckpt"
+        path.symlink_to(special)
+    with pytest.raises(ValueError, match=rf"cannot save to '{path}'.*not a regular file"):
+        save(path, setup(Descent(), model()))
+    after = os.lstat(special)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (
+        before.st_mode, before.st_ino, before.st_rdev)
+    assert not through_link or os.readlink(path) == str(special)
+    if kind == "directory":
+        assert os.listdir(special) == ["keep.txt"]
+    assert temporaries(tmp_path) == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE and SIGXFSZ")
+def test_save_that_fills_the_disk_leaves_no_temporary_file_and_the_old_checkpoint(
+        ckpt: Any) -> None:
+    """A write refused for size (EFBIG, as a full disk's ENOSPC) used to leave its temporary
+    file: closing it flushed again, raised again, and the unlink never ran."""
+    trained(ckpt)
+    code = f"""
+        import resource, signal
+        import numpy as np
+        from optimisers import Descent, Leaf, save
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+        try:
+            save({str(ckpt)!r}, {{"w": Leaf(Descent(), np.ones(1 << 18))}})  # 2 MiB
+        except OSError as e:
+            print("FAILED", e.errno)
+    """
+    rc, text, _ = run_child(code)
+    assert rc == 0 and text.strip() == f"FAILED {errno.EFBIG}", text
+    assert temporaries(ckpt.parent) == []
+    back = load(ckpt, like=setup(Adam(), model()))
+    assert back["enc"]["w"].rule == Adam(0.1) and back["enc"]["w"].clock == 1
 
 
 # ----------------------------------------------------------------------------- no code first
