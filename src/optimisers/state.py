@@ -31,7 +31,7 @@ from optimisers import backends
 from optimisers.adjust import matches
 from optimisers.backends.registry import COMPILERS
 from optimisers.fast import fused
-from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
+from optimisers.gather import DOTGRAD, Entry, check_fit, gather, module_grads, nest_dotted
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.plan import Plan, first_leaf
@@ -186,7 +186,7 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
     where: dict[int, tuple] = {}
     for e in entries:
-        _check_fit(e)
+        check_fit(e)
         rule = e.leaf.rule
         kind = kinds.get(id(rule)) or kinds.setdefault(id(rule), (timed(rule), places(rule)))
         if kind[0]:
@@ -225,20 +225,6 @@ def _share(e: Entry, new: dict, inplace: bool) -> None:
             backends.of(other).assign(other, y)
     else:
         new[id(e.leaf)] = y
-
-
-def _check_fit(e: Entry) -> None:
-    """A ValueError, before anything is written, when the Leaf's state was not made for
-    its parameter (the parameter was resized or replaced after ``setup``): a step would
-    read and write the state by the parameter's size."""
-    found = e.leaf.rule.misfit(e.leaf.state, e.x)
-    if found is not None:
-        have, need = found
-        raise ValueError(
-            f"the Leaf at {e.paths[0]!r} holds state of shape {have}, but the parameter there "
-            f"has shape {need}: it changed after setup. Make the tree again with "
-            f"setup(rule, model), or start that part afresh with "
-            f"reinit(tree, model, where={str(e.paths[0])!r})")
 
 
 def _apply(e: Entry, state: Any, found: dict, dry: bool = False) -> tuple[Any, Any]:
