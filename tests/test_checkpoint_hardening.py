@@ -347,24 +347,35 @@ def test_deep_tree_that_saves_also_loads(ckpt: Any, kind: type) -> None:
     assert node["k"] is node["tie"] if kind is dict else node[0].rule == Adam(0.25)
 
 
-def test_model_490_lists_deep_saves_and_loads_in_a_fresh_process(tmp_path: Any) -> None:
-    """The issue's case, as a user meets it: setup, save, then load in a new process."""
+def test_model_nested_to_the_limit_saves_and_loads_in_a_fresh_process(tmp_path: Any) -> None:
+    """The issue's case, as a user meets it: setup, save, then load in a new process, with
+    no import before the deep walk; a model deeper than the walks take (490 lists, which
+    setup's walk met Python's recursion limit at while importing the NumPy backend) is a
+    ValueError naming the path (tests/test_walk.py tests each walk)."""
     code = f"""
         import numpy as np
         from optimisers import Adam, load, save, setup
-        setup(Adam(), [np.ones(1)])  # imports done before the deep walk
-        m = np.ones(2)
-        for _ in range(490):
-            m = [m]
+        from optimisers.walk import MAX_DEPTH
+        def nest(n):
+            m = np.ones(2)
+            for _ in range(n):
+                m = [m]
+            return m
+        m = nest(MAX_DEPTH)
         save({str(tmp_path / 'deep.ckpt')!r}, setup(Adam(0.5), m))
         back = load({str(tmp_path / 'deep.ckpt')!r}, like=setup(Adam(), m))
-        for _ in range(490):
+        for _ in range(MAX_DEPTH):
             back = back[0]
         print(back.rule)
+        try:
+            setup(Adam(), nest(490))
+        except ValueError as e:
+            print(str(e)[:62])
     """
     rc, text, _ = run_child(code)
-    assert rc == 0 and text.strip().endswith("Adam(eta=0.5, beta=(0.9, 0.999), epsilon=1e-08)"
-                                             ), text
+    assert rc == 0 and text.strip().splitlines() == [
+        "Adam(eta=0.5, beta=(0.9, 0.999), epsilon=1e-08)",
+        "the model is nested more than 100 containers deep: the list at"], text
 
 
 def test_value_nested_past_the_limit_is_refused_at_save_and_at_load(ckpt: Any) -> None:

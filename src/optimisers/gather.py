@@ -17,6 +17,7 @@ from optimisers import backends
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, not_a_tree
 from optimisers.tree import children, isnumeric, keys_shown, wrapper_name
+from optimisers.walk import enter
 
 
 def _what(x: Any) -> str:
@@ -121,7 +122,7 @@ def gather(tree: Any, model: Any, grads: tuple) -> list[Entry]:
         (array([3., 3.]), ['a', 'b'])
     """
     found: dict[int, Entry] = {}
-    _gather(tree, model, grads, KeyPath(), found)
+    _gather(tree, model, grads, KeyPath(), found, {})
     return list(found.values())
 
 
@@ -141,7 +142,7 @@ def pair(tree: Any, model: Any) -> list[Entry]:
         ['a', 'b']
     """
     found: dict[int, Entry] = {}
-    _gather(tree, model, (), KeyPath(), found)
+    _gather(tree, model, (), KeyPath(), found, {})
     for e in found.values():
         check_fit(e)
     return list(found.values())
@@ -161,9 +162,10 @@ def check_fit(e: Entry) -> None:
             f"reinit(tree, model, where={str(e.paths[0])!r})")
 
 
-def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
+def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict, inside: dict) -> None:
     """Phase one: validate tree, model and gradients together; fill ``plan``. With no
-    gradient trees at all (``gs == ()``), every Leaf gets an entry, frozen ones too."""
+    gradient trees at all (``gs == ()``), every Leaf gets an entry, frozen ones too.
+    ``inside``: the tree's containers being walked (:func:`~optimisers.walk.enter`)."""
     if t is None:
         return
     if isinstance(t, Leaf):
@@ -178,6 +180,7 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
         return
     if type(t) not in (dict, tuple, list):
         raise not_a_tree(t, kp)
+    enter(kp, t, inside, "the state tree")
     kids = children(x)
     keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
     if set(keys) != set(kids) or len(keys) != len(kids):
@@ -188,7 +191,8 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
     gks = [_grad_children(g, kids, x, kp) for g in gs]
     for k in keys:
         _gather(t[k], kids[k], tuple(None if gk is None else gk.get(k) for gk in gks),
-                kp + (k,), plan)
+                kp + (k,), plan, inside)
+    del inside[id(t)]
 
 
 def nest_dotted(g: Any, model: Any) -> Any:

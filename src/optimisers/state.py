@@ -64,7 +64,8 @@ def setup(rule: Rules, model: Any) -> Any:
     Args:
         rule: the optimisation rule, e.g. ``Adam()``; or rules by path, as above.
         model: any nesting of arrays in tuples, lists, dicts, dataclasses, registered
-            classes or ``torch.nn.Module``.
+            classes or ``torch.nn.Module``, at most :data:`~optimisers.walk.MAX_DEPTH`
+            containers deep.
 
     Returns:
         The state tree, to be passed to :func:`update` / :func:`update_`.
@@ -74,7 +75,9 @@ def setup(rule: Rules, model: Any) -> Any:
             function gives something else than a rule or ``None`` (naming the path).
         ValueError: when no pattern matches a trainable array, the paths of one tied
             array pick different rules, or a rule refuses its array (see
-            :meth:`Rule.refuses`: ``Muon`` trains real matrices only), naming the paths.
+            :meth:`Rule.refuses`: ``Muon`` trains real matrices only), or the model nests
+            deeper than :data:`~optimisers.walk.MAX_DEPTH` or contains itself (a cycle),
+            naming the paths.
 
     Example:
         >>> import numpy as np
