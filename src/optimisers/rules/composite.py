@@ -197,7 +197,7 @@ class MixedPrecision(Rule):
         """The master copy's shape against ``x``'s (its dtype is its own: a parameter cast
         to another dtype after ``setup`` trains on, written back in its new dtype), then
         the rule's own test against the master copy, the parameter it steps."""
-        master, need = state[0], tuple(backends.of(x).shape(x))
+        master, need = state[0], tuple(x.shape)
         if tuple(master.shape) != need:
             return tuple(master.shape), need
         return self.rule.misfit(state[1], master)
