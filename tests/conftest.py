@@ -45,8 +45,9 @@ from optimisers import (
     update_,
 )
 
-collect_ignore = ["jaxmesh.py"]  # test_jax_mesh.py's workers, run as scripts: importing one
-# sets XLA_FLAGS (8 devices), which would reach JAX in the test process itself
+collect_ignore = ["jaxmesh.py", "safety_worker.py"]  # workers, run as scripts: importing
+# jaxmesh.py (test_jax_mesh.py's) sets XLA_FLAGS (8 devices), which would reach JAX in the
+# test process itself; safety_worker.py (test_safety.py's) has nothing to collect
 
 # Rules that descend on their own: defaults, chains and non-default variants.
 DESCENDING = [
