@@ -47,7 +47,9 @@ MIN_GROUP = 2
 
 CHUNK = 1 << 18
 """Elements per piece when a group of large arrays is stepped piece by piece by its
-rule's own ``apply`` (rules that the backend has no one-pass step for)."""
+rule's own ``apply``. A group of ``16 * CHUNK`` elements or more in all, whose arrays
+average ``CHUNK // 16`` or more, steps so: over one concatenation of its size, each
+operation of the formula would make (and fault in) a temporary as large as the group."""
 
 _FUSIBLE: dict[Rule, tuple[bool, bool]] = {}
 
@@ -274,14 +276,15 @@ class Group:
     def _chunked(self, grads: list) -> bool:
         """In place, for groups of large arrays: the rule on cache-sized pieces of each
         array in turn, so that its temporaries stay in cache. ``False`` where the group
-        is mostly small arrays (concatenating them is better) or the backend cannot view
+        is small, or mostly small arrays (concatenating them is better) or the backend cannot view
         its arrays flat (``xp.flat``)."""
         xp = self.xp
         if not self.write:
             return False
         if self.large is None:
             sizes = [xp.size(x) for x in self.xs]
-            self.large = sum(sizes) >= CHUNK * len(sizes)
+            total = sum(sizes)
+            self.large = total >= 16 * CHUNK and 16 * total >= CHUNK * len(sizes)
         if not self.large:
             return False
         members = [xp.flat(x, g, arrays) for x, g, arrays in zip(self.xs, grads, self.arrays)]
