@@ -34,7 +34,18 @@ this                                        optax / torch
 ``Warmup(Cosine(p, b, n - w), w, a)``       ``warmup_cosine_decay_schedule(a, p, w, n, b)``
 ``Join(schedules, boundaries)``             ``join_schedules(schedules, boundaries)``
 ``OneCycle(p, n)``                          ``OneCycleLR(max_lr=p, total_steps=n)``, t < n
+``OneCycle(lo, n, start=hi, end=hi)``       its momentum, ``cycle_momentum=True`` with
+                                            ``base_momentum=lo, max_momentum=hi``
+``Function(f)``, or ``f`` itself            ``f``: an optax schedule; ``LambdaLR``'s
+                                            ``lr_lambda`` (times the base rate)
+``0.1 * s``, ``Scaled(s, 0.1)``             ``0.1 * s(t)``
 ==========================================  =================================================
+
+A plain function ``step -> value`` is a schedule wherever one is taken: a rule's number
+field (``Adam(eta=f)``, ``Adam(beta=(f, 0.999))``), ``Warmup``'s and ``Join``'s schedules.
+It becomes :class:`Function` ``(f)``, called with the Leaf's clock: a Python ``int`` on
+NumPy and PyTorch, traced under ``jax.jit`` (so there it must compute with ``jnp``, as an
+optax schedule does, and never branch in Python on ``t``).
 """
 
 from __future__ import annotations
@@ -46,12 +57,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from optimisers import backends
 from optimisers.rules import Rule, fields
 from optimisers.rules.fields import Allowed, Interval, InvalidKind, hyperparameter
 
-__all__ = ["Schedule", "SCHEDULES", "at", "timed", "Constant", "Linear", "Cosine",
-           "Exponential", "Step", "Polynomial", "Warmup", "Join", "OneCycle"]
+__all__ = ["Schedule", "SCHEDULES", "at", "timed", "as_schedule", "importable_name",
+           "Constant", "Linear", "Cosine", "Exponential", "Step", "Polynomial", "Warmup",
+           "Join", "OneCycle", "Function", "Scaled"]
 
 SCHEDULES: dict[str, type] = {}
 """SCHEDULES: every subclass of :class:`Schedule` by name, as :data:`~optimisers.RULES` is
@@ -109,6 +123,14 @@ class Schedule:
     def __call__(self, t: Any) -> Any:
         """The value at step ``t`` (counting from 0)."""
         raise NotImplementedError(f"{type(self).__name__} must define __call__(t)")
+
+    def __mul__(self, factor: Any) -> Any:
+        """``schedule * factor``: the schedule :class:`Scaled` by a number."""
+        if isinstance(factor, Schedule) or callable(factor):
+            return NotImplemented
+        return Scaled(self, factor)
+
+    __rmul__ = __mul__
 
     def __post_init__(self) -> None:
         """Check every declared field (as a rule's are); a Python ``int`` given for a
@@ -228,6 +250,29 @@ def _half_cosine(xp: Any, start: Any, end: Any, angle: Any) -> Any:
     """From ``start`` at angle 0 to ``end`` at angle pi along a half cosine (torch's
     ``_annealing_cos``; optax's ``cosine_decay_schedule`` rounds alike in float32)."""
     return end + (start - end) / 2.0 * (xp.cos(angle) + 1)
+
+
+def as_schedule(value: Any) -> Any:
+    """as_schedule(value) -> ``value``, with a plain function ``step -> value`` (in a tuple
+    too) made the schedule :class:`Function` ``(value)``: what a rule's number field and
+    a schedule's schedule field do with what they are given.
+
+    Example:
+        >>> def halving(t):
+        ...     return 0.5 ** t
+        >>> as_schedule(halving)(2), as_schedule((0.1, halving))[0]
+        (0.25, 0.1)
+    """
+    if type(value) is tuple:
+        return tuple(map(as_schedule, value)) if any(map(_isfunction, value)) else value
+    return Function(value) if _isfunction(value) else value
+
+
+def _isfunction(value: Any) -> bool:
+    """Whether ``value`` is a plain function to call on a step (not a schedule, a rule, a
+    class or an array)."""
+    return (callable(value) and not isinstance(value, (Schedule, Rule, type))
+            and backends.library(value) is None)
 
 
 def _check_schedule(owner: str, name: str, value: Any) -> None:
@@ -434,6 +479,7 @@ class Warmup(Schedule):
     start: float = _number(0.0)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "schedule", as_schedule(self.schedule))
         _check_schedule("Warmup", "schedule", self.schedule)
         Schedule.__post_init__(self)
 
@@ -471,6 +517,7 @@ class Join(Schedule):
     def __post_init__(self) -> None:
         if type(self.schedules) is list:  # optax's users write lists: kept as tuples
             object.__setattr__(self, "schedules", tuple(self.schedules))
+        object.__setattr__(self, "schedules", as_schedule(self.schedules))
         if type(self.boundaries) is list:
             object.__setattr__(self, "boundaries", tuple(self.boundaries))
         _check_join(self.schedules, self.boundaries)
@@ -509,35 +556,151 @@ _RISE, _DIV, _FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCycleLR: pct_start and th
 
 @dataclass(frozen=True, slots=True)
 class OneCycle(Schedule):
-    """OneCycle(peak, steps): up from ``peak / 25`` to ``peak`` over the first 30% of
-    ``steps``, then down to ``peak / 25 / 1e4``, both along half cosines (Smith & Topin
-    2018, "super-convergence").
+    """OneCycle(peak, steps, start=None, end=None): from ``start`` to ``peak`` over the first
+    30% of ``steps``, then on to ``end``, both along half cosines (Smith & Topin 2018,
+    "super-convergence").
 
     torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults
     (``pct_start=0.3``, ``anneal_strategy="cos"``, ``div_factor=25``,
-    ``final_div_factor=1e4``, ``three_phase=False``): the rise ends at step
-    ``0.3 * steps - 1`` and the fall at step ``steps - 1``. From there on the value stays
-    ``peak / 25 / 1e4`` (torch's goes on along the cosine for one step, then raises).
+    ``final_div_factor=1e4``, ``three_phase=False``): ``start`` is ``peak / 25`` and
+    ``end`` is ``start / 1e4`` unless given; the rise ends at step ``0.3 * steps - 1`` and
+    the fall at step ``steps - 1``. From there on the value stays ``end`` (torch's goes
+    on along the cosine for one step, then raises).
+
+    The momentum that ``OneCycleLR`` cycles against the rate (``cycle_momentum=True``, its
+    default: ``Momentum.rho``, ``Adam.beta[0]``) is ``OneCycle(base_momentum, steps,
+    start=max_momentum, end=max_momentum)``: by default ``OneCycle(0.85, steps,
+    start=0.95, end=0.95)``, down while the rate rises, then up again.
 
     Args:
-        peak: the highest value, at the end of the rise.
+        peak: the value at the end of the rise (the highest rate; the lowest momentum).
         steps: the length of the cycle, a whole number >= 1.
+        start: the value at step 0; ``None``: ``peak / 25``.
+        end: the value from step ``steps - 1`` on; ``None``: ``start / 1e4``.
 
     Example:
         >>> s = OneCycle(1.0, steps=10)
         >>> [round(s(t), 4) for t in (0, 1, 2, 5, 9, 10)]
         [0.04, 0.52, 1.0, 0.6113, 0.0, 0.0]
+        >>> rho = OneCycle(0.85, steps=10, start=0.95, end=0.95)
+        >>> [round(rho(t), 4) for t in (0, 1, 2, 5, 9)]
+        [0.95, 0.9, 0.85, 0.8889, 0.95]
     """
 
     peak: float = _number()
     steps: int = _count()
+    start: float | None = _number(None, "(-inf, inf) or None")
+    end: float | None = _number(None, "(-inf, inf) or None")
 
     def __call__(self, t: Any) -> Any:
         xp = _maths(t, self.steps)
         top, last = _RISE * self.steps - 1, self.steps - 1  # torch's ends of the phases
         t = xp.minimum(t, last)
-        low = self.peak / _DIV
-        rise = _half_cosine(xp, low, self.peak, math.pi * (t / top))
-        fall = _half_cosine(xp, self.peak, low / _FINAL_DIV,
-                            math.pi * ((t - top) / (last - top)))
+        start = self.peak / _DIV if self.start is None else self.start
+        end = start / _FINAL_DIV if self.end is None else self.end
+        rise = _half_cosine(xp, start, self.peak, math.pi * (t / top))
+        fall = _half_cosine(xp, self.peak, end, math.pi * ((t - top) / (last - top)))
         return xp.where(t <= top, rise, fall)
+
+
+@dataclass(frozen=True, slots=True)
+class Function(Schedule):
+    """Function(function): a plain Python function ``step -> value`` as a schedule.
+
+    What a rule's number field makes of a function given in a number's place
+    (``Adam(eta=f)`` holds ``Function(f)``), so that optax's schedules and the
+    ``lr_lambda`` of torch's ``LambdaLR`` (a factor: give ``lambda t: lr * lr_lambda(t)``)
+    work as they are. It is called with the Leaf's clock: a Python ``int`` on NumPy and
+    PyTorch, whose value it gives as a Python ``float``; under ``jax.jit`` a traced integer,
+    so there ``function`` must compute with ``jnp`` (``jnp.where``, never a Python ``if``
+    on the step), as optax's schedules do.
+
+    It compares equal for the same function object, prints the function's name, and
+    is static under ``jax.jit`` (another function traces anew). A checkpoint stores it
+    by its importable name (:attr:`reference`), never its code, and ``load`` takes the
+    function again from ``like``; :func:`~optimisers.save` refuses a function without
+    such a name (a ``lambda``, one defined inside another function, optax's).
+
+    Args:
+        function: a callable taking a step count (from 0) and returning a number.
+
+    Example:
+        >>> s = Function(lambda step: 0.1 * 0.5 ** step)
+        >>> s(2), s, s.reference
+        (0.025, Function(<lambda>), None)
+        >>> Function(math.exp).reference    # a function that its name imports again
+        'math:exp'
+    """
+
+    function: Any = dataclasses.field(metadata={"static": True})
+
+    def __post_init__(self) -> None:
+        if not _isfunction(self.function):
+            raise InvalidKind(f"Invalid function parameter: {self.function!r:.60} "
+                              f"({type(self.function).__name__}); Function's function must "
+                              f"be a plain function step -> value, such as lambda t: "
+                              f"1e-3 * 0.99 ** t (a Schedule is one already: pass it as "
+                              f"it is)")
+
+    def __call__(self, t: Any) -> Any:
+        value = self.function(t)
+        if type(t) is int and type(value) is not float and (
+                isinstance(value, (int, np.number)) or backends.library(value) is not None):
+            return float(value)  # an optax schedule's array, at a Python step: a number
+        return value
+
+    def __repr__(self) -> str:
+        name = getattr(self.function, "__qualname__", None)
+        return f"Function({name if isinstance(name, str) else repr(self.function)})"
+
+    @property
+    def reference(self) -> str | None:
+        """:func:`importable_name` of the function."""
+        return importable_name(self.function)
+
+
+def importable_name(f: Any) -> str | None:
+    """importable_name(f) -> ``"module:qualified.name"``, the name under which ``f`` itself
+    is found in its module (as a checkpoint stores a :class:`Function`), or ``None`` when
+    there is none (a ``lambda``, a function made inside another, a callable object).
+
+    Example:
+        >>> importable_name(math.exp), importable_name(lambda t: t)
+        ('math:exp', None)
+    """
+    module, name = getattr(f, "__module__", None), getattr(f, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(name, str) or "<" in name:
+        return None
+    found: Any = sys.modules.get(module)
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return f"{module}:{name}" if found is f else None
+
+
+@dataclass(frozen=True, slots=True)
+class Scaled(Schedule):
+    """Scaled(schedule, factor): ``factor * schedule(t)``, what ``factor * schedule`` (or
+    ``schedule * factor``) makes: one schedule shared by groups at different rates.
+
+    Args:
+        schedule: the schedule to scale, a :class:`Schedule` (or a plain function).
+        factor: the number it is multiplied by.
+
+    Example:
+        >>> lr = Cosine(1e-3, steps=100)
+        >>> 0.1 * lr
+        Scaled(schedule=Cosine(start=0.001, end=0.0, steps=100), factor=0.1)
+        >>> (0.1 * lr)(0) == 0.1 * lr(0)
+        True
+    """
+
+    schedule: Schedule
+    factor: float = _number()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schedule", as_schedule(self.schedule))
+        _check_schedule("Scaled", "schedule", self.schedule)
+        Schedule.__post_init__(self)
+
+    def __call__(self, t: Any) -> Any:
+        return self.factor * self.schedule(t)

@@ -304,6 +304,9 @@ def _declared(cls: type) -> tuple[tuple[str, Allowed], ...]:
 def check(rule: Any) -> None:
     """check(rule) -> None, or raises: every declared field of ``rule`` against what it allows.
 
+    A plain function ``step -> value`` given for a number (or for a number in a tuple) is
+    a schedule: the field is set to :class:`~optimisers.schedules.Function` ``(f)``.
+
     Raises:
         ValueError: a number outside its interval (NaN and infinities included).
         InvalidKind: a value of the wrong kind, or a tuple of the wrong length (a
@@ -320,5 +323,16 @@ def check(rule: Any) -> None:
     """
     cls = type(rule)
     for name, allowed in _declared(cls):
-        allowed.check(cls.__name__, name, getattr(rule, name))
+        value = getattr(rule, name)
+        if allowed.kind in ("number", "whole") and type(value) is not float:
+            scheduled = _as_schedule(value)
+            if scheduled is not value:
+                object.__setattr__(rule, name, value := scheduled)
+        allowed.check(cls.__name__, name, value)
+
+
+def _as_schedule(value: Any) -> Any:
+    from optimisers.schedules import as_schedule  # (schedules imports this module)
+
+    return as_schedule(value)
 
