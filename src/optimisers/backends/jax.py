@@ -841,8 +841,10 @@ def dtype_name_of(v: Any) -> str:
 # A schedule's numbers (start, end, steps, boundaries...) are all children, ints included:
 # its formula never branches in Python on them, so that an ``adjust`` to a schedule of the
 # same class with other numbers never re-traces. Only flags (``Exponential.staircase``,
-# declared ``static``) are static. Nested schedules (``Warmup.schedule``, ``Join.schedules``)
-# are children, and flatten in turn.
+# declared ``static``) and ``Function``'s function are static. Nested schedules
+# (``Warmup.schedule``, ``Join.schedules``) are children, and flatten in turn. Rebuilt from
+# concrete values (a jitted step's output, read), a step count comes back a Python int as
+# it went in, never a 0-d array (its floats come back so from the Leaf's pack).
 
 
 def cos(x: Any) -> Array:
@@ -874,6 +876,21 @@ def _flatten_schedule_with_keys(s: Any) -> tuple[list, tuple]:
     return [(GetAttrKey(n), v) for n, v in zip(aux[0], kids)], aux
 
 
+def _unflatten_schedule(cls: type, aux: tuple, kids: Any) -> Any:
+    return _unflatten_rule(cls, aux, [_count(v) for v in kids])
+
+
+def _count(v: Any) -> Any:
+    """A weakly typed concrete 0-d integer array (a Python int that went through JAX) as that
+    int again; in a tuple too (``Join.boundaries``); anything else as it is."""
+    if type(v) is tuple:
+        return tuple(map(_count, v))
+    if (isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer) and v.shape == ()
+            and v.weak_type and v.dtype.kind in "iu"):
+        return int(v)
+    return v
+
+
 def register_schedule(cls: type) -> None:
     """register_schedule(cls) -> None: the schedule class ``cls`` as a JAX pytree (once),
     rebuilt as rules are, without re-running its checks on traced numbers.
@@ -888,7 +905,7 @@ def register_schedule(cls: type) -> None:
         return
     _REGISTERED.add(cls)  # (its fields are read at its first flattening: once a dataclass)
     jax.tree_util.register_pytree_with_keys(
-        cls, _flatten_schedule_with_keys, functools.partial(_unflatten_rule, cls),
+        cls, _flatten_schedule_with_keys, functools.partial(_unflatten_schedule, cls),
         _flatten_schedule)
 
 
