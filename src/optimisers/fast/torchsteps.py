@@ -5,10 +5,8 @@ NumPy views of CPU tensors, and torch's own fused Adam kernel
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
 import torch
 
 from optimisers.fast import kernels, trace
@@ -76,8 +74,7 @@ def _fused_adam(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
     formula in a different order of operations, so it agrees with the plain path to
     rounding, not bit for bit; tests check it to float32 rounding. Used only where it can
     express the step exactly: float32 or float64 contiguous tensors, Python-number
-    hyper-parameters, and bias corrections ``(b1^t, b2^t)`` that the kernel, which takes a
-    step count, can reproduce (it does after any :func:`~optimisers.adjust`, to rounding).
+    hyper-parameters, and a step count below 2^24 (the kernel reads it as float32).
     """
     kernel = _AdamKernel.make(rule, xs, arrays)
     program = trace.trace(rule, sig) if kernel is not None else None
@@ -163,25 +160,18 @@ def _dense(grads: list) -> bool:
         return False
 
 
-def _adam_scalars(rule: Any, bt: tuple) -> tuple | None:
+def _adam_scalars(rule: Any, t: Any) -> tuple | None:
     """``(lr, step, weight_decay)`` for torch's kernel so that its step is ours:
-    ``eta * m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)`` (plus AdamW's decay), or ``None``."""
-    b1, b2 = float(rule.beta[0]), float(rule.beta[1])
-    bt0, bt1 = bt
-    if not (isinstance(bt0, float) and isinstance(bt1, float)
-            and 0 <= b1 < 1 and 0 < b2 < 1 and 0 <= bt0 < 1 and 0 <= bt1 < 1):
+    ``eta * m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)`` (plus AdamW's decay), or ``None``.
+    The kernel's bias corrections are ours (the current betas to the power of the step
+    count, which it reads as float32: exact below 2^24)."""
+    if not (isinstance(t, float) and 0 <= t < 2**24 - 1):
         return None
-    # the kernel reads the step count as float32 and corrects by 1 - b2**step
-    step = float(np.float32(math.log(bt1) / math.log(b2))) if bt1 > 0 else 3e38
-    if step <= 0 or math.fabs((1 - b2**step) - (1 - bt1)) > 1e-7 * (1 - bt1):
-        return None
-    lr = float(rule.eta) * (1 - b1**step) / (1 - bt0)  # the kernel divides by 1 - b1**step
+    lr, step = float(rule.eta), t + 1
     lambd = float(getattr(rule, "lambd", 0.0))
     if not lambd:
         return lr, step, 0.0
     if lr <= 0:
         return None
     # AdamW: the kernel multiplies x by 1 - lr*wd before the step
-    return lr, step, (float(rule.eta) * lambd if rule.couple else lambd) / lr
-
-
+    return lr, step, (lr * lambd if rule.couple else lambd) / lr
