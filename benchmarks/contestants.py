@@ -115,54 +115,113 @@ def torch_module(torch: Any, params: Any) -> Any:
     return nn.ModuleList([torch_module(torch, v) for v in params])
 
 
-def torch_rows(o: Any, x0: Any, g: Any) -> list[Row]:
+def torch_on(device: str) -> tuple[Callable[[Any], Any], Callable[[], None]]:
+    """How to put a NumPy array on ``device`` as a tensor (on the CPU, sharing its memory),
+    and how to wait for the work queued there (on a GPU, ``torch.cuda.synchronize``)."""
+    import torch
+
+    if torch.device(device).type == "cpu":
+        return torch.from_numpy, lambda: None
+    return (lambda a: torch.from_numpy(a).to(device)), lambda: torch.cuda.synchronize(device)
+
+
+def torch_rows(o: Any, x0: Any, g: Any, device: str = "cpu",
+               decay: float | None = None) -> list[Row]:
+    """Our ``update_`` (on tensors, and on an ``nn.Module`` reading ``.grad``) against
+    torch.optim's fused and foreach kernels, on ``device``: Adam, or with ``decay``, AdamW
+    with that weight decay (the peers' rows then read ``AdamW``, and there is no scheduled
+    row). On a GPU every step waits for its kernels."""
     import numpy as np
     import torch
 
-    tg = tmap(torch.from_numpy, g)  # shares memory with the NumPy gradients
+    tensor, wait = torch_on(device)
+    tg = tmap(tensor, g)  # on the CPU: shares memory with the NumPy gradients
+    name = "Adam" if decay is None else "AdamW"
+
+    def rule() -> Any:
+        return o.Adam(LR) if decay is None else o.AdamW(LR, lambd=decay)
 
     def params() -> tuple[Any, list]:
-        p = tmap(lambda a, gi: torch.nn.Parameter(torch.from_numpy(np.copy(a))), x0, g)
+        p = tmap(lambda a, gi: torch.nn.Parameter(tensor(np.copy(a))), x0, g)
         for pi, gi in zip(tleaves(p), tleaves(tg)):
             pi.grad = gi
         return p, tleaves(p)
 
-    def ours(rule: Callable) -> Callable[[], Callable]:
+    def ours(rule: Callable, module: bool = False) -> Callable[[], Callable]:
         def build() -> Callable:
-            model = tmap(lambda a: torch.from_numpy(np.copy(a)), x0)
+            model = torch_module(torch, params()[0]) if module else tmap(
+                lambda a: tensor(np.copy(a)), x0)
             tree = o.setup(rule(), model)
+            grads = () if module else (tg,)  # a module: each parameter's .grad
 
             def step() -> None:
                 with torch.no_grad():
-                    o.update_(tree, model, tg)
+                    o.update_(tree, model, *grads)
+                wait()
 
             return step
         return build
 
-    def ours_module() -> Callable:
-        p, _ = params()
-        model = torch_module(torch, p)
-        tree = o.setup(o.Adam(LR), model)
-
-        def step() -> None:
-            with torch.no_grad():
-                o.update_(tree, model)  # gradients from each parameter's .grad
-
-        return step
-
     def peer(**kw: Any) -> Callable[[], Callable]:
         def build() -> Callable:
-            _, ps = params()
-            opt = torch.optim.Adam(ps, lr=LR, **kw)
-            return opt.step
+            decayed = {} if decay is None else {"weight_decay": decay}
+            opt = getattr(torch.optim, name)(params()[1], lr=LR, **decayed, **kw)
+
+            def step() -> None:
+                opt.step()
+                wait()
+
+            return step
 
         return build
 
-    return [Row("ours torch", "torch", ours(lambda: o.Adam(LR))),
-            Row("ours torch, scheduled eta", "torch", ours(lambda: scheduled(o))),
-            Row("ours torch nn.Module", "torch", ours_module),
-            Row("torch Adam fused", "torch", peer(fused=True)),
-            Row("torch Adam foreach", "torch", peer(foreach=True))]
+    rows = [Row("ours torch", "torch", ours(rule))]
+    if decay is None:
+        rows.append(Row("ours torch, scheduled eta", "torch", ours(lambda: scheduled(o))))
+    return rows + [Row("ours torch nn.Module", "torch", ours(rule, module=True)),
+                   Row(f"torch {name} fused", "torch", peer(fused=True)),
+                   Row(f"torch {name} foreach", "torch", peer(foreach=True))]
+
+
+CLIP_ROWS = ("ours clip + AdamW", "clip_grad_norm_ + AdamW fused")
+
+
+def clip_rows(o: Any, x0: Any, g: Any, device: str = "cpu", decay: float = 0.01) -> list[Row]:
+    """``OptimiserChain(ClipGlobalNorm(1.0), AdamW)`` through ``update_`` against
+    ``clip_grad_norm_(params, 1.0, foreach=True)`` and ``torch.optim.AdamW(fused=True)``, on
+    ``device``. Each row clips its own copy of the gradients (both clip in place)."""
+    import numpy as np
+    import torch
+
+    tensor, wait = torch_on(device)
+
+    def ours() -> Callable:
+        model = tmap(lambda a: tensor(np.copy(a)), x0)
+        grads = tmap(lambda a: tensor(np.copy(a)), g)
+        tree = o.setup(o.OptimiserChain(o.ClipGlobalNorm(1.0), o.AdamW(LR, lambd=decay)),
+                       model)
+
+        def step() -> None:
+            with torch.no_grad():
+                o.update_(tree, model, grads)
+            wait()
+
+        return step
+
+    def peer() -> Callable:
+        ps = [torch.nn.Parameter(tensor(np.copy(a))) for a in tleaves(x0)]
+        for p, gi in zip(ps, tleaves(g)):
+            p.grad = tensor(np.copy(gi))
+        opt = torch.optim.AdamW(ps, lr=LR, weight_decay=decay, fused=True)
+
+        def step() -> None:
+            torch.nn.utils.clip_grad_norm_(ps, 1.0, foreach=True)
+            opt.step()
+            wait()
+
+        return step
+
+    return [Row(CLIP_ROWS[0], "torch", ours), Row(CLIP_ROWS[1], "torch", peer)]
 
 
 # --- contestants: one Muon step, one Adafactor step (--matrix) ----------------------------
@@ -247,12 +306,7 @@ def jax_rows(o: Any, x0: Any, g: Any, donate: bool, suffix: str = "") -> list[Ro
         log("optax is not installed: its row is skipped")
         return rows
     opt = optax.adam(LR)
-
-    def optax_step(p: Any, s: Any, gr: Any) -> tuple:
-        u, s = opt.update(gr, s, p)
-        return optax.apply_updates(p, u), s
-
-    f_optax = jax.jit(optax_step, donate_argnums=dn)
+    f_optax = jax.jit(optax_step(opt), donate_argnums=dn)
 
     def peer() -> Callable:
         p = tmap(lambda a: jnp.array(a), x0)
@@ -266,6 +320,67 @@ def jax_rows(o: Any, x0: Any, g: Any, donate: bool, suffix: str = "") -> list[Ro
 
     rows.append(Row("optax.adam (jit)" + suffix, "jax", peer, cache(f_optax)))
     return rows
+
+
+def optax_step(opt: Any) -> Callable[[Any, Any, Any], tuple]:
+    """``(params, state, grads) -> (params, state)``: one step of the optax optimiser ``opt``
+    (its ``update``, then ``optax.apply_updates``), for ``jax.jit``."""
+    import optax
+
+    def step(p: Any, s: Any, gr: Any) -> tuple:
+        u, s = opt.update(gr, s, p)
+        return optax.apply_updates(p, u), s
+
+    return step
+
+
+FIRST = ("ours torch", "torch.optim", "ours jax", "optax")  # first_step's contestants
+
+
+def first_step(o: Any, who: str, x0: Any, g: Any, device: str) -> float:
+    """Seconds that the first step in this process takes, with its set-up: ``who`` is one of
+    ``FIRST``: ``setup(AdamW)`` and ``update_`` on tensors; ``torch.optim.AdamW(fused=True)``
+    and its ``step``; ``setup(Adam)`` and the first call of the jitted, donated ``update``;
+    ``optax.adam``'s ``init`` and its first jitted, donated step. The model and gradients
+    are on ``device`` (torch's, or JAX's platform) before the clock starts. Run it in a
+    fresh process: a second call finds what the first one left (compiled, loaded)."""
+    import time
+
+    import numpy as np
+
+    if who in FIRST[:2]:
+        import torch
+
+        tensor, wait = torch_on(device)
+        xs, gs = [tensor(np.copy(a)) for a in tleaves(x0)], [tensor(a) for a in tleaves(g)]
+        wait()
+        t0 = time.perf_counter()
+        if who == "ours torch":
+            with torch.no_grad():
+                o.update_(o.setup(o.AdamW(LR, lambd=0.01), xs), xs, gs)
+        else:
+            ps = [torch.nn.Parameter(x) for x in xs]
+            for p, gi in zip(ps, gs):
+                p.grad = gi
+            torch.optim.AdamW(ps, lr=LR, weight_decay=0.01, fused=True).step()
+        wait()
+        return time.perf_counter() - t0
+    import jax
+
+    with jax.default_device(jax.devices(device)[0]):
+        model, jg = tmap(jax.numpy.array, x0), tmap(jax.numpy.asarray, g)
+        jax.block_until_ready((model, jg))
+        t0 = time.perf_counter()
+        if who == "ours jax":
+            tree = o.setup(o.Adam(LR), model)
+            out = jax.jit(o.update, donate_argnums=(0, 1))(tree, model, jg)
+        else:
+            import optax
+
+            opt = optax.adam(LR)
+            out = jax.jit(optax_step(opt), donate_argnums=(0, 1))(model, opt.init(model), jg)
+        jax.block_until_ready(out)
+        return time.perf_counter() - t0
 
 
 def jax_floor_rows(x0: Any, g: Any, donate: bool) -> list[Row]:

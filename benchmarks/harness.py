@@ -21,12 +21,13 @@ SRC = HERE.parent / "src"
 LR = 1e-3
 BYTES_PER_PARAM = 28  # Adam, float32: read x, g, m, v (16 B) and write x, m, v (12 B)
 SHAPES = ("A", "B", "C")
-GPTS = {"GPT2": 2, "GPT12": 12, "GPT48": 48}  # issue 19's trees: --shapes gpt2,gpt12,gpt48,B
+GPTS = {"GPT2": 2, "GPT4": 4, "GPT12": 12, "GPT48": 48}  # issue 19's trees: --shapes
+# gpt2,gpt12,gpt48,B; GPT4 is issue 28's "52-array GPT" (ClipGlobalNorm + AdamW, gpu.py)
 # Issue 19's GPT-like trees, without scan: width 256, vocabulary 2048, context 256; per
 # layer a LayerNorm (gain, bias), a fused qkv projection and an output projection (weight,
 # bias each), a second LayerNorm and a two-layer MLP of width 4 * 256 (weight, bias each):
 # 12 arrays a layer, half of them small vectors, plus the two embeddings and a final
-# LayerNorm (4 arrays): 28, 148 and 580 arrays for 2, 12 and 48 layers.
+# LayerNorm (4 arrays): 28, 52, 148 and 580 arrays for 2, 4, 12 and 48 layers.
 SMALL_GPT = {"d": 256, "vocab": 2048, "ctx": 256, "mlp": 4}
 LIBS = ("numpy", "torch", "jax")
 
@@ -254,7 +255,7 @@ def load() -> str:
         return "?"
 
 
-def machine(libs: set, numba_blocked: bool) -> list[str]:
+def machine(libs: set) -> list[str]:
     cpu = platform.processor() or "?"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -282,15 +283,6 @@ def machine(libs: set, numba_blocked: bool) -> list[str]:
             vers.append(f"optax {optax.__version__}")
         except ImportError:
             pass
-    if numba_blocked:
-        vers.append("numba blocked (--no-numba)")
-    else:
-        try:
-            import numba
-
-            vers.append(f"numba {numba.__version__}")
-        except ImportError:
-            vers.append("numba not installed")
     rev = "?"
     try:
         rev = subprocess.run(["git", "-C", str(HERE.parent), "describe", "--always", "--dirty"],

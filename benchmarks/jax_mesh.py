@@ -1,14 +1,12 @@
 """One jitted, donated AdamW step on a JAX model sharded over a 4x2 mesh of 8 virtual CPU
-devices: the numba custom call partitioned over the local shards (``fast/partition.py``),
-against the plain path (XLA's own elementwise kernels), and the custom call as it was
-before, unpartitioned (XLA gathers the arrays for it; their results come back replicated).
+devices, on the plain path (XLA's own fused elementwise kernels, each device stepping its
+own shards).
 
     python benchmarks/jax_mesh.py [--arrays 8] [--steps 30] [--rounds 3]
 
-Prints one markdown table: per path, whether the parameters and states kept their
-shardings, the median ms of a step (the median over ``--rounds`` rounds, the paths taking
-turns: a shared machine's load falls on all), and the first round's first call (tracing
-and compiling; later rounds find XLA's compilation in JAX's cache).
+Prints one markdown table: whether the parameters and states kept their shardings, the
+median ms of a step (the median over ``--rounds`` rounds), and the first round's first
+call (tracing and compiling; later rounds find XLA's compilation in JAX's cache).
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import optimisers as O  # noqa: E402
-from optimisers.fast import partition, xla  # noqa: E402
 
 SPECS = (P("data", "model"), P("model", None), P(None, "data"), P())
 
@@ -74,21 +71,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-    usable, partitioned = xla._usable, partition._partitioned
-    paths = {"custom call, partitioned": lambda: None,
-             "plain path": lambda: setattr(xla, "_usable", lambda: False),
-             "custom call, unpartitioned (before)": lambda: setattr(
-                 partition, "_partitioned", lambda caller, name, results, alias, *_:
-                 lambda *ops: partition._body(caller, name, results, alias, *ops))}
+    paths = {"plain path": lambda: None}
     print(f"{args.arrays} arrays of 512x1024 float32, AdamW, 4x2 mesh of CPU devices\n")
     print("| path | shardings kept | step, median ms | first call s |\n|---|---|---|---|")
     found: dict = {name: [] for name in paths}
     for _ in range(args.rounds):
         for name, prepare in paths.items():
-            xla._usable, partition._partitioned = usable, partitioned
             prepare()
             found[name].append(run(name, mesh, args.arrays, args.steps))
-    xla._usable, partition._partitioned = usable, partitioned
     for name, rows in found.items():
         kept = all(r[0] for r in rows)
         ms, first = statistics.median(r[1] for r in rows), rows[0][2]  # (later: cached)

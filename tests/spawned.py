@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-TIMEOUT = 50.0
+TIMEOUT = 120.0
 """Seconds a run may take before its processes are killed and the test fails."""
 
 

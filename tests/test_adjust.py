@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from optimisers.adjust import matches
+from optimisers.adjust import covering, matches
+from optimisers.keypath import KeyPath
 from optimisers.leaf import leaves
 
 
@@ -153,3 +154,13 @@ def test_where_predicate_of_one_argument_is_a_clear_type_error():
 
     assert len(O.select(tree, is_bias)) == 2
     assert not any(leaf.frozen for leaf in O.select(tree))
+
+
+def test_covering_picks_every_path_given_and_none_of_the_others():
+    paths = [KeyPath("blocks", 0, "ln.1", "w*"), KeyPath("blocks", 1, "ln.1", "w*"),
+             KeyPath("head", "b?"), KeyPath("w*")]
+    others = [KeyPath("blocks", 0, "mlp", "w*"), KeyPath("head", "bb"), KeyPath("x")]
+    found = covering(paths, others)
+    assert found == [r"*.ln\.1.w\*", r"*.b\?", r"w\*"]
+    assert all(any(matches(p, kp) for p in found) for kp in paths)
+    assert not any(matches(p, kp) for p in found for kp in others)

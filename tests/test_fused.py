@@ -16,7 +16,8 @@ from conftest import (
     spy_runs,
 )
 from optimisers import backends
-from optimisers.fast import fused, kernels, packs, ufuncs
+from optimisers.backends import packs
+from optimisers.fast import fused
 
 
 def make_model(dtype=np.float32, seed=0):
@@ -39,25 +40,11 @@ def grads_for(model, step, rng):
     return g
 
 
-HAVE_NUMBA = kernels.available()
-
-
-@pytest.fixture(params=["compiled", "parallel", "vectorised", "ufuncs", "chunked"]
-                if HAVE_NUMBA else ["vectorised", "ufuncs", "chunked"])
+@pytest.fixture(params=["vectorised", "chunked"])
 def path(request, monkeypatch):
-    """Which fused path runs: numba's one-pass kernels (on one core, or on all over
-    pieces of 3 elements), NumPy over concatenations, NumPy programs translated from the
-    kernels' snippets over pieces of large arrays, or each rule's own apply piece by
-    piece (for large arrays; here pieces of 2 or 3 elements make every array large)."""
-    if request.param == "parallel":
-        monkeypatch.setattr(kernels, "PARALLEL_FROM", 1)
-        monkeypatch.setattr(kernels, "PIECE", 3)
-    elif request.param != "compiled":
-        monkeypatch.setattr(kernels, "_AVAILABLE", False)
-    if request.param == "ufuncs":
-        monkeypatch.setattr(ufuncs, "PIECE", 3)
-        monkeypatch.setattr(ufuncs, "LARGE", 1)
-        monkeypatch.setattr(ufuncs, "THREADS", 2)  # several threads even on one core
+    """Which fused path runs: the rule's own apply over the group's concatenation (its
+    packed state), or piece by piece (for large arrays; here pieces of 2 elements make
+    every array large)."""
     if request.param == "chunked":
         monkeypatch.setattr(fused, "CHUNK", 2)
     return request.param
@@ -219,22 +206,6 @@ def test_all_rules_list_covers_the_fused_rules():
             assert name in names
 
 
-@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
-@pytest.mark.parametrize("rule,compiled", [
-    (O.Adam(), True), (O.OptimiserChain(O.ClipGrad(1.0), O.WeightDecay(), O.Lion()), True),
-    (O.RMSProp(centred=True), True), (O.AdaBelief(), True), (O.RAdam(), False),
-], ids=["Adam", "chain", "RMSProp", "AdaBelief", "RAdam"])
-def test_one_pass_kernels_are_used_for_the_common_rules(rule, compiled):
-    for n in (3, 100):  # gradients read in place, and concatenated
-        model = {f"p{i}": np.ones(8, np.float32) for i in range(n)}
-        tree = O.setup(rule, model)
-        g = {k: np.ones(8, np.float32) for k in model}
-        for _ in range(2):
-            tree, model = O.update_(tree, model, g)
-        (group,) = O.state.plan_of(tree).groups
-        assert (getattr(group.step, "kind", None) == "numba") == compiled
-
-
 @rules_param([O.Adam(0.1), O.Nesterov(0.1), O.AdamW(0.1, lambd=0.1, couple=False),
               O.OptimiserChain(O.ClipGrad(0.5), O.SignDecay(0.1), O.RMSProp(0.1))])
 def test_many_small_arrays(rule, monkeypatch, path):
@@ -291,7 +262,7 @@ def test_packed_state_is_freed_with_its_tree():
 
 def test_updates_from_several_threads(path):
     """Trees stepped in several threads at once (each its own) give what they give alone:
-    the compiled parallel kernels and the NumPy thread pool are safe to share."""
+    nothing of one step is shared between trees."""
     alone, together = alone_and_together([(numpy_adam_job(40, 30, 20), k) for k in range(4)])
     for a, b in zip(together, alone, strict=True):
         assert_same(a, b)
@@ -362,18 +333,6 @@ def test_leafs_written_between_cached_steps(path, edit, monkeypatch):
     assert_same(run(True), run(False))
 
 
-@pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed")
-def test_arrays_are_cut_whole_or_in_pieces():
-    """The one piece table of the NumPy pass and the XLA handler: per piece, its array,
-    its first element there and in the concatenation, and its length; an empty array is
-    one empty piece."""
-    cut = kernels.cutter()
-    np.testing.assert_array_equal(cut(np.array([0, 7, 2]), 3).T, [
-        [0, 0, 0, 0], [1, 0, 0, 3], [1, 3, 3, 3], [1, 6, 6, 1], [2, 0, 7, 2]])
-    np.testing.assert_array_equal(cut(np.array([0, 7, 2]), 0).T, [
-        [0, 0, 0, 0], [1, 0, 0, 7], [2, 0, 7, 2]])
-
-
 @pytest.mark.parametrize("lib", ["numpy", "torch"])
 @pytest.mark.parametrize("inplace", [True, False])
 @pytest.mark.parametrize("size", [40, 300_000])
@@ -381,7 +340,7 @@ def test_arrays_are_cut_whole_or_in_pieces():
 def test_lamb_steps_adams_direction_fused_then_each_trust_ratio(rule, size, inplace, lib,
                                                                 monkeypatch):
     """LAMB's Leafs form a ``Directed`` group: Adam's direction through the fused paths
-    (the one-pass kernel, the pieces of large arrays, or the joined arrays), then each
+    (the pieces of large arrays, or the joined arrays), then each
     array's trust ratio: the plain path's results, bit for bit on NumPy."""
     wrap = (lambda a: a) if lib == "numpy" else pytest.importorskip("torch").from_numpy
     rng = np.random.default_rng(3)
@@ -404,7 +363,7 @@ def test_lamb_steps_adams_direction_fused_then_each_trust_ratio(rule, size, inpl
         a, b = np.asarray(fast[1][k]), np.asarray(plain[1][k])
         if lib == "numpy":
             np.testing.assert_array_equal(a, b)
-        else:  # (torch's fused Adam kernel rounds as torch.optim's fused Adam)
+        else:
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
         assert [fast[0][k].clock, fast[0][k].state[2]] == [plain[0][k].clock, plain[0][k].state[2]]
     assert not np.array_equal(np.asarray(fast[1]["p0"]), start["p0"])

@@ -10,14 +10,10 @@ torch = pytest.importorskip("torch")
 import optimisers as O  # noqa: E402
 from conftest import rules_param, run_fused, spy_runs  # noqa: E402
 from optimisers import backends  # noqa: E402
-from optimisers.fast import fused, kernels, packs, torchsteps, trace  # noqa: E402
+from optimisers.backends import packs  # noqa: E402
+from optimisers.fast import fused  # noqa: E402
 
 tb = backends.ops("torch")
-
-
-def kind(group) -> str | None:
-    """Which one-pass step a fused group runs (``"compiled"``, ``"fused_adam"``), if any."""
-    return getattr(group.step, "kind", None)
 
 
 def make_model(dtype=torch.float32, seed=0):
@@ -54,25 +50,6 @@ def run(rule, steps, inplace, fuse, monkeypatch, dtype=torch.float32, adjust_at=
                      steps, inplace, fuse, monkeypatch, before)
 
 
-def has_program(rule) -> bool:
-    """Whether the code generator follows the rule's ``apply`` (``fast/trace.py``), so
-    that a group of it may run a compiled kernel (of its direction, for LAMB)."""
-    rule = rule.direction() or rule
-    x = torch.ones(2)
-    sig = O.fast.fused.signature(rule.init(x), [])
-    reduce = O.reduce  # a tree-level rule is traced as a group steps it: given its total
-    stepped = reduce.given(rule, {(p, r): r.total([r.part(x)]) for p, r in reduce.places(rule)})
-    return (O.fast.fused.fusible(rule)[0] and not rule.raises()
-            and trace.trace(stepped, sig) is not None)
-
-
-def kernel(rule, dtype=torch.float32):
-    """Whether the group steps in torch's fused Adam kernel (not the same operations as
-    ours, so equal only to rounding): its own, or its direction's (LAMB's)."""
-    return (type(rule.direction() or rule) in (O.Adam, O.AdamW)
-            and dtype in (torch.float32, torch.float64))
-
-
 def assert_same(a, b, exact=True):
     la, lb = O.fleaves(a), O.fleaves(b)
     assert len(la) == len(lb)
@@ -82,26 +59,19 @@ def assert_same(a, b, exact=True):
             if exact:
                 assert torch.equal(x, y), (x, y)
             else:
-                # torch's fused Adam rounds differently from our formula (its moment is a
-                # lerp, its denominator sqrt(v)/sqrt(1-b2^t) + eps): a few ulps
                 eps = torch.finfo(x.dtype).eps
                 torch.testing.assert_close(x, y, rtol=8 * eps, atol=eps)
         else:
             assert x == y
 
 
-@pytest.fixture(params=["concatenated", "chunked", "compiled"])
+@pytest.fixture(params=["concatenated", "chunked"])
 def path(request, monkeypatch):
-    """Which fused path a group of CPU tensors takes (short of torch's Adam kernel): the
-    rule once over the group's concatenation, piece by piece over each tensor in place
-    (for large tensors; here pieces of 2 elements make every tensor large), or numba's
-    one-pass kernel on the tensors' memory (here for tensors of any size).
-    Yields the list of groups that were stepped piece by piece."""
+    """Which fused path a group of CPU tensors takes: the rule once over the group's
+    concatenation, or piece by piece over each tensor in place (for large tensors; here
+    pieces of 2 elements make every tensor large). Yields the list of groups that were
+    stepped piece by piece."""
     chunked = []
-    if request.param == "compiled":
-        if not kernels.available():
-            pytest.skip("numba is not installed")
-        monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
     if request.param == "chunked":
         monkeypatch.setattr(fused, "CHUNK", 2)
         real = tb.flat
@@ -120,16 +90,8 @@ def path(request, monkeypatch):
 def test_fused_equals_plain(rule, inplace, monkeypatch, path):
     tree_f, model_f = run(rule, 7, inplace, True, monkeypatch)
     tree_p, model_p = run(rule, 7, inplace, False, monkeypatch)
-    compiled = path[0] == "compiled" and inplace and has_program(rule)
-    # numba's kernel computes as torch's plain path does, but for how torch rounds some
-    # operations (a division by a scalar is a multiplication by its reciprocal): the
-    # same to rounding
-    exact = not (inplace and kernel(rule)) and not compiled
-    if compiled:  # numba's kernel really ran
-        assert any(kind(g) == "compiled" for g in O.state.plan_of(tree_f).groups)
-    elif not exact:  # the kernel really ran
-        assert any(kind(g) == "fused_adam" for g in O.state.plan_of(tree_f).groups)
-    elif path[0] == "chunked" and inplace and O.fast.fused.fusible(rule)[0]:
+    exact = True  # the rule's own operations, over the group's buffers
+    if path[0] == "chunked" and inplace and O.fast.fused.fusible(rule)[0]:
         assert any(path[1])  # the piece-by-piece path really ran
     assert_same(model_f, model_p, exact)
     assert model_f["tied_a"] is model_f["tied_b"]
@@ -147,48 +109,18 @@ def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch, path):
     _, model_p = run(rule, 4, True, False, monkeypatch, dtype)
     # complex: torch's own sgn and division round differently in their vectorised body
     # and their scalar tail, so even the plain path depends on where an element sits
-    compiled = path[0] == "compiled" and dtype in (torch.float32, torch.float64)
-    assert_same(model_f, model_p,
-                exact=not (compiled or kernel(rule, dtype)) and not dtype.is_complex)
+    assert_same(model_f, model_p, exact=not dtype.is_complex)
 
 
 @rules_param([O.Adam(0.05), O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False)])
-def test_adam_kernel_follows_adjusted_betas(rule, monkeypatch):
-    """The kernel takes a step count; bias corrections (b1^t, b2^t) built from betas
-    changed mid-run are reproduced by a fractional step and a corrected rate."""
+def test_fused_follows_adjusted_betas(rule, monkeypatch):
+    """Bias corrections ``1 - b^t`` with betas changed mid-run: the fused
+    group steps as the plain path does, bit for bit."""
     tree_f, model_f = run(rule, 8, True, True, monkeypatch, adjust_at=3)
     tree_p, model_p = run(rule, 8, True, False, monkeypatch, adjust_at=3)
-    assert_same(model_f, model_p, exact=False)
+    assert_same(model_f, model_p)
     for (_kp, lf), (_, lp) in zip(O.state.leaves(tree_f), O.state.leaves(tree_p)):
-        assert_same(lf.state, lp.state, exact=False)
-
-
-@pytest.mark.parametrize("mode", ["parallel", "serial"])
-@rules_param([O.Adam(0.05), O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False)])
-def test_adam_kernel_modes(rule, mode, monkeypatch):
-    """Torch's kernel, on all threads or (for small tensors on CPU) on one."""
-    monkeypatch.setattr(torchsteps, "SERIAL_BELOW", 0 if mode == "parallel" else 10**9)
-    threads = torch.get_num_threads()
-
-    def once(fuse):
-        with monkeypatch.context() as m:
-            if not fuse:
-                m.setattr(fused, "MIN_GROUP", 10**9)
-            g = torch.Generator().manual_seed(3)
-            model = [torch.randn(s, generator=g) for s in [(4, 3), (3,), (5,), (2, 2, 2), ()]]
-            tree = O.setup(rule, model)
-            for _ in range(5):
-                tree, model = O.update_(tree, model, [torch.randn(x.shape, generator=g)
-                                                      for x in model])
-            return tree, model
-
-    (tree_f, model_f), (tree_p, model_p) = once(True), once(False)
-    assert_same(model_f, model_p, exact=False)
-    for lf, lp in zip(tree_f, tree_p):
-        assert_same(lf.state, lp.state, exact=False)
-    (group,) = O.state.plan_of(tree_f).groups
-    assert group.step.kernel.serial == (mode == "serial")
-    assert torch.get_num_threads() == threads  # restored
+        assert_same(lf.state, lp.state)
 
 
 def test_non_contiguous_parameters_take_the_concatenating_path(monkeypatch):
@@ -204,14 +136,12 @@ def test_non_contiguous_parameters_take_the_concatenating_path(monkeypatch):
                 tree, model = O.update_(tree, model, grads)
             return tree, model
 
-    (tree_f, model_f), (_, model_p) = once(True), once(False)
+    (_, model_f), (_, model_p) = once(True), once(False)
     assert_same(model_f, model_p)  # bit for bit: our own formula, concatenated
-    (group,) = O.state.plan_of(tree_f).groups
-    assert kind(group) != "fused_adam"
     assert not model_f[0].is_contiguous()
 
 
-def test_non_contiguous_gradients_in_the_kernel(monkeypatch):
+def test_non_contiguous_gradients_in_a_group(monkeypatch):
     out = []
     for fuse in (True, False):
         with monkeypatch.context() as m:
@@ -223,7 +153,7 @@ def test_non_contiguous_gradients_in_the_kernel(monkeypatch):
             for _ in range(3):
                 tree, model = O.update_(tree, model, [g.t(), torch.ones(5)])
             out.append(model)
-    assert_same(out[0], out[1], exact=False)
+    assert_same(out[0], out[1])
 
 
 @pytest.mark.parametrize("rule", [O.Adam(), O.Momentum(), O.OptimiserChain(O.ClipGrad(),
@@ -238,8 +168,6 @@ def test_fused_path_is_taken_and_groups_are_reused(rule, monkeypatch):
         tree, model = O.update_(tree, model, g)
     assert [n for _, n in runs] == [50, 50, 50]
     assert runs[1][0] == runs[2][0]  # the group found in step 2 is kept for step 3
-    (group,) = O.state.plan_of(tree).groups
-    assert (kind(group) == "fused_adam") == isinstance(rule, O.Adam)
 
 
 def test_lamb_directed_group_is_reused_and_remade_when_a_parameter_moves():
@@ -335,19 +263,6 @@ def test_packed_buffers_are_freed():
     assert buf() is None and len(tb._PACKS._records) == before
 
 
-def test_kernel_not_used_where_it_cannot_match(monkeypatch):
-    model = {f"p{i}": torch.ones(8, dtype=torch.float16) for i in range(4)}
-    tree = O.setup(O.Adam(), model)
-    g = {k: torch.ones(8, dtype=torch.float16) for k in model}
-    for _ in range(2):
-        tree, model = O.update_(tree, model, g)
-    (group,) = O.state.plan_of(tree).groups
-    assert kind(group) != "fused_adam"  # float16: our formula rounds per operation
-    assert torchsteps._adam_scalars(O.Adam(), (0.9, 0.999)) == pytest.approx((1e-3, 1.0, 0.0))
-    assert torchsteps._adam_scalars(O.Adam(), (0.9**3, 0.999**3))[1] == 3.0
-    assert torchsteps._adam_scalars(O.Adam(beta=(0.9, 0.0)), (0.9, 0.0)) is None  # no log(b2)
-
-
 def test_many_small_tensors_of_random_sizes(monkeypatch):
     def once(fuse, rule):
         with monkeypatch.context() as m:
@@ -365,7 +280,7 @@ def test_many_small_tensors_of_random_sizes(monkeypatch):
     for rule in (O.Nesterov(0.1), O.OptimiserChain(O.ClipGrad(0.5), O.SignDecay(0.1),
                                                    O.RMSProp(0.1))):
         assert_same(once(True, rule), once(False, rule))
-    assert_same(once(True, O.Adam(0.1)), once(False, O.Adam(0.1)), exact=False)
+    assert_same(once(True, O.Adam(0.1)), once(False, O.Adam(0.1)))
 
 
 def test_numpy_and_torch_agree_through_fused_paths():
@@ -379,73 +294,3 @@ def test_numpy_and_torch_agree_through_fused_paths():
         tt, mt = O.update_(tt, mt, [torch.tensor(a) for a in g])
     for a, b in zip(mn, mt):
         np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-7)
-
-
-
-COMPILED_RULES = [O.Descent(0.1), O.Momentum(0.05), O.Nesterov(0.05), O.Adam(0.05),
-                  O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False),
-                  O.RMSProp(0.05, centred=True), O.Lion(0.05),
-                  O.OptimiserChain(O.ClipGrad(0.5), O.SignDecay(0.01), O.WeightDecay(0.1),
-                                   O.Momentum(0.05))]
-
-
-@pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
-@rules_param(COMPILED_RULES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_compiled_kernel_on_tensors_of_any_shape(rule, dtype, monkeypatch):
-    """numba's kernel on tensors' memory, against torch's plain path, to rounding."""
-    monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
-
-    def steps(fuse):
-        g = torch.Generator().manual_seed(0)
-        model = [torch.randn(s, generator=g, dtype=dtype) for s in [(40, 30), (700,), (3, 5, 7)]]
-        with monkeypatch.context() as m:
-            if not fuse:
-                m.setattr(fused, "MIN_GROUP", 10**9)
-            tree = O.setup(rule, model)
-            for k in range(4):
-                O.update_(tree, model, [torch.randn(x.shape, generator=g, dtype=dtype) * (k + 1)
-                                        for x in model])
-        return tree, model
-
-    tree, model = steps(True)
-    assert any(kind(g) == "compiled" for g in O.state.plan_of(tree).groups)
-    assert_same(model, steps(False)[1], exact=False)
-
-
-@pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
-def test_compiled_kernel_tells_autograd_of_its_writes(monkeypatch):
-    """Writing memory behind torch's back, the kernel bumps version counters: a backward
-    pass through a tensor it changed since raises, as after any in-place operation."""
-    monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
-    model = [torch.ones(50, requires_grad=True), torch.ones(50, requires_grad=True)]
-    tree = O.setup(O.Adam(0.1), model)
-    loss = (model[0] * model[0]).sum()  # keeps model[0] for its backward pass
-    before = model[0]._version
-    O.update_(tree, model, [torch.ones(50), torch.ones(50)])
-    assert any(kind(g) == "compiled" for g in O.state.plan_of(tree).groups)
-    assert model[0]._version > before
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        loss.backward()
-
-
-@pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
-def test_compiled_kernel_follows_replaced_memory(monkeypatch):
-    """``p.data = ...`` gives a parameter new memory: the next step writes there."""
-    monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
-
-    def steps(fuse):
-        with monkeypatch.context() as m:
-            if not fuse:
-                m.setattr(fused, "MIN_GROUP", 10**9)
-            model = [torch.nn.Parameter(torch.ones(50)), torch.nn.Parameter(torch.ones(60))]
-            tree = O.setup(O.Adam(0.1), model)
-            O.update_(tree, model, [torch.ones(50), torch.ones(60)])
-            model[0].data = torch.full((50,), 3.0)  # the same Parameter, new memory
-            O.update_(tree, model, [torch.ones(50), torch.ones(60)])
-            return tree, model
-
-    tree, model = steps(True)
-    assert any(kind(g) == "compiled" for g in O.state.plan_of(tree).groups)
-    assert_same(model, steps(False)[1], exact=False)
-    assert float(model[0].detach()[0]) < 3.0

@@ -22,25 +22,10 @@ TIMEOUT = 240.0
 """Seconds a worker may take (8 devices compile on 2 shared cores) before it is killed."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    """The workers' own numba kernel cache (``OPTIMISERS_CACHE_DIR``), not the test
-    process's: kernels cached by processes of 8 XLA CPU devices made a later process of
-    one device abort (heap corruption, ``free(): invalid next size``), not understood yet."""
-    global _CACHE
-    _CACHE = str(tmp_path_factory.mktemp("kernels"))
-    yield
-    _CACHE = None
-
-
-_CACHE: str | None = None
-
-
 def _env(devices: int) -> dict:
     src = str(Path(__file__).resolve().parents[1] / "src")
     path = os.environ.get("PYTHONPATH", "")
-    cache = {} if _CACHE is None else {"OPTIMISERS_CACHE_DIR": _CACHE}
-    return dict(os.environ, **cache, JAXMESH_DEVICES=str(devices),
+    return dict(os.environ, JAXMESH_DEVICES=str(devices),
                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                 PYTHONPATH=src + (os.pathsep + path if path else ""))
 
@@ -78,7 +63,7 @@ def run(*args: str) -> str:
 
 @pytest.mark.parametrize("rule", ["adamw", "clip_adamw", "lion", "muon"])
 def test_mesh_training_keeps_shardings_and_matches_one_device(rule):
-    """A model of large (the numba custom call) and small arrays over a 4x2 mesh, some
+    """A model of large and small arrays over a 4x2 mesh, some
     sharded on both axes, some on one, some replicated, trained by a jitted, donated
     update: after setup and each step every parameter and state array has its
     parameter's sharding, no array is gathered, and the results are one device's."""

@@ -1,6 +1,6 @@
 """A parameter resized or replaced after setup: a clean ValueError naming the path, and
-nothing written, on every path (plain, NumPy with and without numba, torch's kernels,
-JAX eager and under jit); and reinit to start that part afresh."""
+nothing written, on every path (plain, NumPy's and torch's fused groups, JAX eager and
+under jit); and reinit to start that part afresh."""
 
 from __future__ import annotations
 
@@ -13,20 +13,16 @@ import numpy as np
 import pytest
 
 import optimisers as O
-from optimisers.fast import fused, kernels, torchsteps
+from optimisers.fast import fused
 from optimisers.leaf import leaves
 
-NUMPY_PATHS = ["numba", "parallel", "no-numba", "plain"]
+NUMPY_PATHS = ["fused", "chunked", "plain"]
 
 
 @pytest.fixture(params=NUMPY_PATHS)
 def numpy_path(request, monkeypatch):
-    if request.param == "numba" and not kernels.available():
-        pytest.skip("numba is not installed")
-    if request.param == "parallel":
-        monkeypatch.setattr(kernels, "PARALLEL_FROM", 1)
-    if request.param == "no-numba":
-        monkeypatch.setattr(kernels, "_AVAILABLE", False)
+    if request.param == "chunked":
+        monkeypatch.setattr(fused, "CHUNK", 2)
     if request.param == "plain":
         monkeypatch.setattr(fused, "MIN_GROUP", 10**9)
     return request.param
@@ -114,20 +110,13 @@ def test_reinit_keeps_ties_and_frozen_flags():
 
 
 torch = pytest.importorskip("torch")
-TORCH_PATHS = ["compiled", "fused-adam", "concatenated", "plain"]
+TORCH_PATHS = ["concatenated", "chunked", "plain"]
 
 
 @pytest.fixture(params=TORCH_PATHS)
 def torch_path(request, monkeypatch):
-
-    if request.param == "compiled":
-        if not kernels.available():
-            pytest.skip("numba is not installed")
-        monkeypatch.setattr(torchsteps, "COMPILED_FROM", 1)
-    else:
-        monkeypatch.setattr(torchsteps, "COMPILED", False)
-    if request.param == "concatenated":
-        monkeypatch.setattr(torchsteps, "_fused_adam", lambda *a: None)
+    if request.param == "chunked":
+        monkeypatch.setattr(fused, "CHUNK", 2)
     if request.param == "plain":
         monkeypatch.setattr(fused, "MIN_GROUP", 10**9)
     return request.param

@@ -13,7 +13,6 @@ import pytest
 
 import optimisers as O
 from conftest import counted, normal, rule_id, run_fused
-from optimisers.fast import fused, trace
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -264,12 +263,8 @@ def test_resume_after_adjust_is_bit_for_bit(rule, change, lib, wrap, tmp_path):
 
 @pytest.mark.parametrize("rule", [O.ADOPT(0.05), O.ADOPT(0.05, clip=False),
                                   O.ScheduleFreeAdamW(0.05, lambd=0.01, warmup=2)], ids=rule_id)
-def test_elementwise_rules_have_programs_and_fused_steps_equal_plain(rule, monkeypatch):
-    """The code generator follows ADOPT's and Schedule-Free's ``apply`` (their scalar
-    choices are arithmetic, not Python branches), and the fused groups give the plain
-    path's bits."""
-    x = np.zeros(3, np.float32)
-    assert trace.trace(rule, fused.signature(rule.init(x), [])) is not None
+def test_elementwise_rules_fused_steps_equal_plain(rule, monkeypatch):
+    """ADOPT's and Schedule-Free's fused groups give the plain path's bits."""
     rng = np.random.default_rng(0)
     model = {f"p{i}": rng.normal(size=40).astype(np.float32) for i in range(6)}
     model["frozen"] = rng.normal(size=40).astype(np.float32)

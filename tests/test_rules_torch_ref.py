@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -176,6 +177,28 @@ def test_muon_setup_refuses_other_arrays_naming_the_path(bad, why):
     tree = O.setup({"*.w": O.Muon(), "*": O.AdamW()}, model)  # the way: rules by path
     assert type(tree["layers"][0]["w"].rule) is O.Muon
     assert type(tree["layers"][0]["b"].rule) is O.AdamW
+
+
+def test_muons_suggested_setup_runs_and_trains_a_torch_model():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
+                              torch.nn.Linear(16, 1))
+    with pytest.raises(ValueError, match=r"cannot train the array at 0\.bias") as err:
+        O.setup(O.Muon(0.02), net)
+    code = re.search(r"e\.g\. (setup\(.*, model\))$", str(err.value)).group(1)
+    assert code.startswith("setup({'*.bias': AdamW(), '1.weight': AdamW(), '*': Muon(")
+    tree = eval(code, {**vars(O), "model": net})
+    x = torch.randn(64, 8)
+    y = x.sum(1, keepdim=True)
+    losses = []
+    for _ in range(10):
+        net.zero_grad()
+        loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        losses.append(loss.item())
+        O.update_(tree, net)
+    assert losses[-1] < losses[0]
+    assert tree["0"]["weight"].rule == O.Muon(0.02) and tree["1"]["weight"].rule == O.AdamW()
 
 
 def test_muon_refuses_a_vector_in_a_leaf_made_by_hand():

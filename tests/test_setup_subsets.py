@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import re
+
 import numpy as np
 import pytest
 
@@ -78,3 +81,142 @@ def test_patterns_equal_torch_param_groups():
         opt.step()
     for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------- every path of a tie
+
+
+def _numpy_array():
+    w = np.ones(2)
+    return {"a": w, "b": w}, ("a",), ("b",)
+
+
+def _numpy_shared_dict():
+    w = np.ones(2)
+    w.flags.writeable = False  # no tie by itself: the shared dict makes the tie
+    shared = {"w": w}
+    return {"a": shared, "b": shared, "c": np.ones(3)}, ("a", "w"), ("b", "w")
+
+
+def _torch_parameter():
+    nn = pytest.importorskip("torch").nn
+    first, second = nn.Linear(2, 2), nn.Linear(2, 2)
+    second.weight = first.weight
+    return nn.Sequential(first, nn.Tanh(), second), ("0", "weight"), ("2", "weight")
+
+
+def _torch_module():
+    nn = pytest.importorskip("torch").nn
+    layer = nn.Linear(2, 2)
+    return nn.Sequential(layer, nn.Tanh(), layer), ("0", "weight"), ("2", "weight")
+
+
+def _jax_shared_dict():
+    jnp = pytest.importorskip("jax.numpy")
+    shared = {"w": jnp.ones(2)}
+    return {"a": shared, "b": shared}, ("a", "w"), ("b", "w")
+
+
+def _flax_nnx_param():
+    pytest.importorskip("flax")
+    jnp = pytest.importorskip("jax.numpy")
+    from flax import nnx
+
+    class Tied(nnx.Module):  # a language model's head sharing the embedding's Param
+        def __init__(self):
+            self.embed = nnx.Param(jnp.ones((4, 3)))
+            self.head = nnx.Dict(kernel=self.embed)
+            self.norm = nnx.Param(jnp.ones(3))
+
+    return Tied(), ("embed", "value"), ("head", "kernel", "value")
+
+
+TIES = [_numpy_array, _numpy_shared_dict, _torch_parameter, _torch_module, _jax_shared_dict,
+        _flax_nnx_param]
+
+
+def tie_ids(make):
+    return make.__name__.lstrip("_")
+
+
+@pytest.mark.parametrize("tied", TIES, ids=tie_ids)
+def test_setup_asks_every_path_of_a_tie_once(tied):
+    model, first, second = tied()
+    asked = []
+    tree = O.setup(lambda kp, x: asked.append(kp) or O.Adam(), model)
+    assert KeyPath(*first) in asked and KeyPath(*second) in asked
+    assert len(asked) == len(set(asked))  # each path once
+    assert O.getkeypath(tree, first) is O.getkeypath(tree, second)
+
+
+@pytest.mark.parametrize("tied", TIES, ids=tie_ids)
+def test_a_tie_whose_paths_give_unequal_rules_is_refused_naming_both(tied):
+    model, first, second = tied()
+    both = rf"{re.escape(str(KeyPath(*first)))} and {re.escape(str(KeyPath(*second)))}"
+    with pytest.raises(ValueError, match=rf"tied array at {both} would get two rules"):
+        O.setup({str(KeyPath(*second)): O.Descent(), "*": O.Adam()}, model)
+    with pytest.raises(ValueError, match=rf"tied array at {both} would get two rules, "
+                                         rf"Adam\(.*\) and None"):
+        O.setup(lambda kp, x: None if kp == KeyPath(*second) else O.Adam(), model)
+    with pytest.raises(ValueError, match=rf"tied array at {both} would get two rules, "
+                                         rf"None and Adam\(.*\)"):
+        O.setup(lambda kp, x: None if kp == KeyPath(*first) else O.Adam(), model)
+
+
+@pytest.mark.parametrize("tied", TIES, ids=tie_ids)
+@pytest.mark.filterwarnings("ignore:setup found no trainable parameter")
+def test_a_tie_whose_paths_give_equal_rules_is_one_leaf(tied):
+    model, first, second = tied()
+    tree = O.setup(lambda kp, x: O.AdamW(0.01, lambd=0.1 if kp != KeyPath(*second) else 0.1),
+                   model)
+    leaf = O.getkeypath(tree, first)
+    assert leaf is O.getkeypath(tree, second) and leaf.rule == O.AdamW(0.01, lambd=0.1)
+    tree = O.setup(lambda kp, x: None if kp in (KeyPath(*first), KeyPath(*second))
+                   else O.Adam(), model)
+    assert O.getkeypath(tree, first) is None and O.getkeypath(tree, second) is None
+
+
+# ---------------------------------------------------------------- a rule that refuses an array
+
+
+def _suggested(err: pytest.ExceptionInfo) -> str:
+    """The call of setup that a refusal's message suggests."""
+    found = re.search(r"e\.g\. (setup\(.*, model\))$", str(err.value))
+    assert found, str(err.value)
+    return found.group(1)
+
+
+def _numpy_net() -> dict:
+    rng = np.random.default_rng(0)
+    return {"fc": {"weight": rng.normal(size=(4, 3)), "bias": np.zeros(4)},
+            "ln": {"weight": np.ones(4), "bias": np.zeros(4)},
+            "out": {"weight": rng.normal(size=(1, 4))}, "weight": np.ones(2)}
+
+
+@pytest.mark.parametrize("rule", [
+    O.Muon(0.02), O.OptimiserChain(O.ClipNorm(1.0), O.Muon(O.Cosine(0.02, steps=10))),
+    {"*.weight": O.Muon(0.02), "*": O.AdamW()},  # the old message's advice
+], ids=["Muon", "chain", "mapping"])
+def test_muons_suggested_setup_runs_and_trains_every_matrix_with_the_users_rule(rule):
+    model = _numpy_net()
+    with pytest.raises(ValueError, match=r"cannot train the array at (fc\.bias|ln\.weight): ") as e:
+        O.setup(rule, model)
+    code = _suggested(e)
+    assert "OptimiserChain()" not in code
+    tree = eval(code, {**vars(O), "model": model})  # the very text of the message
+    muon = rule if isinstance(rule, O.Rule) else rule["*.weight"]
+    for path in ("fc.weight", "out.weight"):
+        assert O.getkeypath(tree, O.KeyPath(*path.split("."))).rule == muon
+    for path in ("fc.bias", "ln.weight", "ln.bias", "weight"):
+        assert O.getkeypath(tree, O.KeyPath(*path.split("."))).rule == O.AdamW()
+    before = copy.deepcopy(model)
+    grads = {k: {n: np.ones_like(v) for n, v in d.items()} if isinstance(d, dict)
+             else np.ones_like(d) for k, d in model.items()}
+    O.update_(tree, model, grads)
+    assert all((model[k]["weight"] != before[k]["weight"]).all() for k in ("fc", "ln", "out"))
+
+
+def test_a_function_that_gives_muon_for_a_vector_is_told_to_give_another_rule():
+    with pytest.raises(ValueError, match=r"cannot train the array at fc\.bias: .* return "
+                                         r"another rule \(AdamW\(\), say\) for fc\.bias"):
+        O.setup(lambda kp, x: O.Muon(), _numpy_net())

@@ -22,18 +22,18 @@ def test_structural_check_passes():
     assert done.returncode == 0 and "4 passed, 0 failed" in done.stdout, done.stdout[-3000:]
 
 
+@pytest.mark.xfail(strict=True, reason="issue 28 item 4, not reached yet: without the numba "
+                   "kernel the group's own apply visits 9 files (rules, packs, registry, common)")
 def test_a_steady_update_visits_five_files_at_most():
-    """Issue 17: a steady-state ``update_`` reads top to bottom, state -> plan -> fused group
-    -> backend -> kernel (``benchmarks/hops.py`` counts it)."""
-    pytest.importorskip("numba")
+    """A steady-state ``update_`` reads top to bottom, state -> plan -> fused group ->
+    backend -> rule (``benchmarks/hops.py`` counts it): at most five files."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     try:
         import hops
     finally:
         sys.path.pop(0)
     files, _, calls = hops.count("numpy")
-    assert files == ["state.py", "plan.py", "fast/fused.py", "backends/numpy.py",
-                     "fast/kernels.py"], files
+    assert len(files) <= 5, files
     assert calls < 40
     pytest.importorskip("torch")
     files, _, _ = hops.count("torch")

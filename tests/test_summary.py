@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from typing import Any
 
 import numpy as np
 
@@ -75,3 +77,68 @@ def test_summary_time_grows_linearly_with_a_nodes_width():
 
     small, large = seconds(5_000), seconds(40_000)
     assert large < 30 * small, (small, large)
+
+
+def _legend(lines: list[str]) -> dict[str, str]:
+    """``{"[1]": rule text}`` from the lines under a summary's totals: a rule's further
+    lines (indented) joined to its first with one space."""
+    rules: dict[str, str] = {}
+    for line in lines:
+        if line.startswith("["):
+            label, _, text = line.partition(" ")
+            rules[label] = text
+        else:
+            rules[label] += " " + line.strip()
+    return rules
+
+
+def _check_named_once(text: str, tree: Any = None) -> dict[str, str]:
+    """Every line of ``text`` (a summary) within 100 columns; each row's rule named by a
+    label whose rule is written out, once and in full (it evaluates to a rule of that
+    repr), under the totals. Returns the legend."""
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    end = next(i for i, line in enumerate(lines) if " Leafs, " in line)
+    legend = _legend(lines[end + 1:])
+    starts = [line for line in lines[end + 1:] if line.startswith("[")]
+    assert len(starts) == len(set(starts)) == len(legend)
+    labels = {re.search(r"\s(\[\d+\]) (\w+)\s", row).groups() for row in lines[1:end]}
+    assert {label for label, _ in labels} == set(legend)
+    for label, name in labels:
+        rule = eval(legend[label], vars(O))  # noqa: S307 (the library's own reprs)
+        assert isinstance(rule, O.Rule) and repr(rule) == legend[label]
+        assert type(rule).__name__ == name
+    assert len(set(legend.values())) == len(legend)
+    return legend
+
+
+def test_summary_of_a_chain_names_each_rule_once_within_100_columns():
+    """A chain written in every row made a 150-column rule column: each distinct rule is
+    now written once, in full, under the table, and each row names it."""
+    w = np.zeros((4, 4), np.float32)
+    model = {"encoder": {"weight": np.zeros((2, 4), np.float32), "bias": np.zeros(4)},
+             "block1": {"weight": w, "bias": np.zeros(4)}, "block2": {"weight": w},
+             "head": {"weight": np.zeros((4, 1), np.float32), "bias": np.zeros(1)}}
+    rule = O.OptimiserChain(O.AccumGrad(2), O.ClipGlobalNorm(1.0),
+                            O.AdamW(O.Warmup(O.Cosine(0.01, 0.001, 100), 10, 0.001), lambd=0.01))
+    tree = O.setup(rule, model)
+    O.adjust_(tree, where="*.bias", lambd=0.0)
+    text = O.summary(tree, model)
+    legend = _check_named_once(text)
+    assert len(legend) == 2
+    rows = {line.split("   ")[0]: line for line in text.splitlines()[1:7]}
+    for path, leaf in [("encoder.bias", tree["encoder"]["bias"]),
+                       ("block1.weight = block2.weight", tree["block1"]["weight"])]:
+        label = re.search(r"\[\d+\]", rows[path])[0]
+        assert legend[label] == repr(leaf.rule)
+    assert text.splitlines()[7] == "6 Leafs, 37 parameters, 552 B of state"
+
+
+def test_the_demos_summary_fits_100_columns_and_shows_each_rule_once(capsys):
+    from optimisers import __main__ as cli
+
+    assert cli.main(["demo", "--steps", "20"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("summary(tree, model):"):].split("\n\n")[0].splitlines()[1:]
+    legend = _check_named_once("\n".join(section))
+    assert [text.partition("(")[0] for text in legend.values()] == ["OptimiserChain"] * 2

@@ -14,7 +14,7 @@ from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.rules import OptimiserChain, Rule
 from optimisers.tree import keys_shown
 
-__all__ = ["adjust", "adjust_", "freeze_", "thaw_", "select", "matches"]
+__all__ = ["adjust", "adjust_", "freeze_", "thaw_", "select", "matches", "covering"]
 
 Where = str | Callable[[KeyPath, Leaf], bool] | None
 
@@ -108,6 +108,32 @@ def matches(pattern: str, kp: KeyPath | tuple) -> bool:
         (False, True)
     """
     return _compiled(pattern).fullmatch(_text(kp)) is not None
+
+
+def covering(paths: list[KeyPath], others: list[KeyPath]) -> list[str]:
+    r"""covering(paths, others) -> ``where=`` patterns that together pick every one of
+    ``paths`` and none of ``others``.
+
+    Each is the shortest ``*.``-suffix of a path (``*.bias``, ``*.norm.weight``) that picks
+    none of ``others``, else the path itself; a path that an earlier pattern picks gets
+    none of its own. What a message suggests for ``setup``'s mapping of rules by path.
+
+    Example:
+        >>> covering([KeyPath("fc", "bias"), KeyPath("ln", "weight"), KeyPath("ln", "bias")],
+        ...          [KeyPath("fc", "weight")])
+        ['*.bias', 'ln.weight']
+    """
+    found: list[str] = []
+    for kp in paths:
+        if any(matches(pattern, kp) for pattern in found):
+            continue
+        keys = [re.sub(r"([\\.*?])", r"\\\1", str(k)) for k in kp]  # each key literally
+        for pattern in [*("*." + ".".join(keys[i:]) for i in range(len(keys) - 1, 0, -1)),
+                        ".".join(keys)]:
+            if not any(matches(pattern, other) for other in others):
+                break
+        found.append(pattern)
+    return found
 
 
 def _text(kp: KeyPath | tuple) -> str:

@@ -12,8 +12,8 @@ An update reads top to bottom, in three phases:
 2. else *gather* (``gather.py``) walks tree, model and gradients together, validating
    everything and summing the gradients of tied parameters, into entries;
 3. *step* (:func:`_step`) runs each Leaf's rule once: fused groups of like Leafs
-   (``fast/fused.py``, whose compiled passes the code generator ``fast/trace.py`` makes
-   from the rules' own ``apply``), the rest one by one. Rules that may raise run first,
+   (``fast/fused.py``: the rules' own ``apply`` over each group's flat buffers), the
+   rest one by one. Rules that may raise run first,
    on copies, so that ``update_`` writes nothing when the input is bad.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optimisers import backends
-from optimisers.adjust import matches
+from optimisers.adjust import covering, matches
 from optimisers.backends.registry import COMPILERS
 from optimisers.fast import fused
 from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
@@ -54,12 +54,14 @@ def setup(rule: Rules, model: Any) -> Any:
     :func:`isnumeric`) gets ``Leaf(rule, rule.init(x))``; every other position gets
     ``None``. Keyed nodes become dicts keyed like the model, tuples stay tuples and
     lists lists, so ``tree["layers"][0]["weight"]`` addresses a Leaf. A mutable array
-    reached by several paths (a tie) gets one shared Leaf.
+    reached by several paths (a tie; also an array inside a shared container or
+    ``nnx.Param``) gets one shared Leaf.
 
     Rules per subset, as torch's parameter groups and optax's ``partition``: ``rule`` may
     be a mapping from ``where=`` patterns (see :func:`~optimisers.adjust.matches`) to
     rules, the first pattern that matches an array's path winning, ``None`` meaning "not
-    trained"; or a function ``(KeyPath, array) -> Rule | None``.
+    trained"; or a function ``(KeyPath, array) -> Rule | None``. Every path of a tie is
+    asked, once, and all must give equal (``==``) rules.
 
     Args:
         rule: the optimisation rule, e.g. ``Adam()``; or rules by path, as above.
@@ -91,25 +93,24 @@ def setup(rule: Rules, model: Any) -> Any:
         (0.0, 0.1)
     """
     choose = _chooser(rule)
-    picked = _picks(choose, model) if choose is not None else None
     made: list[Leaf] = []
 
     def make(kp: KeyPath, x: Any) -> Leaf | None:
         if not isnumeric(x):
             return None
-        r = rule if picked is None else picked[id(x)][1] if ismutable(x) else choose(kp, x)
+        r = rule if choose is None else choose(kp, x)
         if r is None:
             return None
         why = r.refuses(x)
         if why is not None:
-            raise ValueError(f"{r!r} cannot train the array at {kp}: {why}; give such arrays "
-                             f"another rule by path, e.g. setup({{'*.weight': "
-                             f"{type(r).__name__}(), '*': AdamW()}}, model)")
+            raise ValueError(f"{r!r} cannot train the array at {kp}: {why}; "
+                             f"{_another_rule(rule, model, kp)}")
         made.append(backends.of(x).settle(Leaf(r, at(r, 0).init(x))))
         return made[-1]
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
-                build=mirror, keys=trainable, skip=lambda v: None)
+                build=mirror, keys=trainable, skip=lambda v: None,
+                again=None if choose is None else _asker(choose))
     fused.pack(made)
     if not made:
         warnings.warn("setup found no trainable parameter in the model: no floating-point "
@@ -158,22 +159,53 @@ def _by_pattern(rules: Mapping) -> Callable[[KeyPath, Any], Rule | None]:
     return by_pattern
 
 
-def _picks(choose: Callable, model: Any) -> dict[int, tuple]:
-    """``{id(array): (path, rule)}`` for the mutable trainable arrays of ``model``, every
-    path of a tied one asked: ``ValueError`` where two of them pick different rules."""
-    picks: dict[int, tuple] = {}
+def _another_rule(rule: Rules, model: Any, kp: KeyPath) -> str:
+    """What to do when a rule refuses the array at ``kp``: the call of ``setup`` that gives
+    ``AdamW()`` to every array that ``rule`` (a rule or mapping) would give a rule that
+    refuses it, by patterns that pick no other array, and ``rule`` to the rest."""
+    if not isinstance(rule, Rule | Mapping):
+        return (f"make the function given to setup return another rule (AdamW(), say) for "
+                f"{kp} and arrays like it")
+    if not kp:
+        return "give it another rule, e.g. setup(AdamW(), model)"
+    choose, refused, kept = _chooser(rule), [], []
 
-    def note(kp: KeyPath, x: Any) -> None:
-        if isnumeric(x) and ismutable(x):
-            r = choose(kp, x)
-            first = picks.setdefault(id(x), (kp, r, x))
-            if first[1] != r:
-                raise ValueError(f"the tied array at {first[0]} and {kp} would get two "
-                                 f"rules, {first[1]!r} and {r!r}; give its paths one rule")
+    def note(path: KeyPath, x: Any) -> None:
+        if isnumeric(x):
+            try:
+                r = rule if choose is None else choose(path, x)
+            except ValueError:  # no pattern matches it: not this error's business
+                r = None
+            (refused if r is not None and r.refuses(x) is not None else kept).append(path)
 
     walk(note, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
          build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
-    return picks
+    given = {"*": rule} if isinstance(rule, Rule) else rule
+    items = [*(f"{p!r}: AdamW()" for p in covering(refused, kept)),
+             *(f"{p!r}: {r!r}" for p, r in given.items())]
+    return f"give such arrays another rule by path, e.g. setup({{{', '.join(items)}}}, model)"
+
+
+def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
+    """What ``setup``'s walk does where it reaches a tied object again (an array, or a
+    container or Variable holding arrays): ``choose`` is asked for each array under the
+    new path too, and must give the rule that the first path gave (``==``), or a
+    ``ValueError`` names both paths. Every path of a tie is so asked exactly once."""
+
+    def same(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
+        if not isnumeric(x):
+            return
+        want = out.rule if isinstance(out, Leaf) else None
+        r = choose(kp, x)
+        if r != want:
+            raise ValueError(f"the tied array at {first} and {kp} would get two rules, "
+                             f"{want!r} and {r!r}; give its paths one rule")
+
+    def again(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
+        walk(lambda rel, a, y: same(first + rel, kp + rel, a, y), x, (out,),
+             exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
+             build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
+    return again
 
 
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:

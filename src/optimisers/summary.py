@@ -43,6 +43,11 @@ def _paired(tree: Any, x: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPat
         yield from ((p, leaf, None) for p, leaf in leaves(tree, kp))  # raises: not a tree
 
 
+WIDTH = 100
+"""The columns a :func:`summary` keeps to: wider, its rules are named in the table and
+written out once each under it."""
+
+
 def summary(tree: Any, model: Any = None) -> str:
     """summary(tree, model=None) -> str: one line per Leaf, then totals.
 
@@ -50,11 +55,14 @@ def summary(tree: Any, model: Any = None) -> str:
     ``=``), its rule, the parameter count, the bytes its state holds, and ``frozen``
     when frozen. Without ``model`` the count is read off the largest state array (``?``
     for a stateless rule); pass the model for exact counts, and lines in the model's
-    order.
+    order. Where the rules written in full would make the table wider than
+    :data:`WIDTH` columns (a chain's), each line names its rule by a number and its
+    class (``[1] OptimiserChain``) and each distinct rule is written once, in full, under
+    the totals, broken after its commas to fit.
 
     Example:
         >>> import numpy as np
-        >>> from optimisers import Adam, setup, freeze_
+        >>> from optimisers import Adam, AccumGrad, OptimiserChain, setup, freeze_, adjust_
         >>> w = np.zeros((3, 2), np.float32)
         >>> model = {"enc": {"w": w, "bias": np.zeros(2, np.float32)}, "dec": {"w": w}}
         >>> tree = freeze_(setup(Adam(), model), "enc.bias")
@@ -63,6 +71,15 @@ def summary(tree: Any, model: Any = None) -> str:
         enc.w = dec.w   Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08)       6   48 B
         enc.bias        Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08)       2   16 B  frozen
         2 Leafs, 8 parameters, 64 B of state, 1 frozen
+        >>> tree = adjust_(setup(OptimiserChain(AccumGrad(4), Adam()), model), where="*.bias",
+        ...                epsilon=1e-6)
+        >>> print(summary(tree, model))
+        path            rule                params  state  frozen
+        enc.w = dec.w   [1] OptimiserChain       6   72 B
+        enc.bias        [2] OptimiserChain       2   24 B
+        2 Leafs, 8 parameters, 96 B of state
+        [1] OptimiserChain(AccumGrad(n=4), Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08))
+        [2] OptimiserChain(AccumGrad(n=4), Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-06))
     """
     found: dict[int, tuple[Leaf, list[KeyPath], Any]] = {}
     walk = (((kp, leaf, None) for kp, leaf in leaves(tree)) if model is None
@@ -83,6 +100,21 @@ def summary(tree: Any, model: Any = None) -> str:
         rows.append((" = ".join(str(p) or "(root)" for p in paths), shown(leaf.rule),
                      "?" if n is None else str(n), _bytes(nbytes),
                      "frozen" if leaf.frozen else ""))
+    lines, legend = _table(rows), []
+    if max(map(len, lines)) > WIDTH:  # name each rule in the table, write it out below
+        numbers: dict[str, int] = {}
+        for r in rows:
+            numbers.setdefault(r[1], len(numbers) + 1)
+        lines = _table([(r[0], f"[{numbers[r[1]]}] {r[1].partition('(')[0]}", *r[2:])
+                        for r in rows])
+        legend = [line for text, k in numbers.items() for line in _wrapped(f"[{k}] {text}")]
+    lines.append(f"{len(rows)} Leafs, {total_n} parameters, {_bytes(total_b)} of state"
+                 f"{f', {frozen} frozen' if frozen else ''}")
+    return "\n".join(lines + legend)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """The header and one line per row, each column as wide as its widest cell."""
     head = ("path", "rule", "params", "state", "frozen")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
     lines = []
@@ -90,6 +122,30 @@ def summary(tree: Any, model: Any = None) -> str:
         cells = [r[0].ljust(widths[0] + 3), r[1].ljust(widths[1]), r[2].rjust(widths[2] + 2),
                  r[3].rjust(widths[3] + 2), "  " + r[4]]
         lines.append("".join(cells).rstrip())
-    lines.append(f"{len(rows)} Leafs, {total_n} parameters, {_bytes(total_b)} of state"
-                 f"{f', {frozen} frozen' if frozen else ''}")
-    return "\n".join(lines)
+    return lines
+
+
+def _wrapped(text: str) -> list[str]:
+    """``text`` (a rule as its ``repr`` writes it) in lines of at most :data:`WIDTH`
+    columns where it can be: broken after a comma, the least nested one that fits (the
+    last of those), each further line indented to the rule's first argument."""
+    breaks, depth = [], 0  # (where the next line starts, how deep in brackets)
+    for i, c in enumerate(text):
+        depth += (c in "([{") - (c in ")]}")
+        if c == "," and text[i + 1: i + 2] == " ":
+            breaks.append((i + 2, depth))
+    indent = text.find("(") + 1 if 0 < text.find("(") < WIDTH // 2 else 4
+    lines, start = [], 0
+    while True:
+        room = WIDTH - (indent if lines else 0)
+        if len(text) - start <= room:
+            break
+        fitting = [(d, -i) for i, d in breaks if start < i and i - 1 - start <= room]
+        later = [i for i, _ in breaks if i > start]
+        if not later:
+            break
+        end = -min(fitting)[1] if fitting else later[0]
+        lines.append(text[start:end - 1])
+        start = end
+    lines.append(text[start:])
+    return [lines[0], *(" " * indent + line for line in lines[1:])]

@@ -30,20 +30,25 @@ def child_of(y: Any, key: Any) -> Any:
 
 
 def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, build: Callable,
-         keys: Callable | None = None, skip: Callable | None = None) -> Any:
+         keys: Callable | None = None, skip: Callable | None = None,
+         again: Callable | None = None) -> Any:
     """The one tree walk behind fmap, fmapstructure and setup.
 
     ``f(keypath, leaf, *ys_leaves)`` runs where ``exclude`` holds; other nodes are rebuilt
     by ``build(node, new_children)``. With ``keys``, only the children named by
     ``keys(node)`` are walked and the others become ``skip(child)``. With ``cache``, a
-    mutable object reached again is not walked again: its first result is reused.
+    mutable object reached again is not walked again: its first result is reused, and
+    ``again(first_keypath, keypath, object, result)`` is told of each such further path.
     """
-    memo: dict[int, tuple[Any, Any]] = {}
+    memo: dict[int, tuple[Any, Any, KeyPath]] = {}
 
     def go(kp: KeyPath, x: Any, ys: tuple) -> Any:
         tied = cache and ismutable(x)
         if tied and id(x) in memo:
-            return memo[id(x)][1]
+            _, out, first = memo[id(x)]
+            if again is not None:
+                again(first, kp, x, out)
+            return out
         if exclude(x):
             out = f(kp, x, *ys)
         else:
@@ -54,7 +59,7 @@ def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, buil
                 else skip(v)
                 for k, v in kids.items()})
         if tied:
-            memo[id(x)] = (x, out)  # holding x keeps its id from being reused
+            memo[id(x)] = (x, out, kp)  # holding x keeps its id from being reused
         return out
 
     return go(KeyPath(), x, ys)

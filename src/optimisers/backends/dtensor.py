@@ -6,8 +6,8 @@ A rule's formula sees ``DTensor``s on the plain path, where torch's own sharding
 propagation runs each operation on the local shards (a norm's partial sums are added
 across ranks there, so that ``ClipNorm`` clips by the whole gradient's norm). A fused
 group (``fast/fused.py``) concatenates, packs and steps the local shards only: its
-arrays are plain tensors (each ``DTensor``'s local part, by :func:`local`), so the
-numba and fused Adam kernels run on each rank's own memory, and every operation of an
+arrays are plain tensors (each ``DTensor``'s local part, by :func:`local`), so each
+operation of the group runs on each rank's own memory, and every operation of an
 elementwise rule is the one it would run on that shard alone. Nothing is ever gathered,
 except for a rule that asks for whole arrays (:func:`gathered`, by
 ``backends.on_whole``) and by :func:`host` (a checkpoint in the library's own file, which
@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_ten
 
 from optimisers.backends import common
 from optimisers.backends import torch as _torch
+from optimisers.backends.packs import Packs
 from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torch backend has it)
     CONCATENATES,
     FUSES_ITSELF,
@@ -57,7 +58,6 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     maywrite,
     mean,
     minimum,
-    parallel,
     real,
     settle,
     shape,
@@ -69,7 +69,6 @@ from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torc
     where,
     zeros_like,
 )
-from optimisers.fast.packs import Packs
 from optimisers.rules import NewValue
 
 Array = DTensor
@@ -308,21 +307,6 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
 def copier() -> Callable[[Any], Any]:
     """A copy function that keeps packed state packed: a packed buffer is copied once."""
     return _PACKS.copier(copy, packed)
-
-
-def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
-    """The torch backend's one-pass step (the numba kernel, torch's fused Adam) on the
-    local shards, or ``None``."""
-    step = _torch.onepass(rule, sig, list(map(local, xs)),
-                          [list(map(local, member)) for member in arrays])
-    if step is None:
-        return None
-
-    def on_shards(grads: list, sig: Any, rule: Any) -> Any:
-        return step(list(map(local, grads)), sig, rule)
-
-    on_shards.kind = step.kind
-    return on_shards
 
 
 # --- rules that need whole arrays (backends.on_whole) ----------------------------------------

@@ -21,11 +21,9 @@ that flat form.
 
 There are no concatenating group functions here (``flatcat`` and the rest, see
 ``fast/fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
-XLA (on CPU) one compiled kernel per distinct slice, and so compile time
-(benchmarks/README.md). Instead,
-:func:`fuse` steps groups of like Leafs under ``jax.jit`` as XLA custom calls into the
-numba kernel (``fast/xla.py``), each taking a Leaf's pack of numbers and its clock whole,
-and the plain path steps the rest (and all of it without numba).
+XLA one compiled kernel per distinct slice, and so compile time (benchmarks/README.md).
+Under ``jax.jit`` XLA fuses each Leaf's plain ``apply`` itself; :func:`fuse` steps only the
+Leafs of one shape whose rule stacks (``Muon``), by one ``jax.vmap`` (``fast/batched.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ import numpy as np
 from jax.numpy import abs, conj, minimum, real, sign, where  # noqa: F401
 from jax.tree_util import GetAttrKey
 
-from optimisers.backends import common
+from optimisers.backends import common, sharding
 from optimisers.leaf import Leaf
 
 Array = jax.Array
@@ -214,9 +212,7 @@ def cast(x: Any, like: Array) -> Array:
     a gradient sharded as its parameter)."""
     out = jnp.asarray(x, dtype=like.dtype)
     if type(like).__name__ == "DynamicJaxprTracer" and like.ndim and out.shape == like.shape:
-        from optimisers.fast import partition
-
-        return partition.follow(like, out)
+        return sharding.follow(like, out)
     return out
 
 
@@ -338,22 +334,20 @@ def settle(leaf: Any) -> Any:
 
 
 def fuse(entries: list) -> tuple[list, list]:
-    """Under ``jax.jit`` on the CPU with numba installed: step groups of like Leafs each
-    as one XLA custom call (``fast/xla.py``); Leafs of one shape whose rule stacks
-    (``Muon``), anywhere, by one ``jax.vmap`` of its ``apply`` (``fast/batched.py``).
-    Returns the entries left for the plain path and ``(leaf, new_x)`` for the others,
-    their Leafs advanced."""
-    from optimisers.fast import batched, fused, xla
+    """Step the Leafs of one shape whose rule stacks (``Muon``) by one ``jax.vmap`` of its
+    ``apply`` (``fast/batched.py``); every other entry is left to the plain path, whose
+    ``jnp`` operations XLA fuses under ``jax.jit``. Returns the entries left and
+    ``(leaf, new_x)`` for the others, their Leafs advanced."""
+    from optimisers.fast import batched, fused
 
-    kinds = [fused.fusible(e.leaf.rule)[0] for e in entries]
-    stacks = [e for e, elementwise in zip(entries, kinds) if not elementwise]
+    stacks = [e for e in entries if not fused.fusible(e.leaf.rule)[0]]
     if not stacks:
-        return xla.fuse(entries)
-    left, done = xla.fuse([e for e, elementwise in zip(entries, kinds) if elementwise])
+        return entries, []
     more, stacked = batched.fuse(stacks)
     for leaf, state, _ in stacked:
         leaf.advance(state)
-    return left + more, done + [(leaf, y) for leaf, _, y in stacked]
+    elementwise = [e for e in entries if fused.fusible(e.leaf.rule)[0]]
+    return elementwise + more, [(leaf, y) for leaf, _, y in stacked]
 
 
 # --- pytree registration of Leaf and the rules ---------------------------------------------
@@ -526,9 +520,8 @@ class _Spec:
             return jax.tree.unflatten(self.treedef, children)
         values = _unstack(children[0], self.n + self.rule_n)
         if isinstance(children[0], jax.core.Tracer):
-            for i, v in enumerate(values[:self.n]):
-                _remember(v, values[self.n + i] if i < self.rule_n else None,
-                          (children[0], i, self))
+            for v, c in zip(values[:self.rule_n], values[self.n:]):
+                _remember(v, c)
         numbers, rest = iter(values[:self.n]), iter(children[1:])
         return jax.tree.unflatten(self.treedef, [next(numbers) if w else next(rest)
                                                  for w in self.packs])
@@ -580,9 +573,7 @@ def _pack(rule: Any, state: Any, clock: Any) -> tuple[tuple, bool]:
         numbers += [complement(v) for v in numbers[:spec.rule_n]]
         rest.insert(0, jnp.stack(numbers) if traced else _STACK(*numbers))
     if not traced:  # the numbers and clock replicated where the state is sharded
-        from optimisers.fast import partition
-
-        rest = partition.beside(state, rest)
+        rest = sharding.beside(state, rest)
     return (spec, *rest), traced
 
 
@@ -674,64 +665,14 @@ class PackedLeaf(Leaf):
 # counters, which change at every step), computed from the Python float, and under jit the
 # complement of a number that came from a pack is that packed one.
 
-_COMPLEMENTS: dict[int, tuple[Any, Any, Any]] = {}
+_COMPLEMENTS: dict[int, tuple[Any, Any]] = {}
 
 
-def _remember(v: Any, c: Any, source: tuple) -> None:
-    """Note that ``c`` is the precise complement of the traced number ``v`` (``None``: a
-    state's counter, which has none), and where it came from, ``source = (pack, index,
-    spec)`` (as long as ``v`` lives)."""
+def _remember(v: Any, c: Any) -> None:
+    """Note that ``c`` is the precise complement of the traced number ``v`` (as long as
+    ``v`` lives)."""
     key = id(v)
-    _COMPLEMENTS[key] = (weakref.ref(v, lambda _: _COMPLEMENTS.pop(key, None)), c, source)
-
-
-def origin(v: Any) -> tuple | None:
-    """``(pack, index, spec)``: where the traced number ``v`` came from, the array of a
-    Leaf's numbers that a jitted call took (see "Leaf: its numbers packed") and its place
-    there; ``None`` for any other value. ``fast/xla.py`` passes the pack to its custom
-    call whole, and has :func:`repack` give the Leaf the pack the call returns.
-
-    Example:
-        >>> origin(0.5) is None
-        True
-    """
-    kept = _COMPLEMENTS.get(id(v))
-    return kept[2] if kept is not None and kept[0]() is v else None
-
-
-def repack(leaf: Any, pack: Any, state: Any, clock: Any) -> bool:
-    """Give the traced ``leaf`` the new ``state`` and ``clock`` in its flat form around
-    ``pack``, a new array of its numbers (whose counters a custom call wrote), without
-    unpacking them: ``state``'s numbers must be the ones the Leaf's old pack gave, each
-    at its place (the new values are in ``pack``). ``False``, and nothing done, where it
-    cannot be so (then the caller advances the Leaf as usual).
-
-    Example:
-        >>> repack(Leaf(None, None), None, None, 0)
-        False
-    """
-    if type(leaf) is not PackedLeaf or leaf.packed is not None and not isinstance(
-            leaf.packed[1], jax.core.Tracer):
-        return False
-    flat, treedef = jax.tree.flatten((leaf.rule, state, clock))
-    first = next(filter(None, map(origin, flat)), None)
-    spec = first[2] if first is not None else None
-    if spec is None or treedef != spec.treedef:
-        return False
-    old, k, rest = first[0], 0, []
-    for v, w in zip(flat, spec.packs):
-        if w:
-            found = origin(v)
-            if found is None or found[0] is not old or found[1] != k:
-                return False
-            k += 1
-        else:
-            rest.append(v)
-    _RULE.__set__(leaf, _LAZY)
-    _STATE.__set__(leaf, _LAZY)
-    _CLOCK.__set__(leaf, _LAZY)
-    leaf.packed = (spec, pack, *rest)
-    return True
+    _COMPLEMENTS[key] = (weakref.ref(v, lambda _: _COMPLEMENTS.pop(key, None)), c)
 
 
 def complement(v: Any) -> Any:
@@ -740,7 +681,7 @@ def complement(v: Any) -> Any:
     if type(v) is float:
         return 1.0 - v
     kept = _COMPLEMENTS.get(id(v))
-    if kept is not None and kept[0]() is v and kept[1] is not None:
+    if kept is not None and kept[0]() is v:
         return kept[1]
     return 1 - v
 

@@ -13,9 +13,7 @@ import numpy as np
 from numpy import abs, conj, minimum, real, sign, where  # noqa: F401
 
 from optimisers.backends import common
-from optimisers.fast import kernels, ufuncs
-from optimisers.fast.packs import PAD, Packs
-from optimisers.fast.ufuncs import parallel  # noqa: F401 (fast/fused.py uses it)
+from optimisers.backends.packs import PAD, Packs
 
 Array = np.ndarray
 
@@ -315,10 +313,10 @@ def device(x: Array) -> str:
 
 
 def footprints(xs: list) -> list:
-    """What a group's kernels assume of each array's memory, read cheaply enough for every
+    """What a group's views assume of each array's memory, read cheaply enough for every
     step: its size in items. An array keeps its buffer unless ``resize`` (or a dtype set in
     place) moves it, and then its size changes; a reshape in place keeps size and buffer,
-    so the kernels stay in bounds (and the step's gradient shapes send it to the
+    so the views stay in bounds (and the step's gradient shapes send it to the
     validating path). Its cost: benchmarks/README.md."""
     return list(map(_SIZE, xs))
 
@@ -375,11 +373,8 @@ def scatter(flat: Array, parts: tuple) -> list | None:
 
 
 def subtractor(xs: list) -> Any:
-    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place: one
-    compiled loop where numba is installed, else over flat views of the ``xs``."""
-    kernel = kernels.scatter_sub(xs)
-    if kernel is not None:
-        return kernel
+    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place, over flat
+    views of the ``xs``."""
     views = _flat_views(xs)
 
     def subtract(d: Array) -> None:
@@ -410,13 +405,6 @@ def copier() -> Any:
     """A copy function that keeps packed state packed: a packed buffer is copied once.
     Read-only arrays are shared, not copied."""
     return _PACKS.copier(lambda a: a.copy() if a.flags.writeable else a, packed)
-
-
-def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
-    """A one-pass step for a whole group, or ``None``: compiled by numba where it is
-    installed (``kernels.onepass``), else NumPy calls over pieces of large arrays
-    (``ufuncs.onepass``)."""
-    return kernels.onepass(rule, sig, xs, arrays) or ufuncs.onepass(rule, sig, xs, arrays)
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:

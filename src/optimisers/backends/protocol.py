@@ -11,7 +11,7 @@ capabilities saying which fused path ``fast/fused.py`` takes for it:
   with the function of :class:`Fusing`.
 
 Capabilities are module constants, read as ``xp.CONCATENATES``, never probed with
-``hasattr``; a step that a backend may lack for some group (a one-pass kernel, flat views)
+``hasattr``; a step that a backend may lack for some group (flat views)
 is a function that is always there and returns ``None`` where it does not apply.
 The backend of a library whose parameters carry their gradients (PyTorch's ``.grad``)
 also provides :class:`Carrying`; one whose library has its own model classes
@@ -289,7 +289,7 @@ class Grouping(Protocol):
         """Where ``x`` lives; arrays of one group share it."""
 
     def footprints(self, xs: list) -> Any:
-        """What a group's kernels assume of its arrays' memory, cheap to read each step."""
+        """What a group's views assume of its arrays' memory, cheap to read each step."""
 
     def flatcat(self, arrays: list) -> Array:
         """All ``arrays`` (of one dtype) flattened into one vector; only read."""
@@ -309,17 +309,8 @@ class Grouping(Protocol):
     def split_like(self, d: Array, xs: list) -> list:
         """New arrays ``x_i - segment of d``, each like ``x_i``."""
 
-    def onepass(self, rule: Any, sig: Any, xs: list, arrays: list) -> Callable | None:
-        """A one-pass step for a whole group written in place, or ``None``: a function
-        ``step(grads, sig, rule) -> sig after`` (or ``NotImplemented``, nothing written),
-        given at each step the rule of ``rule``'s structure that the group steps with
-        (a schedule's values change its numbers)."""
-
     def flat(self, x: Array, g: Array, arrays: list) -> tuple | None:
         """``(x, g, [states])`` as flat views to step piece by piece, or ``None``."""
-
-    def parallel(self, fn: Callable, items: list) -> list:
-        """``fn`` over parts of ``items``, on threads where that helps: their results."""
 
 
 class Fusing(Protocol):

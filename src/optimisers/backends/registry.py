@@ -67,7 +67,7 @@ def _isdtensor(cls: type) -> bool:
 
 def register_type(cls: type, lib: str, module: ModuleType) -> None:
     """register_type(cls, lib, module): arrays of type ``cls`` are served by ``module``,
-    known as ``lib`` (the code generator's symbols are arrays so: ``fast/trace.py``).
+    known as ``lib``.
 
     Example:
         >>> import types

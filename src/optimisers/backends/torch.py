@@ -30,7 +30,7 @@ from optimisers.backends._torchnn import (  # noqa: F401 (protocol.Carrying)
     register_nodes,
     unwrapped,
 )
-from optimisers.fast.packs import PAD, Packs
+from optimisers.backends.packs import PAD, Packs
 
 Array = torch.Tensor
 
@@ -334,7 +334,6 @@ def settle(leaf: Any) -> Any:
 #
 # A group's tensors are flattened into one vector and written back by C++ loops (torch's
 # flatten helpers and foreach ops): no Python loop runs per tensor in an in-place step.
-# Adam and AdamW, stepped in place in float32 or float64, run torch's own fused kernel.
 # Groups of large CPU tensors step in place piece by piece instead (see ``flat``).
 
 _PACKS = Packs(lambda a: a._base, lambda b, lo, n: b.narrow(0, lo, n),
@@ -346,7 +345,7 @@ def device(x: Array) -> torch.device:
 
 
 def footprints(xs: list) -> tuple:
-    """What a group's kernels assume of each tensor's memory, read for every step: its
+    """What a group's views assume of each tensor's memory, read for every step: its
     address, shape and strides. ``p.data = ...``, ``set_`` and ``resize_`` keep the tensor
     object but change them (new memory, a slice at the same address, a transpose); a
     change sends the step to the validating path (cost: benchmarks/README.md)."""
@@ -430,21 +429,9 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
     return x.view(-1), g.view(-1), [a.view(-1) for a in arrays]
 
 
-def parallel(fn: Any, items: list) -> list:
-    """``[fn(items)]``: torch's own operations already use every core."""
-    return [fn(items)]
-
-
 def copier() -> Any:
     """A copy function that keeps packed state packed: a packed buffer is copied once."""
     return _PACKS.copier(copy, packed)
-
-
-def onepass(rule: Any, sig: Any, xs: list, arrays: list) -> Any:
-    """A one-pass step for a whole group, or ``None`` (``fast/torchsteps.py``)."""
-    from optimisers.fast import torchsteps
-
-    return torchsteps.onepass(rule, sig, xs, arrays)
 
 
 # --- torch.compile ------------------------------------------------------------------------

@@ -22,10 +22,9 @@ on each matrix of a stack) is grouped with the Leafs of its shape instead: a
 that each matrix product is one batched product, and gives what stepping each alone
 gives (tests compare).
 
-A backend that ``FUSES_ITSELF`` (JAX) groups its entries itself: under ``jax.jit``
-the hyper-parameters are traced values, so its groups are Leafs whose rules have the
-same structure, and each Leaf's values travel with it (``fast/xla.py``; stacks by
-``jax.vmap``, ``fast/batched.py``).
+A backend that ``FUSES_ITSELF`` (JAX) groups its entries itself: under ``jax.jit`` XLA
+fuses the plain path's operations, and the backend stacks only what stacks (``Muon``, by
+``jax.vmap``: ``fast/batched.py``).
 """
 
 from __future__ import annotations
@@ -163,41 +162,12 @@ def _fill(sig: Any, arrays: Any) -> Any:
     return sig
 
 
-_BUILDERS: dict[str, Any] = {}
-
-
-def _builder(sig: Any) -> tuple[Any, list]:
-    """A function ``build(members, scalars)`` making, for each member's list of arrays, a
-    state of signature ``sig``; and the scalars (array-free parts) of ``sig`` to pass it.
-    The function is made once per shape of signature: restating 2,000 Leafs is then one
-    list comprehension."""
-    scalars: list = []
-
-    def expr(s: Any, arrays: list) -> str:
-        if s is ARRAY:
-            arrays.append(None)
-            return f"a[{len(arrays) - 1}]"
-        if type(s) is Node:
-            parts = [expr(p, arrays) for p in s]
-            return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-        scalars.append(s)
-        return f"s[{len(scalars) - 1}]"
-
-    source = expr(sig, [])
-    if source not in _BUILDERS:  # source built from our own signature marks only
-        _BUILDERS[source] = eval(f"lambda A, s: [{source} for a in A]")  # noqa: S307
-    return _BUILDERS[source], scalars
-
-
-_UNMADE = object()
-
-
 class Group:
     """Leafs stepped together: their rule, state signature, arrays, and parameters."""
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
-                 "step", "large", "subtract", "prints", "t", "timed", "now", "reduced",
-                 "made_for", "counts", "clocks", "owner", "params")
+                 "large", "subtract", "prints", "t", "timed", "now", "reduced",
+                 "counts", "clocks", "owner", "params")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -218,14 +188,13 @@ class Group:
         self.states: list = []  # the state objects this group last gave its Leafs
         self.xp = backends.of(self.xs[0])
         self.uses_x = fusible(rule)[1]
-        self.step: Any = _UNMADE  # the backend's one-pass step (made at the first run)
         self.large: bool | None = None  # mostly large arrays: stepped piece by piece
         self.subtract: Any = None  # the backend's x -= d over all xs (made when needed)
         self.prints = self.xp.footprints(self.params)  # what these assume of their memory
 
     def moved(self) -> bool:
         """Whether a parameter's memory changed since the group was made (``p.data = ...``,
-        an array resized in place): its kernels and views no longer fit, so it must not
+        an array resized in place): its views no longer fit, so it must not
         run again."""
         return self.xp.footprints(self.params) != self.prints
 
@@ -243,14 +212,14 @@ class Group:
         ) and not self.moved()
 
     def run(self, grads: list, new: dict, found: dict | None = None) -> None:
-        """One fused step: one compiled pass where the backend has one for this rule,
-        else the rule's ``apply`` on cache-sized pieces of large arrays, else on the
-        concatenation of all, scattered back. The rule is taken at the group's clock, with
-        the totals ``found`` of its tree-level rules (``reduce.py``)."""
+        """One fused step: the rule's ``apply`` on cache-sized pieces of large arrays, else
+        on the concatenation of all (the packed state itself, where it is packed), written
+        back. The rule is taken at the group's clock, with the totals ``found`` of its
+        tree-level rules (``reduce.py``)."""
         if self.timed or self.reduced:
             now = at(self.rule, self.t)
             self.now = given(now, found) if self.reduced and found else now
-        if not (self._onepass(grads) or self._chunked(grads)):
+        if not self._chunked(grads):
             self._joined(grads, new)
 
     def _shaped(self, flat: Any, like: Any) -> Any:
@@ -260,25 +229,6 @@ class Group:
     def _flat(self, a: Any) -> Any:
         """An array that ``apply`` gave, as the concatenation it stands for."""
         return a
-
-    def _onepass(self, grads: list) -> bool:
-        """The backend's one-pass step (``xp.onepass``, made at the first run): a function
-        of the gradients, the state's signature and the rule (of the same structure at
-        every step: its numbers may differ) giving the signature after the step, or
-        ``NotImplemented`` having written nothing. ``False`` where there is none."""
-        step = self.step
-        if step is _UNMADE:
-            xp = self.xp
-            step = self.step = (xp.onepass(self.now, self.sig, self.xs, self.arrays)
-                                if self.write else None)
-            self.made_for = _classes(self.now)
-        if self.reduced and _classes(self.now) != self.made_for:
-            return False  # a tree-level rule gave another kind of step (a skip, say)
-        after = step(grads, self.sig, self.now) if step is not None else NotImplemented
-        if after is NotImplemented:
-            return False
-        self._restate(after)
-        return True
 
     def _joined(self, grads: list, new: dict) -> None:
         """The rule applied once to the concatenation of the group's arrays."""
@@ -339,7 +289,7 @@ class Group:
             return False
         pieces = [(x[a:a + CHUNK], g[a:a + CHUNK], [s[a:a + CHUNK] for s in states])
                   for x, g, states in members for a in range(0, len(x), CHUNK)]
-        self._restate(xp.parallel(self._pieces, pieces)[-1])
+        self._restate(self._pieces(pieces))
         return True
 
     def _pieces(self, pieces: list) -> Any:
@@ -361,8 +311,7 @@ class Group:
     def _restate(self, newsig: Any) -> None:
         """Give each Leaf its new state, and the clock one more where the step was real
         (:meth:`~optimisers.Leaf.advance`, for the whole group at once)."""
-        build, scalars = _builder(newsig)
-        self.states = build(self.arrays, scalars)
+        self.states = [_fill(newsig, iter(arrays)) for arrays in self.arrays]
         real = not self.counts or self.rule.stepped(newsig)
         if self.t is None:  # clocks that differ: each its own (rules without a schedule)
             self.clocks = [c + 1 for c in self.clocks] if real else self.clocks
@@ -399,9 +348,6 @@ class Stack(Group):
 
     __slots__ = ()
 
-    def _onepass(self, grads: list) -> bool:
-        return False  # (elementwise kernels: they do not apply)
-
     def _chunked(self, grads: list) -> bool:
         return False
 
@@ -415,7 +361,7 @@ class Stack(Group):
 class Directed(Group):
     """Leafs whose rule steps along an elementwise :meth:`~optimisers.Rule.direction`
     scaled per array (``LAMB``: Adam's direction times a trust ratio). The direction runs
-    as a :class:`Group` does (the generated one-pass kernel where there is one) on zeros
+    as a :class:`Group` does on zeros
     standing for the parameters, which it does not read: each then holds exactly minus
     the direction's step ``a`` (``0 - a``); each parameter then takes
     ``rule.scaled(x, a)``, as the rule's own ``apply`` composes them.

@@ -69,6 +69,9 @@ class RMSProp(Rule):
 
     ``q = rho*q + (1-rho)*|g|^2``; centred: ``l = rho*l + (1-rho)*g``;
     ``d = eta*g / (sqrt(q - |l|^2) + eps)``; as ``torch.optim.RMSprop(alpha=rho)``.
+    ``rho`` is in ``[0, 1)``: ``torch.optim.RMSprop`` takes ``alpha=1`` too, but then ``q``
+    stays at its initial 0 and every step is ``eta*g/eps`` (``1e5`` gradients at the
+    defaults); ``torch.optim.Adam`` refuses the same decay, its ``betas[1]``, at 1.
 
     Example:
         >>> import numpy as np
@@ -80,7 +83,7 @@ class RMSProp(Rule):
     elementwise = True
 
     eta: float = hyperparameter(0.001, "[0, inf)")
-    rho: float = hyperparameter(0.9, "[0, 1]")
+    rho: float = hyperparameter(0.9, "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
     centred: bool = hyperparameter(False, kind="flag")
 

@@ -69,8 +69,8 @@ class Rule:
         """direction() -> an ``elementwise`` rule of the same state whose step ``a`` this
         rule's step is made of, per array, by :meth:`scaled`: ``apply(state, x, g)`` is
         ``(s, scaled(x, a))`` for ``(s, a) = direction().apply(state, x, g)``; or ``None``
-        (most rules). ``LAMB``'s is Adam's direction, and a fused group runs it through
-        the generated kernels (``fused.Directed``) before each array's trust ratio.
+        (most rules). ``LAMB``'s is Adam's direction, and a fused group runs it over
+        its flat buffers (``fused.Directed``) before each array's trust ratio.
 
         Example:
             >>> from optimisers import LAMB

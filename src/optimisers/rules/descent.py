@@ -40,7 +40,11 @@ class Momentum(Rule):
     ``v = rho*v + g``; ``d = eta*v``, as ``torch.optim.SGD(lr=eta, momentum=rho)`` and
     ``optax.sgd(eta, momentum=rho)`` do, so that a run under a schedule (``StepLR``,
     ``OneCycleLR``) follows theirs; a change of ``eta`` then takes effect at once. With
-    a constant ``eta`` the two forms take the same steps.
+    a constant ``eta`` the two forms take the same steps. ``rho`` is in ``[0, 1]``:
+    ``rho = 1`` is allowed, as ``torch.optim.SGD`` allows ``momentum=1`` (it checks only
+    ``momentum >= 0``): the velocity then sums every gradient, never forgetting one, which
+    is well defined (no division by ``1 - rho``); a ``rho`` above 1 grows the velocity
+    without bound.
 
     Example:
         >>> import numpy as np
@@ -80,7 +84,8 @@ class Nesterov(Rule):
     velocity; with ``eta_outside``, ``v = rho*v + g``; ``d = eta*(g + rho*v)``, as
     ``torch.optim.SGD(lr=eta, momentum=rho, nesterov=True)`` and ``optax.sgd(eta, rho,
     nesterov=True)`` (see :class:`Momentum`). With a constant ``eta`` the two forms take
-    the same steps.
+    the same steps. ``rho = 1`` is allowed, as for :class:`Momentum` (and
+    ``torch.optim.SGD``'s ``momentum=1``).
 
     Example:
         >>> import numpy as np

@@ -8,13 +8,16 @@ and checkpoints (``load`` constructs the rules it reads). The messages follow
 ``torch.optim``'s (``Invalid beta parameter at index 0: 1.5``), then name the rule, the
 field and what it allows.
 
-A number may be a Python ``int`` or ``float``, a NumPy scalar, or an array of NumPy,
-PyTorch or JAX (0-d, or batched as ``jax.vmap`` makes a tree's numbers): every element is
-checked by value. ``bool`` is never a number here (``AccumGrad(True)`` is refused). Values
-traced under ``jax.jit`` cannot be read: their value is not checked, but the rest is (a
-tuple's length, the other fields). A rule rebuilt by JAX from its flat form never runs
-``__post_init__`` (see ``backends/jax.py``), so neither traced nor packed numbers reach
-this check by that path.
+A number may be a Python ``int`` or ``float``, a NumPy scalar of any real dtype, or a 0-d
+array of NumPy, PyTorch or JAX; it is stored as the Python number it holds, so that a rule's
+fields stay plain data (``Adam(np.float64(0.1)) == Adam(0.1)``, and its ``repr``, hash and
+checkpoint are those of the number). ``bool`` and complex numbers are never numbers here
+(``AccumGrad(True)`` is refused), nor is an array of any other shape (an ``eta`` of shape
+``(n,)`` would step each element at its own rate), nor an ``int`` too large for a float.
+Values traced under ``jax.jit`` (or ``jax.vmap``) cannot be read: they are kept as they are
+and their value is not checked, but the rest is (a tuple's length, the other fields). A
+rule rebuilt by JAX from its flat form never runs ``__post_init__`` (see
+``backends/jax.py``), so neither traced nor packed numbers reach this check by that path.
 """
 
 from __future__ import annotations
@@ -139,56 +142,96 @@ class Allowed:
             return f"a tuple of {len(self.within)} {what.removeprefix('a ')}s: {each}"
         return what if self.within is None else f"{what} {self.within}"
 
-    def check(self, rule: str, name: str, value: Any) -> None:
-        """Raise unless ``value`` is allowed for the field ``name`` of the rule ``rule``."""
+    def check(self, rule: str, name: str, value: Any) -> Any:
+        """The value to store for the field ``name`` of the rule ``rule``: ``value``, or the
+        Python number a NumPy scalar or a 0-d array holds (a tuple's elements each); raises
+        unless ``value`` is allowed."""
         if not isinstance(self.within, tuple):
             return self._one(rule, name, value, self.within, "")
         if type(value) is not tuple or len(value) != len(self.within):
             raise InvalidKind(f"{_invalid(name, value)}; {_subject(rule, name)} must be "
                               f"{self.requirement(name)}")
-        for i, (v, within) in enumerate(zip(value, self.within)):
-            self._one(rule, name, v, within, i)
+        new = tuple(self._one(rule, name, v, within, i)
+                    for i, (v, within) in enumerate(zip(value, self.within)))
+        return value if all(a is b for a, b in zip(new, value)) else new
 
     def _one(self, rule: str, name: str, value: Any, within: Interval | None,
-             index: int | str) -> None:
+             index: int | str) -> Any:
         if type(value) is float and self.kind == "number" and value in within:
-            return  # the common case, kept fast: a rule is made at every adjust
+            return value  # the common case, kept fast: a rule is made at every adjust
         if value is None and within is not None and within.none:
-            return
-        numbers = _numbers(value) if self.kind in ("number", "whole") else None
-        if not _fits(self.kind, value, numbers):
-            need = Allowed(self.kind, within).requirement(name)
-            raise InvalidKind(f"{_invalid(name, value, index)} ({type(value).__name__}); "
-                              f"{_subject(rule, name, index)} must be {need}")
-        for v in numbers or ():
-            if v not in within:
-                raise ValueError(f"{_invalid(name, v, index)}; "
-                                 f"{_subject(rule, name, index)} must be {within}")
+            return value
+        if self.kind not in ("number", "whole"):
+            if not _fits(self.kind, value):
+                self._refuse(rule, name, value, within, index)
+            return value
+        if backends.istraced(value) or _isschedule(value):
+            return value  # unknown here (a schedule's is checked where evaluated: schedules.at)
+        if callable(value) and (scheduled := _as_schedule(value)) is not value:
+            return scheduled  # a plain function step -> value: a schedule
+        number = _number(value)
+        if number is None or (self.kind == "whole" and type(number) is not int):
+            self._refuse(rule, name, value, within, index)
+        if type(number) is int and not _float_holds(number):
+            digits = f"an int of {len(str(abs(number)))} digits, too large for a float"
+            raise ValueError(f"{_invalid(name, digits, index, shown=True)}; "
+                             f"{_subject(rule, name, index)} must be {within}")
+        if number not in within:
+            raise ValueError(f"{_invalid(name, number, index)}; "
+                             f"{_subject(rule, name, index)} must be {within}")
+        return number
+
+    def _refuse(self, rule: str, name: str, value: Any, within: Interval | None,
+                index: int | str) -> None:
+        """Raise :class:`InvalidKind` for ``value``, a value of the wrong kind."""
+        need = Allowed(self.kind, within).requirement(name)
+        if self.kind in ("number", "whole") and backends.library(value) is not None:
+            shape = tuple(value.shape)
+            if shape:
+                need += (f": one number (a scalar, or a 0-d array), not an array of shape "
+                         f"{shape}")
+        raise InvalidKind(f"{_invalid(name, value, index)} ({type(value).__name__}); "
+                          f"{_subject(rule, name, index)} must be {need}")
 
 
-def _numbers(value: Any) -> list | None:
-    """The numbers a hyper-parameter holds; ``None`` when they cannot be read yet (a value
-    traced under ``jax.jit``); ``[]`` when ``value`` is no number at all.
+def _number(value: Any) -> int | float | None:
+    """The Python ``int`` or ``float`` that ``value`` is or holds; ``None`` when it is no
+    real number, or more than one.
 
-    The one place that decides what counts as a number: a Python ``int`` or ``float``, a
-    NumPy scalar, or an array of a supported library (each of its elements). A new kind of
-    numeric value (a schedule, evaluated per step) is accepted by a case here.
+    The one place that decides what counts as a number: a Python ``int`` or ``float``, or
+    a real NumPy scalar or 0-d array of a supported library (read by its ``item()``, which
+    gives a Python number for every library's dtypes, bfloat16 included); never a ``bool``
+    (of any library), a complex number or an array of another shape. A float16 or float32
+    reads as the shortest decimal that is the same number in its dtype (as its ``repr``
+    shows it, and as JAX's packed numbers read back after ``jit``): ``np.float32(0.01)``
+    is ``0.01``, not ``0.009999999776482582``.
     """
-    if isinstance(value, (int, float)):
-        return [value]
-    if backends.istraced(value) or _isschedule(value):
-        return None  # a schedule's values are checked where it is evaluated (schedules.at)
-    if isinstance(value, np.generic) or backends.library(value) is not None:
-        flat = value.tolist()
-        stack, out = [flat], []
-        while stack:
-            v = stack.pop()
-            if isinstance(v, list):
-                stack.extend(reversed(v))
-            else:
-                out.append(v)
-        return out
-    return []
+    if type(value) is int or type(value) is float:
+        return value
+    if not (isinstance(value, np.generic) or backends.library(value) is not None):
+        return None
+    if tuple(getattr(value, "shape", ())) != ():
+        return None
+    number = value.item()
+    if type(number) is float:
+        name = value.dtype.name if isinstance(value, np.generic) else backends.of(
+            value).dtype_name(value)
+        if name in ("float16", "float32"):  # np.float32(0.01) is 0.01, as ``repr`` shows it
+            return float(str(np.dtype(name).type(number)))
+        return number
+    if isinstance(number, np.floating):  # (longdouble: a NumPy scalar still)
+        with np.errstate(over="ignore"):
+            return float(number)  # a longdouble beyond a float's range reads inf: refused
+    return number if type(number) is int else None
+
+
+def _float_holds(number: int) -> bool:
+    """Whether the ``int`` ``number`` converts to a float (the arithmetic of every step)."""
+    try:
+        float(number)
+    except OverflowError:
+        return False
+    return True
 
 
 def _isschedule(value: Any) -> bool:
@@ -197,14 +240,8 @@ def _isschedule(value: Any) -> bool:
     return isinstance(value, Schedule)
 
 
-def _fits(kind: str, value: Any, numbers: list | None) -> bool:
-    """Whether ``value`` is of ``kind`` (for numbers: read as ``numbers``)."""
-    if kind in ("number", "whole"):
-        if numbers is None:
-            return True  # traced or a schedule: its kind is a number's, its value unknown
-        whole = kind == "whole"
-        return bool(numbers) and all(
-            type(v) is int or (not whole and type(v) is float) for v in numbers)
+def _fits(kind: str, value: Any) -> bool:
+    """Whether ``value`` is of ``kind``, one of ``"flag"``, ``"dtype"`` and ``"rule"``."""
     if kind == "flag":
         return isinstance(value, (bool, np.bool_))
     if kind == "dtype":
@@ -238,10 +275,11 @@ def _subject(rule: str, name: str, index: int | str = "") -> str:
     return f"{rule}'s {_noun(name)}{f'[{index}]' if index != '' else ''}"
 
 
-def _invalid(name: str, value: Any, index: int | str = "") -> str:
+def _invalid(name: str, value: Any, index: int | str = "", shown: bool = False) -> str:
+    """``Invalid beta parameter at index 0: 1.5`` (``value`` already text when ``shown``)."""
     what = "learning rate" if name == "eta" else f"{name} parameter"
     at = f" at index {index}" if index != "" else ""
-    return f"Invalid {what}{at}: {value!r}"
+    return f"Invalid {what}{at}: {value if shown else repr(value)}"
 
 
 _BY_NAME = {"eta": Allowed("number", Interval.parse("[0, inf)"))}
@@ -304,8 +342,9 @@ def _declared(cls: type) -> tuple[tuple[str, Allowed], ...]:
 def check(rule: Any) -> None:
     """check(rule) -> None, or raises: every declared field of ``rule`` against what it allows.
 
-    A plain function ``step -> value`` given for a number (or for a number in a tuple) is
-    a schedule: the field is set to :class:`~optimisers.schedules.Function` ``(f)``.
+    A NumPy scalar or a 0-d array given for a number is then stored in the (frozen) rule
+    as the Python number it holds, and a plain function ``step -> value`` as the schedule
+    :class:`~optimisers.schedules.Function` ``(f)``, once every field has passed.
 
     Raises:
         ValueError: a number outside its interval (NaN and infinities included).
@@ -320,15 +359,19 @@ def check(rule: Any) -> None:
         Traceback (most recent call last):
         ...
         ValueError: Invalid epsilon parameter: -1.0; Adam's epsilon must be >= 0 and finite
+        >>> import numpy as np
+        >>> Adam(np.float64(0.1), beta=(np.float32(0.5), np.array(0.999)))
+        Adam(eta=0.1, beta=(0.5, 0.999), epsilon=1e-08)
     """
     cls = type(rule)
+    stored = {}
     for name, allowed in _declared(cls):
         value = getattr(rule, name)
-        if allowed.kind in ("number", "whole") and type(value) is not float:
-            scheduled = _as_schedule(value)
-            if scheduled is not value:
-                object.__setattr__(rule, name, value := scheduled)
-        allowed.check(cls.__name__, name, value)
+        new = allowed.check(cls.__name__, name, value)
+        if new is not value:
+            stored[name] = new
+    for name, new in stored.items():  # once every field passed: nothing written on error
+        object.__setattr__(rule, name, new)
 
 
 def _as_schedule(value: Any) -> Any:

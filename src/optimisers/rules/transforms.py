@@ -81,10 +81,12 @@ class ClipGrad(Rule):
 class ClipNorm(Rule):
     """ClipNorm(omega=10.0, p=2.0, throw=True): rescale the gradient to norm at most ``omega``.
 
-    ``n = norm(g, p)`` (``p`` may be 1, 2, ``inf``, 0 for the count of non-zeros,
-    ``-inf``, or any real); ``d = g * min(omega/n, 1)``. A non-finite norm raises
-    ``FloatingPointError`` when ``throw`` (not under ``jax.jit``, where the norm is not
-    known while tracing: the step is then non-finite instead).
+    ``n = norm(g, p)`` (``p`` in ``(0, inf]``: 1, 2, ``inf`` or any positive real, as
+    :class:`~optimisers.ClipGlobalNorm` takes); ``d = g * min(omega/n, 1)``. ``p <= 0``
+    is refused: it gives no norm (``p = 0`` counts the non-zeros, and a negative ``p`` is
+    smallest for the largest gradients, so that they escape the clip). A non-finite norm
+    raises ``FloatingPointError`` when ``throw`` (not under ``jax.jit``, where the norm is
+    not known while tracing: the step is then non-finite instead).
 
     Example:
         >>> import numpy as np
@@ -93,7 +95,7 @@ class ClipNorm(Rule):
     """
 
     omega: float = hyperparameter(10.0, "[0, inf)")
-    p: float = hyperparameter(2.0, "[-inf, inf]", static=True)  # not traced by JAX
+    p: float = hyperparameter(2.0, "(0, inf]", static=True)  # not traced by JAX
     throw: bool = hyperparameter(True, kind="flag")
 
     def raises(self) -> bool:

@@ -13,7 +13,7 @@ tree-level rule (a global estimate, a sharded norm) is one more subclass.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -181,6 +181,9 @@ class SkipNonFinite(_Counting, TreeRule):
     state counts the skip. After ``limit`` consecutive skips, the next non-finite step
     raises ``FloatingPointError`` (nothing written). As ``optax.apply_if_finite``, and
     ``torch.amp.GradScaler``'s skipped steps. The state is the count of consecutive skips.
+    ``limit=0`` is allowed: no step is ever skipped, the first non-finite gradient raises
+    with nothing written (as ``torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True)``
+    raises), and ``limit=None`` (no limit) is the way to skip without end.
 
     Example:
         >>> import numpy as np
@@ -194,14 +197,7 @@ class SkipNonFinite(_Counting, TreeRule):
 
     elementwise = True  # given the decision (the group's rule is given it first)
 
-    limit: Any = field(default=None, metadata={"static": True})  # checked below
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(
-                self.limit, bool) or self.limit < 0):
-            raise ValueError(f"Invalid limit parameter: {self.limit!r}; SkipNonFinite's "
-                             f"limit must be None or a whole number >= 0")
+    limit: int | None = hyperparameter(None, "[0, inf) or None", kind="whole", static=True)
 
     def part(self, dx: Any) -> Any:
         return backends.of(dx).allfinite(dx)

@@ -8,7 +8,7 @@ of a concatenation and a copy of the tree can keep the layout.
 
 Each buffer has ``PAD`` spare bytes, so that its views can begin at a chosen place
 within a 4 KiB page: successive buffers (a group's first moments, its second moments,
-...) begin ``SLOTS`` apart. Where every stream of a one-pass kernel (parameter, gradient
+...) begin ``SLOTS`` apart. Where every stream of a step (parameter, gradient
 and each state) begins at the same address modulo 4096, as large allocations of the
 same sizes do, the processor mistakes loads for reloads of just-stored data (4K
 aliasing) and a bandwidth-bound step runs slower (benchmarks/README.md).
