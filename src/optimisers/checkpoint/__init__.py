@@ -53,12 +53,12 @@ ones, so that whatever ``save`` writes, ``load`` reads.
 A file is untrusted input. Loading never unpickles, never executes code from the file and
 never imports a name the file chooses: rules come from the registry
 :data:`optimisers.RULES` (every subclass of :class:`Rule` registers itself when defined),
-dtypes from a fixed list or from a library already imported, functions from ``like``; the file's rule classes are
-compared with ``like``'s before any rule is constructed, and rules are constructed only
-after the whole file matched ``like``. It reads regular files only (never a device or a
-FIFO), members stored as is (a compressed or encrypted member, or a name used twice, is
-refused), each array's member no larger than its record says, and a ``checkpoint.json`` of
-at most 4 times the size of ``like``'s own document plus 1 MiB.
+dtypes from a fixed list or from a library already imported, functions from ``like``;
+the file's rule classes are compared with ``like``'s before any rule is constructed, and
+rules are constructed only after the whole file matched ``like``. It reads regular files
+only (never a device or a FIFO), members stored as is (a compressed or encrypted member, or
+a name used twice, is refused), each array's member no larger than its record says, and a
+``checkpoint.json`` of at most 4 times the size of ``like``'s own document plus 1 MiB.
 """
 
 from optimisers.checkpoint.io import load, save

@@ -67,8 +67,9 @@ def load(path: str | os.PathLike, like: Any) -> Any:
     library loads into another). Everything else comes from the file: rules with their
     hyper-parameters (which may differ from ``like``'s, e.g. after :func:`adjust`), states,
     frozen flags and sharing; but a :class:`~optimisers.Function` schedule's function,
-    which the file names, is taken from ``like``'s rule at the same Leaf, never imported. ``like`` is not changed. Training continued from the loaded
-    tree is bit-for-bit the training that was never interrupted.
+    which the file names, is taken from ``like``'s rule at the same Leaf, never imported.
+    ``like`` is not changed. Training continued from the loaded tree is bit-for-bit the
+    training that was never interrupted.
 
     Args:
         path: a file written by :func:`save`.
