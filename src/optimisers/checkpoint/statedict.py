@@ -64,9 +64,9 @@ def state_dict(tree: Any) -> dict:
         >>> tree, model = update_(setup(Adam(0.1), model), model, {"w": np.ones(2)})
         >>> d = state_dict(tree)
         >>> list(d)
-        ['w.rule', 'w.frozen', 'w.clock', 'w.state.0', 'w.state.1', 'w.state.2.0', 'w.state.2.1']
-        >>> d["w.state.0"] is tree["w"].state[0], d["w.state.2.0"], d["w.frozen"], d["w.clock"]
-        (True, 0.9, False, 1)
+        ['w.rule', 'w.frozen', 'w.clock', 'w.state.0', 'w.state.1', 'w.state.2']
+        >>> d["w.state.0"] is tree["w"].state[0], d["w.state.2"], d["w.frozen"], d["w.clock"]
+        (True, 1.0, False, 1)
         >>> d["w.rule"]["rule"], d["w.rule"]["fields"]["eta"]
         ('Adam', {'float': '0.1'})
     """
