@@ -7,6 +7,7 @@ limit, and read the child's peak memory from ``os.wait4``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -346,24 +347,35 @@ def test_deep_tree_that_saves_also_loads(ckpt: Any, kind: type) -> None:
     assert node["k"] is node["tie"] if kind is dict else node[0].rule == Adam(0.25)
 
 
-def test_model_490_lists_deep_saves_and_loads_in_a_fresh_process(tmp_path: Any) -> None:
-    """The issue's case, as a user meets it: setup, save, then load in a new process."""
+def test_model_nested_to_the_limit_saves_and_loads_in_a_fresh_process(tmp_path: Any) -> None:
+    """The issue's case, as a user meets it: setup, save, then load in a new process, with
+    no import before the deep walk; a model deeper than the walks take (490 lists, which
+    setup's walk met Python's recursion limit at while importing the NumPy backend) is a
+    ValueError naming the path (tests/test_walk.py tests each walk)."""
     code = f"""
         import numpy as np
         from optimisers import Adam, load, save, setup
-        setup(Adam(), [np.ones(1)])  # imports done before the deep walk
-        m = np.ones(2)
-        for _ in range(490):
-            m = [m]
+        from optimisers.walk import MAX_DEPTH
+        def nest(n):
+            m = np.ones(2)
+            for _ in range(n):
+                m = [m]
+            return m
+        m = nest(MAX_DEPTH)
         save({str(tmp_path / 'deep.ckpt')!r}, setup(Adam(0.5), m))
         back = load({str(tmp_path / 'deep.ckpt')!r}, like=setup(Adam(), m))
-        for _ in range(490):
+        for _ in range(MAX_DEPTH):
             back = back[0]
         print(back.rule)
+        try:
+            setup(Adam(), nest(490))
+        except ValueError as e:
+            print(str(e)[:62])
     """
     rc, text, _ = run_child(code)
-    assert rc == 0 and text.strip().endswith("Adam(eta=0.5, beta=(0.9, 0.999), epsilon=1e-08)"
-                                             ), text
+    assert rc == 0 and text.strip().splitlines() == [
+        "Adam(eta=0.5, beta=(0.9, 0.999), epsilon=1e-08)",
+        "the model is nested more than 100 containers deep: the list at"], text
 
 
 def test_value_nested_past_the_limit_is_refused_at_save_and_at_load(ckpt: Any) -> None:
@@ -520,6 +532,74 @@ def test_save_writes_through_a_symlink(tmp_path: Any) -> None:
     dangling.symlink_to(tmp_path / "runs" / "step2.ckpt")
     save(dangling, tree)
     assert dangling.is_symlink() and load(dangling, like=tree)["enc"]["b"].rule == Descent(0.5)
+
+
+def make_special(kind: str, where: Any) -> None:
+    """Put a ``kind`` of file that is not a regular one at ``where``."""
+    if kind == "fifo":
+        os.mkfifo(where)
+    elif kind == "directory":
+        where.mkdir()
+        (where / "keep.txt").write_text("kept")
+    elif kind == "socket":
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as sock:  # a relative name: AF_UNIX caps paths
+            sock.bind(os.path.relpath(where))          # at 108 bytes
+    elif kind == "device":  # a character device with /dev/null's numbers, made in tmp_path
+        os.mknod(where, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs, sockets, devices and symlinks")
+@pytest.mark.parametrize("through_link", [False, True], ids=["at the path", "through a link"])
+@pytest.mark.parametrize("kind", ["fifo", "directory", "socket", "device"])
+def test_save_never_replaces_what_is_not_a_regular_file(
+        tmp_path: Any, monkeypatch: Any, kind: str, through_link: bool) -> None:
+    """Saving to a device (as root, to /dev/null) replaced it with a regular file: save
+    refuses, naming the path, and the thing at the path (or the link's target) stays."""
+    if kind == "device" and (not hasattr(os, "mknod") or os.geteuid() != 0):
+        pytest.skip("making a device node needs root")
+    monkeypatch.chdir(tmp_path)
+    special = tmp_path / "special"
+    make_special(kind, special)
+    before = os.lstat(special)
+    path = special
+    if through_link:
+        path = tmp_path / "latest.ckpt"
+        path.symlink_to(special)
+    with pytest.raises(ValueError, match=rf"cannot save to '{path}'.*not a regular file"):
+        save(path, setup(Descent(), model()))
+    after = os.lstat(special)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (
+        before.st_mode, before.st_ino, before.st_rdev)
+    assert not through_link or os.readlink(path) == str(special)
+    if kind == "directory":
+        assert os.listdir(special) == ["keep.txt"]
+    assert temporaries(tmp_path) == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE and SIGXFSZ")
+def test_save_that_fills_the_disk_leaves_no_temporary_file_and_the_old_checkpoint(
+        ckpt: Any) -> None:
+    """A write refused for size (EFBIG, as a full disk's ENOSPC) used to leave its temporary
+    file: closing it flushed again, raised again, and the unlink never ran."""
+    trained(ckpt)
+    code = f"""
+        import resource, signal
+        import numpy as np
+        from optimisers import Descent, Leaf, save
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+        try:
+            save({str(ckpt)!r}, {{"w": Leaf(Descent(), np.ones(1 << 18))}})  # 2 MiB
+        except OSError as e:
+            print("FAILED", e.errno)
+    """
+    rc, text, _ = run_child(code)
+    assert rc == 0 and text.strip() == f"FAILED {errno.EFBIG}", text
+    assert temporaries(ckpt.parent) == []
+    back = load(ckpt, like=setup(Adam(), model()))
+    assert back["enc"]["w"].rule == Adam(0.1) and back["enc"]["w"].clock == 1
 
 
 # ----------------------------------------------------------------------------- no code first

@@ -95,3 +95,52 @@ def test_ema_inside_a_chain_is_refused():
     with pytest.raises(ValueError, match=r"wrap the chain instead: EMA\(OptimiserChain"):
         O.OptimiserChain(O.EMA(O.Descent()), O.ClipGrad())
     O.EMA(O.OptimiserChain(O.ClipGrad(), O.Descent()))  # the way round that works
+
+
+@pytest.mark.parametrize("change", ["grown", "cast", "key missing", "key added", "not array"])
+def test_averaged_checks_the_model_as_update_does(change):
+    """A parameter grown from (4,) to (6,) got the old (4,) average back silently, and a
+    model of another structure raised a KeyError: now each is a ValueError naming the
+    path, as ``update`` gives for the same model."""
+    model = {"w": np.ones(4, np.float32), "b": np.ones(2, np.float32)}
+    tree = O.setup(O.EMA(O.Descent(0.1), 0.9), model)
+    tree, model = O.update(tree, model, {"w": np.ones(4, np.float32), "b": np.ones(2)})
+    model = {
+        "grown": {**model, "w": np.ones(6, np.float32)},
+        "cast": {**model, "w": model["w"].astype(np.float64)},
+        "key missing": {"b": model["b"]},
+        "key added": {**model, "c": np.ones(3, np.float32)},
+        "not array": {**model, "w": {"kernel": model["w"]}},
+    }[change]
+    message = {
+        "grown": r"Leaf at KeyPath\('w'\) holds state of shape \(4,\), but the parameter "
+                 r"there has shape \(6,\)",
+        "cast": r"Leaf at KeyPath\('w'\) holds state of dtype float32, but the parameter "
+                r"there has dtype float64",
+        "key missing": r"the state tree at KeyPath\(\) has keys \['w', 'b'\], but the model "
+                       r"has \['b'\]",
+        "key added": r"the state tree at KeyPath\(\) has keys \['w', 'b'\], but the model "
+                     r"has \['w', 'b', 'c'\]",
+        "not array": r"the state tree has a Leaf at KeyPath\('w'\), but the model has a dict",
+    }[change]
+    grads = {k: np.ones_like(v) for k, v in model.items() if hasattr(v, "shape")}
+    with pytest.raises(ValueError, match=message):
+        O.update(tree, model, grads)
+    with pytest.raises(ValueError, match=message):
+        O.averaged(tree, model)
+
+
+def test_averaged_reads_frozen_leafs_and_model_ties_declared_by_the_tree_alone():
+    """A frozen Leaf still gives its average; where the tree ties two paths that the model
+    holds as two arrays, each path without an average keeps its own array."""
+    model = {"a": np.ones(2), "b": np.ones(2), "c": np.ones(3)}
+    tree = O.setup({"c": O.Descent(0.1), "*": O.EMA(O.Descent(0.1), 0.5)}, model)
+    tree, model = O.update(tree, model, {k: np.ones_like(v) for k, v in model.items()})
+    O.freeze_(tree, "a")
+    out = O.averaged(tree, model)
+    np.testing.assert_allclose(out["a"], [0.95, 0.95])
+    tied = O.setup(O.Descent(), {"x": np.ones(2)})
+    tied = {"x": tied["x"], "y": tied["x"]}
+    model = {"x": np.ones(2), "y": np.full(2, 2.0)}
+    out = O.averaged(tied, model)
+    assert out["x"] is model["x"] and out["y"] is model["y"]

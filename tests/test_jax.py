@@ -507,7 +507,7 @@ def test_tree_after_jit_prints_numbers():
     assert tree["w"].rule.rules[1] == O.AdamW(0.01)
     text = "OptimiserChain(ClipGrad(delta=0.5), AdamW(eta=0.01, beta=(0.9, 0.999)"
     assert repr(tree["w"]).startswith("Leaf(" + text)
-    assert text in O.summary(tree)
+    assert text in " ".join(O.summary(tree).split())  # (a wide rule is wrapped there)
 
     seen = []
     jax.jit(lambda t: seen.append(repr(t["w"])) or 0)(tree)

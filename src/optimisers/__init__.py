@@ -1,8 +1,9 @@
-"""optimisers: functional optimisers for arbitrarily nested models.
+"""optimisers: functional optimisers for nested models.
 
 ``setup(rule, model)`` builds a tree of optimiser states mirroring the model;
 ``update`` / ``update_`` take one step. Models may hold NumPy, PyTorch or JAX arrays in
-any nesting of containers, dataclasses and registered classes.
+any nesting of containers, dataclasses and registered classes, up to
+``optimisers.walk.MAX_DEPTH`` (100) containers deep.
 """
 
 from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from optimisers import backends
+from optimisers.gather import pair
 from optimisers.walk import place
 
 __all__ = ["averaged"]
@@ -16,6 +17,10 @@ def averaged(tree: Any, model: Any) -> Any:
     without one keep their array. Pure: the average is copied, ``model`` and ``tree`` are
     not changed, and a tied parameter gets one array at all its paths.
 
+    Raises:
+        ValueError: the tree does not match the model (structure, or a parameter resized
+            or cast to another dtype after ``setup``), naming the path, as ``update``.
+
     Example:
         >>> import numpy as np
         >>> from optimisers import EMA, Descent, setup, update
@@ -26,12 +31,9 @@ def averaged(tree: Any, model: Any) -> Any:
         ({'w': array([0.95]), 'n': 3}, array([0.5]))
     """
     made: dict[int, Any] = {}
-
-    def value(leaf: Any, x: Any) -> Any:
-        if id(leaf) not in made:
-            avg = leaf.rule.averaged(leaf.state, x)
-            xp = backends.of(x)
-            made[id(leaf)] = x if avg is None else xp.like(xp.copy(avg), x)
-        return made[id(leaf)]
-
-    return place(tree, model, value, inplace=False)
+    for e in pair(tree, model):  # checked as update checks it: structure, shapes, dtypes
+        avg = e.leaf.rule.averaged(e.leaf.state, e.x)
+        if avg is not None:
+            xp = backends.of(e.x)
+            made[id(e.leaf)] = xp.like(xp.copy(avg), e.x)
+    return place(tree, model, lambda leaf, x: made.get(id(leaf), x), inplace=False)

@@ -17,6 +17,7 @@ from optimisers import backends
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, not_a_tree
 from optimisers.tree import children, isnumeric, keys_shown, wrapper_name
+from optimisers.walk import enter
 
 
 def _what(x: Any) -> str:
@@ -121,26 +122,65 @@ def gather(tree: Any, model: Any, grads: tuple) -> list[Entry]:
         (array([3., 3.]), ['a', 'b'])
     """
     found: dict[int, Entry] = {}
-    _gather(tree, model, grads, KeyPath(), found)
+    _gather(tree, model, grads, KeyPath(), found, {})
     return list(found.values())
 
 
-def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
-    """Phase one: validate tree, model and gradients together; fill ``plan``."""
+def pair(tree: Any, model: Any) -> list[Entry]:
+    """pair(tree, model) -> an entry without gradients for every Leaf, frozen ones too.
+
+    The tree is checked against the model as :func:`gather` checks it (structure, Leafs
+    where the model has arrays, ties), and each Leaf's state against its parameter
+    (:func:`check_fit`): for what reads a tree beside its model without stepping it
+    (:func:`~optimisers.averaged`). Nothing is written.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import Descent, freeze_, setup
+        >>> tree = freeze_(setup(Descent(), {"a": np.ones(2), "b": np.ones(3)}), "b")
+        >>> [str(e.paths[0]) for e in pair(tree, {"a": np.ones(2), "b": np.ones(3)})]
+        ['a', 'b']
+    """
+    found: dict[int, Entry] = {}
+    _gather(tree, model, (), KeyPath(), found, {})
+    for e in found.values():
+        check_fit(e)
+    return list(found.values())
+
+
+def check_fit(e: Entry) -> None:
+    """A ValueError, before anything is written, when the Leaf's state was not made for
+    its parameter (the parameter was resized, replaced or cast after ``setup``): a step
+    would read and write the state by the parameter's size, or mix precisions."""
+    found = e.leaf.rule.misfit(e.leaf.state, e.x)
+    if found is not None:
+        have, need = (f"dtype {v}" if isinstance(v, str) else f"shape {v}" for v in found)
+        raise ValueError(
+            f"the Leaf at {e.paths[0]!r} holds state of {have}, but the parameter there "
+            f"has {need}: it changed after setup. Make the tree again with "
+            f"setup(rule, model), or start that part afresh with "
+            f"reinit(tree, model, where={str(e.paths[0])!r})")
+
+
+def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict, inside: dict) -> None:
+    """Phase one: validate tree, model and gradients together; fill ``plan``. With no
+    gradient trees at all (``gs == ()``), every Leaf gets an entry, frozen ones too.
+    ``inside``: the tree's containers being walked (:func:`~optimisers.walk.enter`)."""
     if t is None:
         return
     if isinstance(t, Leaf):
         if not isnumeric(x):
             raise ValueError(f"the state tree has a Leaf at {kp!r}, but the model has "
                              f"{_what(x)} there; make the tree with setup(rule, model)")
-        if gs[0] is None:
+        if gs and gs[0] is None:
             return
         grads = [None if g is None else grad_array(g, x, kp) for g in gs]
-        if not t.frozen:
+        if not t.frozen or not gs:
             add(plan, t, x, grads, kp)
         return
     if type(t) not in (dict, tuple, list):
         raise not_a_tree(t, kp)
+    enter(kp, t, inside, "the state tree")
     kids = children(x)
     keys = tuple(t) if isinstance(t, dict) else tuple(range(len(t)))
     if set(keys) != set(kids) or len(keys) != len(kids):
@@ -151,7 +191,8 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict) -> None:
     gks = [_grad_children(g, kids, x, kp) for g in gs]
     for k in keys:
         _gather(t[k], kids[k], tuple(None if gk is None else gk.get(k) for gk in gks),
-                kp + (k,), plan)
+                kp + (k,), plan, inside)
+    del inside[id(t)]
 
 
 def nest_dotted(g: Any, model: Any) -> Any:

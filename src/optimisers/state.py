@@ -31,7 +31,7 @@ from optimisers import backends
 from optimisers.adjust import covering, matches
 from optimisers.backends.registry import COMPILERS
 from optimisers.fast import fused
-from optimisers.gather import DOTGRAD, Entry, gather, module_grads, nest_dotted
+from optimisers.gather import DOTGRAD, Entry, check_fit, gather, module_grads, nest_dotted
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.plan import Plan, first_leaf
@@ -66,7 +66,8 @@ def setup(rule: Rules, model: Any) -> Any:
     Args:
         rule: the optimisation rule, e.g. ``Adam()``; or rules by path, as above.
         model: any nesting of arrays in tuples, lists, dicts, dataclasses, registered
-            classes or ``torch.nn.Module``.
+            classes or ``torch.nn.Module``, at most :data:`~optimisers.walk.MAX_DEPTH`
+            containers deep.
 
     Returns:
         The state tree, to be passed to :func:`update` / :func:`update_`.
@@ -76,7 +77,9 @@ def setup(rule: Rules, model: Any) -> Any:
             function gives something else than a rule or ``None`` (naming the path).
         ValueError: when no pattern matches a trainable array, the paths of one tied
             array pick different rules, or a rule refuses its array (see
-            :meth:`Rule.refuses`: ``Muon`` trains real matrices only), naming the paths.
+            :meth:`Rule.refuses`: ``Muon`` trains real matrices only), or the model nests
+            deeper than :data:`~optimisers.walk.MAX_DEPTH` or contains itself (a cycle),
+            naming the paths.
 
     Example:
         >>> import numpy as np
@@ -218,7 +221,7 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
     where: dict[int, tuple] = {}
     for e in entries:
-        _check_fit(e)
+        check_fit(e)
         rule = e.leaf.rule
         kind = kinds.get(id(rule)) or kinds.setdefault(id(rule), (timed(rule), places(rule)))
         if kind[0]:
@@ -257,20 +260,6 @@ def _share(e: Entry, new: dict, inplace: bool) -> None:
             backends.of(other).assign(other, y)
     else:
         new[id(e.leaf)] = y
-
-
-def _check_fit(e: Entry) -> None:
-    """A ValueError, before anything is written, when the Leaf's state was not made for
-    its parameter (the parameter was resized or replaced after ``setup``): a step would
-    read and write the state by the parameter's size."""
-    found = e.leaf.rule.misfit(e.leaf.state, e.x)
-    if found is not None:
-        have, need = found
-        raise ValueError(
-            f"the Leaf at {e.paths[0]!r} holds state of shape {have}, but the parameter there "
-            f"has shape {need}: it changed after setup. Make the tree again with "
-            f"setup(rule, model), or start that part afresh with "
-            f"reinit(tree, model, where={str(e.paths[0])!r})")
 
 
 def _apply(e: Entry, state: Any, found: dict, dry: bool = False) -> tuple[Any, Any]:

@@ -8,7 +8,54 @@ from typing import Any
 from optimisers.keypath import KeyPath
 from optimisers.tree import children, isleaf, ismutable, ispositional, rebuild, rebuild_
 
-__all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror", "place", "substitute"]
+__all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror", "place", "substitute",
+           "MAX_DEPTH"]
+
+MAX_DEPTH = 100
+"""MAX_DEPTH: how many containers deep a model (or a state tree) may nest, 100: the walks
+of ``setup``, ``update``, ``averaged``, ``reinit`` and ``fmap`` go no deeper, and refuse a
+deeper model with a ``ValueError`` naming the path, well before Python's recursion limit
+(they recurse, two or three frames a level); a model that contains itself (a cycle) is
+refused naming both paths. State-tree walks (``leaves``, ``summary``, ``adjust``,
+``save``, ``load``) use no recursion and take any depth.
+
+Example:
+    >>> model = [1.0]
+    >>> for _ in range(MAX_DEPTH):
+    ...     model = [model]
+    >>> fmap(lambda v: v, model)
+    Traceback (most recent call last):
+    ...
+    ValueError: the model is nested more than 100 containers deep: the list at KeyPath(0, 0, 0, ...
+"""
+
+
+def enter(path: tuple, x: Any, inside: dict, what: str) -> None:
+    """Note the container ``x`` at ``path`` as open in a recursive walk (``inside``: id to
+    path of the containers the walk is inside of; the caller deletes ``id(x)`` when done
+    with ``x``'s children), or refuse it: past :data:`MAX_DEPTH`, or already open (a
+    cycle), a ``ValueError`` naming the paths.
+
+    Example:
+        >>> loop = {"a": [2.0]}
+        >>> loop["a"].append(loop)
+        >>> fmap(lambda v: v, loop)
+        Traceback (most recent call last):
+        ...
+        ValueError: the model contains itself: the dict at KeyPath() is reached again at ...
+    """
+    if len(path) >= MAX_DEPTH:
+        shown = ", ".join([*map(repr, path[:3]), "...", *map(repr, path[-3:])])
+        raise ValueError(f"{what} is nested more than {MAX_DEPTH} containers deep: the "
+                         f"{type(x).__name__} at KeyPath({shown}) ({len(path)} keys down) "
+                         f"holds more, and setup, update and fmap walk at most {MAX_DEPTH} "
+                         f"levels (optimisers.walk.MAX_DEPTH); nest the model less deeply")
+    first = inside.setdefault(id(x), path)
+    if first is not path:
+        raise ValueError(f"{what} contains itself: the {type(x).__name__} at "
+                         f"{KeyPath(*first)!r} is reached again at {KeyPath(*path)!r}, inside "
+                         f"itself (a cycle, which no walk finishes); break the reference "
+                         f"back to the enclosing node, or keep it out of the node's children")
 
 
 def mirror(x: Any, new_children: Mapping) -> Any:
@@ -41,6 +88,7 @@ def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, buil
     ``again(first_keypath, keypath, object, result)`` is told of each such further path.
     """
     memo: dict[int, tuple[Any, Any, KeyPath]] = {}
+    inside: dict[int, tuple] = {}
 
     def go(kp: KeyPath, x: Any, ys: tuple) -> Any:
         tied = cache and ismutable(x)
@@ -52,12 +100,14 @@ def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, buil
         if exclude(x):
             out = f(kp, x, *ys)
         else:
+            enter(kp, x, inside, "the model")
             kids = children(x)
             walked = kids.keys() if keys is None else set(keys(x))
             out = build(x, {
                 k: go(kp + (k,), v, tuple(child_of(y, k) for y in ys)) if k in walked
                 else skip(v)
                 for k, v in kids.items()})
+            del inside[id(x)]
         if tied:
             memo[id(x)] = (x, out, kp)  # holding x keeps its id from being reused
         return out
@@ -145,47 +195,55 @@ def place(t: Any, x: Any, value: Callable[[Any, Any], Any], inplace: bool = Fals
     """
     build = rebuild_ if inplace else rebuild
     memo: dict[int, tuple[Any, Any]] = {}
+    inside: dict[int, tuple] = {}
 
-    def go(t: Any, x: Any) -> Any:
+    def go(path: tuple, t: Any, x: Any) -> Any:
         if t is None:
             return x
         if not isinstance(t, (dict, tuple, list)):
             return value(t, x)
         if id(x) in memo:
             return memo[id(x)][1]
+        enter(path, t, inside, "the state tree")
         kids = children(x)
         changed = {}
         for k in t.keys() if isinstance(t, dict) else range(len(t)):
-            y = go(t[k], kids[k])
+            y = go((*path, k), t[k], kids[k])
             if y is not kids[k]:
                 changed[k] = y
+        del inside[id(t)]
         out = build(x, changed) if changed else x
         if ismutable(x):
             memo[id(x)] = (x, out)
         return out
 
-    return go(t, x)
+    return go((), t, x)
 
 
 def substitute(x: Any, new: dict) -> Any:
     """``x`` with every leaf whose ``id`` is a key of ``new`` replaced by its value,
     wherever it sits; only nodes with a replaced child are rebuilt (ties kept)."""
     memo: dict[int, tuple[Any, Any]] = {}
+    inside: dict[int, tuple] = {}
 
-    def go(x: Any) -> Any:
+    def go(path: tuple, x: Any) -> Any:
         if id(x) in new:
             return new[id(x)]
         if id(x) in memo:
             return memo[id(x)][1]
         kids = children(x)
+        if not kids:
+            return x
+        enter(path, x, inside, "the model")
         changed = {}
         for k, c in kids.items():
-            y = go(c)
+            y = go((*path, k), c)
             if y is not c:
                 changed[k] = y
+        del inside[id(x)]
         out = rebuild(x, changed) if changed else x
         if ismutable(x):
             memo[id(x)] = (x, out)
         return out
 
-    return go(x)
+    return go((), x)

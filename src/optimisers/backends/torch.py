@@ -161,7 +161,7 @@ def transpose(x: Array) -> Array:
 
 def _as_stack(t: Array) -> Array:
     """A matrix, or a stack of them of any depth, as a stack ``(n, rows, cols)``."""
-    return t.reshape(-1, *t.shape[-2:])
+    return t.reshape(math.prod(t.shape[:-2]), *t.shape[-2:])  # (-1: ambiguous if empty)
 
 
 def matmul(a: Array, b: Array) -> Array:

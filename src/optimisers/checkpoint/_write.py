@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
+import stat
 import zipfile
 from typing import Any
 
@@ -227,9 +229,15 @@ def write_atomic(path: str, doc: bytes, arrays: list[np.ndarray]) -> None:
 
     A symlink at ``path`` is written through (its target is replaced, the link stays);
     an existing file's permission bits are kept; temporary files of this same target left
-    by a killed ``save`` (no process holds their lock) are removed first.
+    by a killed ``save`` (no process holds their lock) are removed first. A write that
+    fails (a full disk) removes the temporary file and leaves ``path`` as it was.
+
+    Raises:
+        ValueError: ``path`` (or the file a symlink there points to) exists and is not a
+            regular file: a directory, device, FIFO or socket, which is never replaced.
     """
     target = os.path.realpath(path)
+    _check_replaceable(path, target)
     folder, base = os.path.split(target)
     _remove_abandoned(folder, base)
     fd, tmp = _create_temp(folder, base)
@@ -246,17 +254,31 @@ def write_atomic(path: str, doc: bytes, arrays: list[np.ndarray]) -> None:
         os.fsync(f.fileno())
         if fcntl is None:  # Windows renames no open file (and has no lock to keep)
             f.close()
+        _check_replaceable(path, target)  # again: it may have been made while we wrote
         os.replace(tmp, target)  # with the lock held, so no other save takes tmp for abandoned
     except BaseException:
-        f.close()
-        try:
+        with contextlib.suppress(OSError):  # flushing what a full disk refused fails again
+            f.close()
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     finally:
         f.close()
     _sync_folder(folder)
+
+
+def _check_replaceable(path: str, target: str) -> None:
+    """Refuse to replace anything but a regular file (or nothing) at ``target``."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+        via = f" (a symlink to {target!r})" if os.path.islink(path) else ""
+        raise ValueError(f"cannot save to {path!r}{via}: it is {kind}, not a regular file, "
+                         f"and save replaces the file at its path; pass the path of a "
+                         f"checkpoint file")
 
 
 def _temp_pattern(base: str) -> re.Pattern:

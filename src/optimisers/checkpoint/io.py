@@ -27,7 +27,10 @@ def save(path: str | os.PathLike, tree: Any) -> None:
     over ``path``: a crash during ``save`` leaves any previous checkpoint intact, and the
     next ``save`` to that path removes the temporary file a killed one left. A file it
     replaces keeps its permission bits; a symlink at ``path`` is written through (the file
-    it points to is replaced, the link stays).
+    it points to is replaced, the link stays). Only a regular file is ever replaced: a
+    directory, device, FIFO or socket at ``path`` (or where its symlink points) is refused
+    and left as it is. A write that fails (a full disk) leaves no temporary file behind and
+    the previous checkpoint as it was.
 
     Args:
         path: the file to write (any name; ``.ckpt`` or ``.npz`` are customary).
@@ -38,7 +41,9 @@ def save(path: str | os.PathLike, tree: Any) -> None:
             function as a hyper-parameter, but for a :class:`~optimisers.Function`
             schedule's importable by its name; an object array; a rule class that is not
             the one registered under its name in ``RULES``), or it is not a state tree.
-        ValueError: a rule or state nests values more than 100 levels deep.
+        ValueError: a rule or state nests values more than 100 levels deep, or ``path``
+            (or a symlink's target) exists and is not a regular file.
+        OSError: the file could not be written (a full disk: ``ENOSPC``, ``EFBIG``).
 
     Example:
         >>> import os, tempfile

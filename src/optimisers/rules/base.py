@@ -17,7 +17,7 @@ from typing import Any
 from optimisers import backends
 from optimisers.rules import fields
 
-__all__ = ["Rule", "RULES", "NewValue", "call", "ngrads"]
+__all__ = ["Rule", "RULES", "NewValue", "call", "ngrads", "dtype_misfit"]
 
 RULES: dict[str, type] = {}
 """RULES: every subclass of :class:`Rule` by name: the registry that checkpoints load from.
@@ -155,24 +155,30 @@ class Rule:
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
         """misfit(state, x) -> None when ``state`` can be this rule's state for ``x``, else
-        the shape found and the shape needed, ``(found, needed)``.
+        what was found and what is needed, ``(found, needed)``: two shapes (tuples), or
+        two dtype names (strings).
 
-        ``update`` asks this of every Leaf it has not seen step its array before, so that a
-        parameter resized after ``setup`` is an error, never a step over the wrong memory.
-        By default every array in the state must have ``x``'s shape; a rule whose state
-        holds arrays of other shapes (factored moments, say) overrides it.
+        ``update`` and :func:`~optimisers.averaged` ask this of every Leaf they have not
+        seen step its array before, so that a parameter resized, or cast to another dtype,
+        after ``setup`` is an error, never a step over the wrong memory or with state of
+        another precision. By default every array in the state must have ``x``'s shape,
+        and ``x``'s dtype or, for a complex ``x``, its real part's (:func:`dtype_misfit`);
+        a rule whose state holds arrays of other shapes (factored moments) or dtypes (a
+        master copy) overrides it.
 
         Example:
             >>> import numpy as np
             >>> from optimisers import Adam
             >>> Adam().misfit(Adam().init(np.zeros(3)), np.zeros(4))
             ((3,), (4,))
+            >>> Adam().misfit(Adam().init(np.zeros(3, np.float32)), np.zeros(3, np.float16))
+            ('float32', 'float16')
         """
-        need = getattr(x, "shape", None)
+        need = tuple(x.shape)
         for a in _arrays(state):
-            if tuple(a.shape) != tuple(need):
-                return tuple(a.shape), tuple(need)
-        return None
+            if tuple(a.shape) != need:
+                return tuple(a.shape), need
+        return dtype_misfit(state, x)
 
     def __post_init__(self) -> None:
         """Check every hyper-parameter against what its field allows (see
@@ -218,6 +224,27 @@ class NewValue:
     def __init__(self, value: Any) -> None:
         self.value = value
 
+
+
+def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
+    """dtype_misfit(state, x) -> ``(found, needed)`` dtype names for the first array of
+    ``state`` whose dtype is neither ``x``'s nor, for a complex ``x``, its real part's
+    (``float32`` for ``complex64``), or ``None`` when all fit.
+
+    Example:
+        >>> import numpy as np
+        >>> dtype_misfit((np.zeros(2, np.float32), None), np.zeros(2, np.complex64)) is None
+        True
+        >>> dtype_misfit((np.zeros(2, np.float32),), np.zeros(2, np.float64))
+        ('float32', 'float64')
+    """
+    need = backends.of(x).dtype_name(x)
+    real = f"float{int(need[7:]) // 2}" if need.startswith("complex") else need
+    for a in _arrays(state):
+        found = backends.of(a).dtype_name(a)
+        if found not in (need, real):
+            return found, need
+    return None
 
 
 def _inner_values(rule: Rule) -> list:

@@ -162,8 +162,10 @@ class MixedPrecision(Rule):
     ``rule``, then written back (rounded) to the parameter: the step is a
     :class:`NewValue`, so the parameter is exactly ``xT`` cast to its dtype. A complex
     parameter's master copy is complex, of ``dtype``'s precision (``complex64`` for
-    ``float32``), so that no imaginary part is dropped. Must be outermost: wrap a chain,
-    never put it inside one.
+    ``float32``), so that no imaginary part is dropped. A parameter cast to another dtype
+    after ``setup`` trains on through the master copy, written back in its new dtype
+    (other rules refuse it: :meth:`Rule.misfit`). Must be outermost: wrap a chain, never
+    put it inside one.
 
     Example:
         >>> import numpy as np
@@ -192,8 +194,13 @@ class MixedPrecision(Rule):
         return xT, self.rule.init(xT)
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
-        """The master copy's shape against ``x``'s, then the rule's own test."""
-        return Rule.misfit(self, state[0], x) or self.rule.misfit(state[1], x)
+        """The master copy's shape against ``x``'s (its dtype is its own: a parameter cast
+        to another dtype after ``setup`` trains on, written back in its new dtype), then
+        the rule's own test against the master copy, the parameter it steps."""
+        master, need = state[0], tuple(x.shape)
+        if tuple(master.shape) != need:
+            return tuple(master.shape), need
+        return self.rule.misfit(state[1], master)
 
     def stepped(self, state: Any) -> Any:
         return self.rule.stepped(state[1])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimisers import backends
-from optimisers.rules.base import Rule
+from optimisers.rules.base import Rule, dtype_misfit
 from optimisers.rules.fields import hyperparameter
 
 __all__ = ["Muon", "Adafactor"]
@@ -126,14 +126,20 @@ class Muon(Rule):
         shape = xp.shape(x)
         if len(shape) < 2 or xp.iscomplex(x):  # (a stack of matrices is 3-D)
             raise ValueError(self.refuses(x))
-        rows, cols = shape[-2:]
-        eta, decay = xp.hyper(x, self.eta * math.sqrt(max(1.0, rows / cols)),
+        rows, cols = shape[-2:]  # (an empty matrix has no step to scale: no cols, no 0/0)
+        eta, decay = xp.hyper(x, self.eta * math.sqrt(max(1.0, rows / max(cols, 1))),
                               self.eta * self.lambd)
         c, rho = xp.hyper(x, xp.complement(self.rho), self.rho)
         b = xp.lerp(state, dx, c, inplace=True)  # (torch's lerp_, and lerp)
         u = xp.lerp(dx, b, rho) if self.nesterov else b
         o = _orthogonalised(xp, u, self.ns_coefficients, self.ns_steps, self.epsilon)
         return b, xp.scaled_sum(decay, x, eta, o)  # (o: bfloat16, widened exactly)
+
+
+def _factored(xp: Any, x: Any) -> bool:
+    """Whether Adafactor keeps ``x``'s second moment as a row and a column mean: a matrix
+    (or a stack of them) with elements to take means of."""
+    return len(xp.shape(x)) >= 2 and xp.size(x) > 0
 
 
 def _least(xp: Any, a: Any, b: Any) -> Any:
@@ -164,8 +170,9 @@ class Adafactor(Rule):
     scales the weight decay, decoupled (``x*(1 - eta*lambd)``); ``eps1`` floors ``v``
     and the row mean, not each squared gradient; and the means replace the paper's sums.
     Complex parameters, which torch refuses, are trained with ``|g|^2 = g*conj(g)``. The
-    state is ``(R, C, t)``, or ``(v, None, t)`` for an array of fewer than 2 dimensions:
-    O(rows + cols) numbers per matrix.
+    state is ``(R, C, t)``, or ``(v, None, t)`` for an array of fewer than 2 dimensions or
+    of no elements: O(rows + cols) numbers per matrix. An array of no elements (a ``(0, 5)``
+    matrix), which torch refuses, takes an empty step (its ``rms`` is 0).
 
     Args:
         eta: the cap of the relative step size ``min(eta, 1/sqrt(t))``, and the weight
@@ -201,17 +208,21 @@ class Adafactor(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        if len(xp.shape(x)) < 2:
+        if not _factored(xp, x):
             return xp.zeros_like(x, real_=True), None, 0
         return xp.zeros_like(x[..., :1], real_=True), xp.zeros_like(x[..., :1, :], real_=True), 0
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
-        """The factored moments' shapes against ``x``'s (see :meth:`Rule.misfit`)."""
-        shape = tuple(backends.of(x).shape(x))
-        need = ((shape,) if len(shape) < 2 else
+        """The factored moments' shapes against ``x``'s, then their dtype (see
+        :meth:`Rule.misfit`)."""
+        xp = backends.of(x)
+        shape = tuple(xp.shape(x))
+        need = ((shape,) if not _factored(xp, x) else
                 (shape[:-1] + (1,), shape[:-2] + (1, shape[-1])))
         found = tuple(tuple(a.shape) for a in state[:2] if a is not None)
-        return None if found == need else (found if len(found) > 1 else found[0], shape)
+        if found != need:
+            return found if len(found) > 1 else found[0], shape
+        return dtype_misfit(state, x)
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
@@ -236,7 +247,7 @@ class Adafactor(Rule):
         own = v if xp.dtype_name(dx) == xp.dtype_name(v) else None
         u = xp.multiply(dx, xp.rsqrt(v, out=v), out=own)
         every = tuple(range(len(xp.shape(x))))
-        n = math.sqrt(xp.size(x))
+        n = math.sqrt(max(xp.size(x), 1))  # (an empty array's rms: 0, not 0/0)
         alpha = xp.maximum(xp.vector_norm(x, every) / n, eps2) * rho
         scale = alpha / xp.maximum(xp.vector_norm(u, every) / (n * clip), 1.0)
         if backends.istraced(self.lambd) or self.lambd != 0:  # (torch's test too)
