@@ -52,6 +52,7 @@ collect_ignore = ["jaxmesh.py", "safety_worker.py"]  # workers, run as scripts: 
 # Rules that descend on their own: defaults, chains and non-default variants.
 DESCENDING = [
     Descent(0.1), Momentum(0.01, 0.9), Nesterov(0.01, 0.9), RMSProp(0.01),
+    Momentum(0.01, 0.9, eta_outside=True), Nesterov(0.01, 0.9, eta_outside=True),
     RMSProp(0.01, centred=True), Rprop(0.01), Adam(0.05), RAdam(0.05), AdaMax(0.05),
     AMSGrad(0.05), NAdam(0.05), OAdam(0.05), AdamW(0.05), AdamW(0.05, lambd=0.01, couple=False),
     AdaBelief(0.05), Lion(0.01), AdaGrad(0.2), AdaDelta(0.9, 1e-4),

@@ -114,7 +114,7 @@ def test_fused_equals_plain_in_other_dtypes(rule, dtype, monkeypatch, path):
 
 @rules_param([O.Adam(0.05), O.AdamW(0.05, lambd=0.1), O.AdamW(0.05, lambd=0.01, couple=False)])
 def test_fused_follows_adjusted_betas(rule, monkeypatch):
-    """Bias corrections ``(b1^t, b2^t)`` built from betas changed mid-run: the fused
+    """Bias corrections ``1 - b^t`` with betas changed mid-run: the fused
     group steps as the plain path does, bit for bit."""
     tree_f, model_f = run(rule, 8, True, True, monkeypatch, adjust_at=3)
     tree_p, model_p = run(rule, 8, True, False, monkeypatch, adjust_at=3)

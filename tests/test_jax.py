@@ -149,7 +149,7 @@ def test_accumgrad_chain_under_jit_waits():
         np.testing.assert_array_equal(y["w"], x["w"])
     adam_state = tree["w"].state[1]
     assert not np.asarray(adam_state[0]).any()
-    np.testing.assert_allclose(np.asarray(adam_state[2]), (0.9, 0.999))
+    assert float(adam_state[2]) == 0.0  # no step taken
     tree, y = step(tree, x, {"w": jnp.full(3, 5.0)})
     np.testing.assert_allclose(np.asarray(y["w"]), 0.9, rtol=1e-6)
 
@@ -197,9 +197,8 @@ def test_pytree_layout():
     assert float(jax.tree.map(lambda v: v * 2, chain).rule.rules[0].eta) == pytest.approx(0.6)
     state = O.setup(O.RAdam(), {"w": jnp.ones(2)})["w"].state
     assert [(a.shape, a.dtype) for a in jax.tree.leaves(O.Leaf(O.Descent(), state))] == [
-        ((4,), jnp.float32), ((2,), jnp.float32), ((2,), jnp.float32), ((), jnp.int32),
-        ((), jnp.int32)
-    ]  # eta, b1^t, b2^t and 1 - eta packed (see test_leaf_packs_its_numbers); m, v, t; clock
+        ((3,), jnp.float32), ((2,), jnp.float32), ((2,), jnp.float32), ((), jnp.int32)
+    ]  # eta, the step count and 1 - eta packed (see test_leaf_packs_its_numbers); m, v; clock
     frozen = O.Leaf(O.Descent(0.1), None, frozen=True)
     assert jax.tree.structure(frozen) != jax.tree.structure(O.Leaf(O.Descent(0.1), None))
     assert jax.tree.unflatten(*reversed(jax.tree.flatten(frozen))).frozen
@@ -235,7 +234,7 @@ def test_leaf_packs_its_numbers():
     model = {"w": jnp.ones((2, 3))}
     numbers, m, v, clock = jax.tree.leaves(O.setup(O.Adam(0.01), model))
     assert clock.shape == () and clock.dtype == jnp.int32 and int(clock) == 0
-    rule, state = [0.01, 0.9, 0.999, 1e-8], [0.9, 0.999]  # then 1 - each of the rule's
+    rule, state = [0.01, 0.9, 0.999, 1e-8], [0.0]  # then 1 - each of the rule's
     np.testing.assert_allclose(numbers, rule + state + [1 - v for v in rule], rtol=1e-6)
     assert numbers.weak_type and m.shape == v.shape == (2, 3)
     paths = [jax.tree_util.keystr(p)
@@ -272,14 +271,13 @@ def test_jit_output_stays_packed_until_read():
     assert all(a is b for a, b in zip(again, jax.tree.leaves(tree), strict=True))
     assert type(O.Leaf.rule.__get__(leaf)).__name__ == "_Lazy"  # not unpacked by flattening
     assert leaf.rule == O.Adam(0.1)  # read back as the numbers setup was given
-    assert type(leaf.state[2][0]) is float
-    np.testing.assert_allclose(leaf.state[2], [0.9 ** 4, 0.999 ** 4], rtol=1e-6)
+    assert type(leaf.state[2]) is float and leaf.state[2] == 3.0
 
     tree, model = step(tree, model, grads)
     leaf = tree["w"]
-    leaf.state = (jnp.zeros(3), jnp.zeros(3), (0.9, 0.999))  # a restart of the moments
+    leaf.state = (jnp.zeros(3), jnp.zeros(3), 0.0)  # a restart of the moments
     assert float(leaf.rule.eta) == pytest.approx(0.1)
-    np.testing.assert_allclose(values(jax.tree.leaves(tree)[0])[-2:], [0.9, 0.999], rtol=1e-6)
+    assert values(jax.tree.leaves(tree)[0])[-1] == 0.0
     copied = copy.deepcopy(step(tree, model, grads)[0]["w"])
     assert float(copied.rule.beta[1]) == pytest.approx(0.999)
     assert len(traces) == 1
@@ -317,7 +315,7 @@ def test_vmapped_trees_read_one_number_per_model():
     trees, models = jax.jit(jax.vmap(O.update))(trees, models, grads)
     leaf = trees["w"]
     np.testing.assert_allclose(leaf.rule.eta, [0.1, 0.1])
-    np.testing.assert_allclose(leaf.state[2][1], [0.999 ** 2] * 2, rtol=1e-6)
+    np.testing.assert_array_equal(leaf.state[2], [1.0, 1.0])
     np.testing.assert_allclose(jax.jit(lambda t: t["w"].rule.beta[0])(trees), [0.9, 0.9])
     for i, x in enumerate([jnp.ones(3), 2 * jnp.ones(3)]):
         _, one = O.update(O.setup(O.Adam(0.1), {"w": x}), {"w": x}, {"w": grads["w"][i]})
@@ -339,7 +337,7 @@ def test_packed_numbers_under_x64_and_between_eager_steps():
         tree, model = step(tree, model, grads)
         assert len(traces) == 1
         assert tree["w"].rule == O.Adam(0.1)
-        assert tree["w"].state[2] == pytest.approx((0.9 ** 4, 0.999 ** 4), rel=1e-15)
+        assert tree["w"].state[2] == 3.0
 
 
 @pytest.mark.parametrize("rule", [O.Adam(0.1), O.AdaBelief(0.1)], ids=repr)
@@ -352,7 +350,7 @@ def test_packed_form_follows_numpy_updates(rule):
     for _ in range(2):
         O.update_(tree, model, {k: np.ones(4, np.float32) for k in "abc"})
     after = values(np.asarray(jax.tree.leaves(tree)[0]))
-    np.testing.assert_allclose(after[-2:], before[-2:] ** 3, rtol=1e-6)
+    assert before[-1] == 0.0 and after[-1] == 2.0
 
 
 def test_rule_defined_later_is_a_pytree():

@@ -91,7 +91,7 @@ def test_reinit_starts_a_resized_part_afresh(numpy_path):
     model["p1"] = np.ones(400, np.float32)
     tree = O.reinit(tree, model, where="p1")
     assert tree["p0"] is kept and tree["p1"].state[0].shape == (400,)
-    assert tree["p1"].state[2] == (0.9, 0.999)  # its clock starts again
+    assert tree["p1"].state[2] == 0.0  # its step count starts again
     tree, model = O.update_(tree, model, grads_of(model))
     fresh = O.update(O.setup(O.Adam(0.1), {"p1": np.ones(400, np.float32)}),
                      {"p1": np.ones(400, np.float32)}, {"p1": np.full(400, 0.5, np.float32)})

@@ -344,3 +344,95 @@ def test_closed_forms_by_hand():
     assert Join([Constant(1.0), Linear(3.0, 1.0, 2)], [5])(6) == 2.0
     assert OneCycle(1.0, 20)(5) == 1.0 and OneCycle(1.0, 20)(0) == pytest.approx(0.04)
     assert math.isclose(Cosine(1.0, steps=3)(1), 0.75)
+
+
+# --- momentum cycled by OneCycleLR ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("optimizer", "key"), [("SGD", "momentum"), ("Adam", "betas")])
+@pytest.mark.parametrize(("steps", "low", "high"), [(100, 0.85, 0.95), (7, 0.8, 0.99),
+                                                    (37, 0.85, 0.95)])
+def test_onecycle_of_momenta_equals_torchs_cycle_momentum(optimizer, key, steps, low, high):
+    """``OneCycleLR(cycle_momentum=True)`` (its default) sets SGD's momentum, or Adam's
+    ``beta[0]``, at each step: ``OneCycle(low, steps, start=high, end=high)``, to the last
+    bit, as its rates are ``OneCycle(peak, steps)``."""
+    torch = pytest.importorskip("torch")
+    opt = getattr(torch.optim, optimizer)([torch.zeros(1, requires_grad=True)], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=steps,
+                                                    base_momentum=low, max_momentum=high)
+    want = []
+    for _ in range(steps):
+        momentum = opt.param_groups[0][key]
+        want.append(momentum[0] if key == "betas" else momentum)
+        opt.step()
+        scheduler.step()
+    ours = OneCycle(low, steps, start=high, end=high)
+    assert [ours(t) for t in range(steps)] == want
+
+
+def test_onecycle_of_other_divisors_equals_torchs():
+    """``start`` and ``end`` given: ``OneCycleLR``'s ``div_factor`` and ``final_div_factor``."""
+    want = _torch_lrs(lambda L, o: L.OneCycleLR(o, 0.1, total_steps=50, div_factor=10,
+                                                final_div_factor=1e3), 49, 0.1)
+    ours = OneCycle(0.1, 50, start=0.01, end=1e-5)
+    np.testing.assert_allclose([ours(t) for t in range(50)], want, rtol=1e-12, atol=1e-16)
+    assert OneCycle(0.1, 50) == eval(repr(OneCycle(0.1, 50)), vars(O))
+
+
+# --- a plain function is a schedule ---------------------------------------------------------
+
+
+def halving(step):
+    """A schedule written as users write one, importable by its name."""
+    return 0.1 * 0.5 ** step
+
+
+def test_a_plain_function_is_a_schedule_wherever_one_is_taken():
+    """optax's schedules and torch's ``lr_lambda`` are plain callables: a rule's number field
+    (in a tuple too), Warmup's and Join's schedules and Scaled take one as it is."""
+    rule = O.Adam(eta=halving, beta=(lambda t: 0.9 - 0.1 * (t > 2), 0.999))
+    assert rule.eta == O.Function(halving) and isinstance(rule.beta[0], O.Function)
+    assert O.schedules.timed(rule) and repr(rule.eta) == "Function(halving)"
+    now = O.schedules.at(rule, 3)
+    assert now.eta == 0.0125 and now.beta == (0.8, 0.999) and type(now.beta[0]) is float
+    assert Warmup(halving, 2)(3) == Join([halving, Constant(1.0)], [5])(1) == 0.05
+    assert O.adjust(O.setup(O.Descent(), [np.ones(1)]), eta=halving)[0].rule.eta.function \
+        is halving
+    with pytest.raises(InvalidKind, match=r"Function's function must be a plain function"):
+        O.Function(Cosine(1.0, steps=3))
+    model = {"w": np.ones(1)}
+    tree = O.setup(O.Descent(eta=lambda t: 0.5 - t), model)
+    O.update_(tree, model, {"w": np.ones(1)})
+    with pytest.raises(ValueError, match=r"learning rate: -0.5.*KeyPath\('w'\)"):
+        O.update_(tree, model, {"w": np.ones(1)})
+
+
+def test_an_optax_schedule_is_evaluated_at_the_clock_on_every_step_count(jax):
+    """A jnp function: at a Python step a Python float, at a JAX step (traced too) JAX's."""
+    optax = pytest.importorskip("optax")
+    theirs = optax.warmup_cosine_decay_schedule(0.0, 1e-3, 10, 100, 1e-5)
+    ours = O.Function(theirs)
+    ts = around(10, 100)
+    got = [ours(t) for t in ts]
+    assert all(type(v) is float for v in got)
+    np.testing.assert_allclose(got, [float(theirs(t)) for t in ts], rtol=1e-6)
+    jitted = jax.jit(lambda s, t: s(t))
+    assert_float32_close([jitted(ours, t) for t in ts], got)
+
+
+def test_a_schedule_times_a_number_is_scaled(jax):
+    """``0.1 * schedule``: a per-group multiplier without a new schedule; a pytree, saved."""
+    lr = Warmup(Cosine(1e-3, 1e-5, 90), 10)
+    small = 0.1 * lr
+    assert small == lr * 0.1 == O.Scaled(lr, 0.1) and isinstance(small, O.Schedule)
+    assert [small(t) for t in (0, 5, 10, 200)] == [0.1 * lr(t) for t in (0, 5, 10, 200)]
+    assert (2 * O.Function(halving))(1) == 0.1
+    assert_float32_close([jax.jit(lambda s, t: s(t))(small, t) for t in range(0, 120, 7)],
+                         [small(t) for t in range(0, 120, 7)])
+    with pytest.raises(TypeError):
+        lr * lr
+    with pytest.raises(InvalidKind, match="Scaled's factor must be a number"):
+        lr * "0.1"
+    model = {"w": np.ones(3), "b": np.ones(3)}
+    tree = O.setup({"b": O.AdamW(eta=small), "*": O.AdamW(eta=lr)}, model)
+    assert O.schedules.at(tree["b"].rule, 10).eta == 0.1 * O.schedules.at(tree["w"].rule, 10).eta

@@ -16,7 +16,7 @@ def test_leaf_repr_is_compact():
     leaf = O.setup(O.Adam(), big)
     text = repr(leaf)
     assert text == ("Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), "
-                    "(f32[300, 200], f32[300, 200], (0.9, 0.999)))")
+                    "(f32[300, 200], f32[300, 200], 0.0))")
     O.freeze_(leaf)
     assert repr(leaf).endswith(", frozen=True)")
     chain = O.setup(O.OptimiserChain(O.AccumGrad(2), O.Momentum()), np.zeros(3, np.float16))
@@ -35,8 +35,9 @@ def test_summary_lists_paths_ties_counts_and_totals():
     assert lines[1].split()[:3] == ["encoder.weight", "=", "decoder.weight"]
     assert lines[1].split()[-3:] == ["12", "96", "B"]
     assert lines[3].split()[-1] == "frozen"
-    assert lines[-1] == "3 Leafs, 19 parameters, 152 B of state, 1 frozen"
-    assert O.summary(tree).splitlines()[-1] == lines[-1]  # counts read off the state
+    totals = [line for line in lines if " Leafs, " in line]  # (the rule written out below)
+    assert totals == ["3 Leafs, 19 parameters, 152 B of state, 1 frozen"]
+    assert [line for line in O.summary(tree).splitlines() if " Leafs, " in line] == totals
 
 
 def test_summary_of_stateless_rule_without_model():

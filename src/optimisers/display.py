@@ -29,7 +29,7 @@ def leaf_text(rule: Rule, state: Any, frozen: bool) -> str:
         >>> import numpy as np
         >>> from optimisers import Momentum
         >>> leaf_text(Momentum(), np.zeros((3, 2), np.float32), True)
-        'Leaf(Momentum(eta=0.01, rho=0.9), f32[3, 2], frozen=True)'
+        'Leaf(Momentum(eta=0.01, rho=0.9, eta_outside=False), f32[3, 2], frozen=True)'
     """
     return f"Leaf({shown(rule)}, {brief(state)}{', frozen=True' if frozen else ''})"
 

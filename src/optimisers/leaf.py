@@ -27,7 +27,7 @@ class Leaf:
         >>> import numpy as np
         >>> from optimisers import Adam
         >>> Leaf(Adam(), Adam().init(np.zeros((3, 2), np.float32)))
-        Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], (0.9, 0.999)))
+        Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], 0.0))
     """
 
     # _kept: set by update_ on the first Leaf of a tree it steps (unset elsewhere): the

@@ -42,7 +42,7 @@ def reinit(tree: Any, model: Any, where: Where = None) -> Any:
         >>> model["w"] = np.ones(5)  # resized after setup
         >>> tree = reinit(tree, model, where="w")
         >>> tree["w"]
-        Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f64[5], f64[5], (0.9, 0.999)))
+        Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f64[5], f64[5], 0.0))
     """
     picked = {id(leaf) for leaf in select(tree, where)}
     arrays: dict[int, Any] = {}

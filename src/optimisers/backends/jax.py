@@ -12,8 +12,8 @@ when this module is loaded). A rule's hyper-parameters (its ``float`` fields, an
 passes new data to a jitted update without re-tracing it; its other fields (``bool``,
 ``int``, dtypes, and fields declared with ``metadata={"static": True}``) are static
 auxiliary data, and nested rules are children. ``Leaf.frozen`` is static. Python
-numbers among the children (hyper-parameters, and counters such as Adam's ``b1^t`` in a
-state) are flattened as weakly typed 0-d arrays, so they are data under
+numbers among the children (hyper-parameters, and counters such as Adam's step count in
+a state) are flattened as weakly typed 0-d arrays, so they are data under
 ``equinox.filter_jit`` too. A Leaf flattens with those numbers packed into one array (see
 "Leaf: its numbers packed" below), made once by ``setup`` (:func:`settle`) and kept by the
 Leafs that a jitted call returns: JAX's Leafs are :class:`PackedLeaf`, a Leaf that holds
@@ -406,7 +406,7 @@ def _dynamic(v: Any) -> Any:
     """A Python number (in tuples too) as a weakly typed 0-d JAX array, so that it is
     traced data everywhere: ``jax.jit`` treats a Python float so anyway, but
     ``equinox.filter_jit`` would make it static and re-trace whenever it changes (as a
-    bias correction ``b1^t`` does at every step)."""
+    step count does at every step)."""
     if type(v) in _AS_IS:  # arrays and tracers: the common case, kept fast
         return v
     if type(v) is tuple:  # a state, or beta: arrays inline, no call for them
@@ -472,9 +472,10 @@ def register_rule(cls: type) -> None:
 #
 # Each array that a jitted function takes or returns costs XLA on the CPU a few microseconds
 # per call, and its compile time grows faster than linearly with their number. A Leaf's
-# hyper-parameters and counters are many such arrays: an Adam Leaf has six (eta, b1, b2,
-# eps and the two b^t) beside its two moments. So a Leaf flattens with its weakly typed
-# floating 0-d values packed into one 1-D array: an Adam Leaf is then 3 arrays, not 8.
+# hyper-parameters and counters are many such arrays: an Adam Leaf has five (eta, b1, b2,
+# eps and its step count, a float) beside its two moments. So a Leaf flattens with its
+# weakly typed floating 0-d values packed into one 1-D array: an Adam Leaf is then 3
+# arrays, not 7.
 # (What it saves on shape B: benchmarks/README.md.)
 # A Leaf rebuilt by JAX (the output of a jitted call) keeps that flat form and unpacks it
 # only when its rule or state is first read (PackedLeaf), so a training loop that passes
@@ -782,8 +783,10 @@ def dtype_name_of(v: Any) -> str:
 # A schedule's numbers (start, end, steps, boundaries...) are all children, ints included:
 # its formula never branches in Python on them, so that an ``adjust`` to a schedule of the
 # same class with other numbers never re-traces. Only flags (``Exponential.staircase``,
-# declared ``static``) are static. Nested schedules (``Warmup.schedule``, ``Join.schedules``)
-# are children, and flatten in turn.
+# declared ``static``) and ``Function``'s function are static. Nested schedules
+# (``Warmup.schedule``, ``Join.schedules``) are children, and flatten in turn. Rebuilt from
+# concrete values (a jitted step's output, read), a step count comes back a Python int as
+# it went in, never a 0-d array (its floats come back so from the Leaf's pack).
 
 
 def cos(x: Any) -> Array:
@@ -815,6 +818,21 @@ def _flatten_schedule_with_keys(s: Any) -> tuple[list, tuple]:
     return [(GetAttrKey(n), v) for n, v in zip(aux[0], kids)], aux
 
 
+def _unflatten_schedule(cls: type, aux: tuple, kids: Any) -> Any:
+    return _unflatten_rule(cls, aux, [_count(v) for v in kids])
+
+
+def _count(v: Any) -> Any:
+    """A weakly typed concrete 0-d integer array (a Python int that went through JAX) as that
+    int again; in a tuple too (``Join.boundaries``); anything else as it is."""
+    if type(v) is tuple:
+        return tuple(map(_count, v))
+    if (isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer) and v.shape == ()
+            and v.weak_type and v.dtype.kind in "iu"):
+        return int(v)
+    return v
+
+
 def register_schedule(cls: type) -> None:
     """register_schedule(cls) -> None: the schedule class ``cls`` as a JAX pytree (once),
     rebuilt as rules are, without re-running its checks on traced numbers.
@@ -829,7 +847,7 @@ def register_schedule(cls: type) -> None:
         return
     _REGISTERED.add(cls)  # (its fields are read at its first flattening: once a dataclass)
     jax.tree_util.register_pytree_with_keys(
-        cls, _flatten_schedule_with_keys, functools.partial(_unflatten_rule, cls),
+        cls, _flatten_schedule_with_keys, functools.partial(_unflatten_schedule, cls),
         _flatten_schedule)
 
 

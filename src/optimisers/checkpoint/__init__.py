@@ -37,7 +37,13 @@ or an object with one tag:
   ``like`` holds one array at both places or both are hyper-parameters).
 - ``{"rule": "Adam", "fields": {"eta": <value>, "beta": <value>, ...}}``: a rule, by its
   class name in :data:`optimisers.RULES` and its constructor arguments (nested rules for
-  :class:`OptimiserChain` and :class:`MixedPrecision`).
+  :class:`OptimiserChain` and :class:`MixedPrecision`); ``{"schedule": "Cosine",
+  "fields": {...}}``, a schedule in a rule's field, by its name in
+  :data:`optimisers.SCHEDULES`.
+- ``{"function": "module:qualified.name"}``: the function of a
+  :class:`~optimisers.Function` schedule, by the name that imports it (``save`` refuses
+  one without such a name: a lambda, a function made inside another); ``load`` takes the
+  function of that name from ``like``'s rule at the same Leaf.
 - ``{"dtype": "float32", "as": "type"}``: a dtype field, ``as`` one of ``"type"``
   (``np.float32``), ``"numpy"`` (``np.dtype("float32")``), ``"torch"``, ``"jax"``.
 
@@ -47,12 +53,12 @@ ones, so that whatever ``save`` writes, ``load`` reads.
 A file is untrusted input. Loading never unpickles, never executes code from the file and
 never imports a name the file chooses: rules come from the registry
 :data:`optimisers.RULES` (every subclass of :class:`Rule` registers itself when defined),
-dtypes from a fixed list or from a library already imported; the file's rule classes are
-compared with ``like``'s before any rule is constructed, and rules are constructed only
-after the whole file matched ``like``. It reads regular files only (never a device or a
-FIFO), members stored as is (a compressed or encrypted member, or a name used twice, is
-refused), each array's member no larger than its record says, and a ``checkpoint.json`` of
-at most 4 times the size of ``like``'s own document plus 1 MiB.
+dtypes from a fixed list or from a library already imported, functions from ``like``;
+the file's rule classes are compared with ``like``'s before any rule is constructed, and
+rules are constructed only after the whole file matched ``like``. It reads regular files
+only (never a device or a FIFO), members stored as is (a compressed or encrypted member, or
+a name used twice, is refused), each array's member no larger than its record says, and a
+``checkpoint.json`` of at most 4 times the size of ``like``'s own document plus 1 MiB.
 """
 
 from optimisers.checkpoint.io import load, save

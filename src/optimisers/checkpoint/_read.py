@@ -26,7 +26,7 @@ from optimisers.checkpoint._write import Measure, document, encode_dtype
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
 from optimisers.rules import RULES, Rule
-from optimisers.schedules import SCHEDULES, Schedule
+from optimisers.schedules import SCHEDULES, Function, Schedule
 
 
 def _tag(j: Any, tags: tuple, what: str) -> tuple[str, Any]:
@@ -167,12 +167,30 @@ def _container(tag: str, keys: list, kids: list) -> Any:
 _BUILD = object()  # marks the work item that builds a container once its children are done
 
 
+def functions(rule: Any) -> dict[str, Any]:
+    """The functions of the :class:`~optimisers.schedules.Function` schedules in ``rule``
+    (at any depth), by the name a checkpoint stores them under."""
+    found, stack = {}, [rule]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Function) and v.reference is not None:
+            found[v.reference] = v.function
+        elif isinstance(v, (tuple, list)):
+            stack.extend(v)
+        elif isinstance(v, (Rule, Schedule)):
+            stack.extend(getattr(v, p.name, None) for p in constructor_params(type(v)))
+    return found
+
+
 class Reader:
     """Walks the JSON document and ``like`` together, building the loaded tree.
 
     Every part of the file is checked against ``like`` before it is used, and rules (whose
-    constructors may be user code) are built only after the whole tree matched.
+    constructors may be user code) are built only after the whole tree matched. A function
+    in a rule is taken from ``like``'s rule at the same Leaf (:attr:`functions`).
     """
+
+    functions: dict[str, Any] = {}  # the functions of the rule being built, by name
 
     def __init__(self, zf: zipfile.ZipFile, like: Any) -> None:
         self.zf, self.like = zf, like
@@ -227,6 +245,7 @@ class Reader:
         if len(self.used) != len(self.nodes) and self.version >= 2:
             raise Invalid("the checkpoint is malformed: some of its nodes are not in the tree")
         for leaf, j, kp, place in self.rules:
+            self.functions = functions(leaf.rule)  # (like's rule, until set here)
             leaf.rule = self.rule(j, kp, place)
         return out[0]
 
@@ -298,7 +317,7 @@ class Reader:
             out = j
         else:
             tag, body = _tag(j, ("array", "tuple", "list", "dict", "float", "complex", "rule",
-                                 "schedule", "dtype"), "a value")
+                                 "schedule", "function", "dtype"), "a value")
             if tag == "array":
                 return self.array(j, like, kp, sub, place)
             if tag in ("dict", "tuple", "list"):
@@ -313,7 +332,7 @@ class Reader:
                     raise _mismatch(kp, sub, f"the rule {_kinds_json(j, kp)}", like)
                 out = self.rule(j, kp, place, depth, tag)
             else:
-                out = _dtype(j)
+                out = self.function(_str(body), kp) if tag == "function" else _dtype(j)
         if not free and not _compatible(out, like):
             raise _mismatch(kp, sub, _describe(out), like)
         return out
@@ -365,6 +384,17 @@ class Reader:
         except Exception as e:
             raise Invalid(f"the checkpoint's {tag} {name} at {kp!r} cannot be rebuilt: "
                           f"{type(e).__name__}: {e}") from e
+
+    def function(self, name: str, kp: KeyPath) -> Any:
+        """The function the file names, taken from ``like``'s rule at this Leaf (a
+        :class:`~optimisers.schedules.Function`'s), never imported at the file's request."""
+        found = self.functions.get(name)
+        if found is None:
+            raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {name!r} (a "
+                          f"schedule), which load takes from like, never by importing what a "
+                          f"file names: pass it again through load(path, like=setup(<the rule "
+                          f"with {name.rpartition(':')[2]}>, model))")
+        return found
 
     def array(self, j: dict, like: Any, kp: KeyPath, sub: str, place: Any) -> Any:
         name, shape, bits = _str(j["dtype"]), tuple(_list(j["shape"])), j.get("bits")

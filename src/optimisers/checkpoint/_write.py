@@ -32,7 +32,7 @@ from optimisers.checkpoint._format import (
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, nodes
 from optimisers.rules import RULES, Rule
-from optimisers.schedules import SCHEDULES, Schedule
+from optimisers.schedules import SCHEDULES, Function, Schedule, importable_name
 
 
 class Writer:
@@ -101,6 +101,20 @@ class Writer:
         dtype = encode_dtype(v)
         return dtype if dtype is not None else self.unsaveable(v, kp, where)
 
+    def function(self, f: Any, kp: KeyPath, where: str, depth: int = 0) -> dict:
+        """The function of a :class:`~optimisers.schedules.Function`: by the name that
+        imports it, never its code; ``load`` takes it again from ``like``."""
+        name = importable_name(f)
+        if name is None:
+            raise TypeError(
+                f"cannot save {where} at {kp!r}: the function "
+                f"{getattr(f, '__qualname__', f)!s:.60} has no name that imports it again (a "
+                f"lambda, a function defined inside another, a schedule an optax factory "
+                f"made), and a checkpoint stores a function by that name only, never its "
+                f"code; define it with def at the top level of a module, and pass it again "
+                f"through load(path, like=setup(<the rule with it>, model))")
+        return {"function": name}
+
     def too_deep(self, kp: KeyPath, where: str) -> Any:
         raise ValueError(f"cannot save {where} at {kp!r}: it nests tuples, lists, dicts and "
                          f"rules more than {MAX_DEPTH} levels deep, which load would refuse; "
@@ -133,8 +147,8 @@ class Writer:
                 raise TypeError(f"cannot save the rule {name} at {kp!r}: its constructor "
                                 f"takes {p.name!r} but the rule has no attribute of that "
                                 f"name; make the rule a dataclass")
-            fields[p.name] = self.value(getattr(rule, p.name), kp, f"{name}.{p.name}",
-                                        depth + 1)
+            value = self.function if isinstance(rule, Function) else self.value
+            fields[p.name] = value(getattr(rule, p.name), kp, f"{name}.{p.name}", depth + 1)
         return {tag: name, "fields": fields}
 
     def array(self, a: Any, kp: KeyPath, where: str) -> dict:
@@ -195,6 +209,7 @@ class Measure(Writer):
 
     def unsaveable(self, v: Any, kp: KeyPath, where: str) -> Any:
         return "?" * 64
+
 
     def rule(self, rule: Rule, kp: KeyPath, depth: int = 0) -> dict:
         return {"rule": type(rule).__name__, "fields": {

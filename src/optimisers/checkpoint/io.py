@@ -38,8 +38,9 @@ def save(path: str | os.PathLike, tree: Any) -> None:
 
     Raises:
         TypeError: the tree holds something a checkpoint cannot store without pickle (a
-            function as a hyper-parameter, an object array, a rule class that is not the
-            one registered under its name in ``RULES``), or it is not a state tree.
+            function as a hyper-parameter, but for a :class:`~optimisers.Function`
+            schedule's importable by its name; an object array; a rule class that is not
+            the one registered under its name in ``RULES``), or it is not a state tree.
         ValueError: a rule or state nests values more than 100 levels deep, or ``path``
             (or a symlink's target) exists and is not a regular file.
         OSError: the file could not be written (a full disk: ``ENOSPC``, ``EFBIG``).
@@ -70,8 +71,10 @@ def load(path: str | os.PathLike, like: Any) -> Any:
     of the matching array in ``like`` (NumPy, PyTorch or JAX; a checkpoint saved from one
     library loads into another). Everything else comes from the file: rules with their
     hyper-parameters (which may differ from ``like``'s, e.g. after :func:`adjust`), states,
-    frozen flags and sharing. ``like`` is not changed. Training continued from the loaded
-    tree is bit-for-bit the training that was never interrupted.
+    frozen flags and sharing; but a :class:`~optimisers.Function` schedule's function,
+    which the file names, is taken from ``like``'s rule at the same Leaf, never imported.
+    ``like`` is not changed. Training continued from the loaded tree is bit-for-bit the
+    training that was never interrupted.
 
     Args:
         path: a file written by :func:`save`.

@@ -9,7 +9,7 @@ each array would give, at the cost of a handful of large array operations instea
 handful per array. Tests prove the equality rule by rule.
 
 A group is the Leafs stepped in one update that share a rule (by value), a dtype, a
-device and an array library, and whose non-array state (``Adam``'s ``(b1^t, b2^t)``,
+device and an array library, and whose non-array state (``Adam``'s step count,
 ``AccumGrad``'s counter) is equal. :func:`pack` lays a group's state arrays out in one
 buffer with per-Leaf views when ``setup`` runs, so that the group's state is a slice of
 that buffer, not a copy. A :class:`Group` found in one step is kept (by ``update_``'s

@@ -45,15 +45,22 @@ def decays(xp: Any, x: Any, *b: Any) -> tuple:
     return xp.hyper(x, *b, *map(xp.complement, b))
 
 
-def bias_powers(bt: tuple, beta: tuple) -> tuple:
-    """bias_powers(bt, beta) -> ``(b1^(t+1), b2^(t+1))`` from ``bt = (b1^t, b2^t)``: the
-    Adam family's bias-correction powers after one more step.
+def bias_corrections(beta: tuple, t: Any) -> tuple:
+    """bias_corrections(beta, t) -> ``(1 - b1^t, 1 - b2^t)``: the Adam family's bias
+    corrections at step ``t`` (counting from 1), each the current decay to the power ``t``,
+    as ``torch.optim`` and optax compute them.
+
+    The state counts the steps (a float, as ``torch.optim``'s ``step``: so that under
+    ``jax.jit`` it travels packed with the Leaf's other numbers). Under a decay that
+    changes (a schedule in ``beta[0]``, as ``OneCycleLR(cycle_momentum=True)`` cycles it)
+    this is torch's convention, the current ``b1`` to the power ``t``, not the product of
+    the ``b1`` of each step taken: a run follows torch's.
 
     Example:
-        >>> bias_powers((0.9, 0.999), (0.9, 0.999))
-        (0.81, 0.998001)
+        >>> bias_corrections((0.5, 0.75), 2.0)
+        (0.75, 0.4375)
     """
-    return (bt[0] * beta[0], bt[1] * beta[1])
+    return (1 - beta[0] ** t, 1 - beta[1] ** t)
 
 
 @dataclass(frozen=True)
@@ -102,8 +109,13 @@ class Adam(Rule):
     """Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8) (Kingma & Ba 2015).
 
     ``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*|g|^2``;
-    ``d = eta * m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)``. ``torch.optim.Adam`` and
-    ``optax.adam`` put ``eps`` at the same place, so the steps agree with both.
+    ``d = eta * m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)``, ``t`` counting the steps from 1
+    (the state's count). ``torch.optim.Adam`` and ``optax.adam`` put ``eps`` at the same
+    place, so the steps agree with both. A schedule in ``beta`` is raised to the power
+    ``t`` at its current value (torch's convention, :func:`bias_corrections`), so that
+    ``beta=(OneCycle(0.85, n, start=0.95, end=0.95), 0.999)`` with
+    ``eta=OneCycle(lr, n)`` follows ``OneCycleLR(max_lr=lr, total_steps=n)``, whose
+    ``cycle_momentum`` cycles ``beta[0]`` so.
 
     Example:
         >>> import numpy as np
@@ -120,17 +132,17 @@ class Adam(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
         b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
-        m, v, bt = state
+        m, v, t = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        d = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
-        return (m, v, bias_powers(bt, self.beta)), d
+        k1, k2 = bias_corrections(self.beta, t + 1)
+        return (m, v, t + 1), eta * m / k1 / (xp.sqrt(v / k2) + eps)
 
 
 @dataclass(frozen=True)
@@ -158,27 +170,29 @@ class RAdam(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta, 1
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
         b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
-        m, v, bt, t = state
+        m, v, t = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
+        t = t + 1
+        k1, k2 = bias_corrections(self.beta, t)
         rinf = 2 / xp.complement(self.beta[1]) - 1
-        r = rinf - 2 * t * bt[1] / (1 - bt[1])
+        r = rinf - 2 * t * self.beta[1] ** t / k2
         traced = backends.istraced(r)  # under jax.jit: compute both branches, then select
         if traced or r > 4:
             ratio = (r - 4) * (r - 2) * rinf / ((rinf - 4) * (rinf - 2) * r)
             (rect,) = xp.hyper(x, xp.sqrt(xp.where(r > 4, ratio, 1)) if traced else ratio**0.5)
-            d = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps) * rect
+            d = eta * m / k1 / (xp.sqrt(v / k2) + eps) * rect
             if traced:
-                d = xp.where(r > 4, d, eta * m / (1 - bt[0]))
+                d = xp.where(r > 4, d, eta * m / k1)
         else:
-            d = eta * m / (1 - bt[0])
-        return (m, v, bias_powers(bt, self.beta), t + 1), d
+            d = eta * m / k1
+        return (m, v, t), d
 
 
 @dataclass(frozen=True)
@@ -203,17 +217,18 @@ class AdaMax(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
         b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
-        m, u, bt = state
+        m, u, t = state
         m = xp.assign(m, b1 * m + c1 * dx)
         u = xp.assign(u, xp.maximum(b2 * u, xp.abs(dx)))
-        return (m, u, bias_powers(bt, self.beta)), eta / (1 - bt[0]) * m / (u + eps)
+        k1, _ = bias_corrections(self.beta, t + 1)
+        return (m, u, t + 1), eta / k1 * m / (u + eps)
 
 
 @dataclass(frozen=True)
@@ -238,19 +253,20 @@ class OAdam(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), xp.zeros_like(x), self.beta
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), xp.zeros_like(x), 0.0
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
         b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
-        m, v, term, bt = state
+        m, v, term, t = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        new = eta * m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
+        k1, k2 = bias_corrections(self.beta, t + 1)
+        new = eta * m / k1 / (xp.sqrt(v / k2) + eps)
         d = 2 * new - term
         term = xp.assign(term, new)
-        return (m, v, term, bias_powers(bt, self.beta)), d
+        return (m, v, term, t + 1), d
 
 
 @dataclass(frozen=True)
@@ -376,18 +392,19 @@ class NAdam(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
         b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
-        m, v, bt = state
+        m, v, t = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        k1, k2 = xp.hyper(x, 1 - self.beta[0] * bt[0], 1 - bt[0])
-        d = eta * (b1 * m / k1 + c1 * dx / k2) / (xp.sqrt(v / (1 - bt[1])) + eps)
-        return (m, v, bias_powers(bt, self.beta)), d
+        k1, k2 = bias_corrections(self.beta, t + 1)
+        k0, k1 = xp.hyper(x, 1 - self.beta[0] ** (t + 2), k1)
+        d = eta * (b1 * m / k0 + c1 * dx / k1) / (xp.sqrt(v / k2) + eps)
+        return (m, v, t + 1), d
 
 
 @dataclass(frozen=True)
@@ -417,18 +434,19 @@ class AdamW(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
         eta, lambd = xp.hyper(x, self.eta, self.lambd)
         b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
-        m, v, bt = state
+        m, v, t = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        a = m / (1 - bt[0]) / (xp.sqrt(v / (1 - bt[1])) + eps)
+        k1, k2 = bias_corrections(self.beta, t + 1)
+        a = m / k1 / (xp.sqrt(v / k2) + eps)
         d = eta * (a + lambd * x) if self.couple else eta * a + lambd * x
-        return (m, v, bias_powers(bt, self.beta)), d
+        return (m, v, t + 1), d
 
 
 @dataclass(frozen=True)
@@ -452,18 +470,19 @@ class AdaBelief(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
         b1, b2, c1, c2 = decays(xp, x, *self.beta)
         eps = xp.eps(x, self.epsilon)
-        m, s, bt = state
+        m, s, t = state
         m = xp.assign(m, b1 * m + c1 * dx)
         s = xp.assign(s, b2 * s + c2 * xp.abs2(dx - m) + eps)
-        d = eta * m / (1 - bt[0]) / (xp.sqrt(s / (1 - bt[1])) + eps)
-        return (m, s, bias_powers(bt, self.beta)), d
+        k1, k2 = bias_corrections(self.beta, t + 1)
+        d = eta * m / k1 / (xp.sqrt(s / k2) + eps)
+        return (m, s, t + 1), d
 
 
 @dataclass(frozen=True)

@@ -32,28 +32,35 @@ class Descent(Rule):
 
 @dataclass(frozen=True)
 class Momentum(Rule):
-    """Momentum(eta=0.01, rho=0.9): ``v = rho*v + eta*g``; ``d = v``.
+    """Momentum(eta=0.01, rho=0.9, eta_outside=False): ``v = rho*v + eta*g``; ``d = v``.
 
-    Classical momentum (Polyak 1964) with the learning rate inside the velocity. With a
-    constant ``eta`` the steps are those of ``torch.optim.SGD(lr=eta, momentum=rho)`` and
-    ``optax.sgd(eta, momentum=rho)``, whose velocity leaves ``eta`` out (theirs is
-    ``v/eta``); by design, after ``adjust`` of ``eta`` ours still carries the old rate in
-    ``v`` and changes pace smoothly. ``rho`` is in ``[0, 1]``: ``rho = 1`` is allowed, as
-    ``torch.optim.SGD`` allows ``momentum=1`` (it checks only ``momentum >= 0``): the
-    velocity then sums every gradient, never forgetting one, which is well defined (no
-    division by ``1 - rho``); a ``rho`` above 1 grows the velocity without bound.
+    Classical momentum (Polyak 1964) with the learning rate inside the velocity: after a
+    change of ``eta`` (``adjust``, a schedule) ``v`` still carries the old rate, and the
+    pace changes smoothly. With ``eta_outside``, the rate is applied after the velocity,
+    ``v = rho*v + g``; ``d = eta*v``, as ``torch.optim.SGD(lr=eta, momentum=rho)`` and
+    ``optax.sgd(eta, momentum=rho)`` do, so that a run under a schedule (``StepLR``,
+    ``OneCycleLR``) follows theirs; a change of ``eta`` then takes effect at once. With
+    a constant ``eta`` the two forms take the same steps. ``rho`` is in ``[0, 1]``:
+    ``rho = 1`` is allowed, as ``torch.optim.SGD`` allows ``momentum=1`` (it checks only
+    ``momentum >= 0``): the velocity then sums every gradient, never forgetting one, which
+    is well defined (no division by ``1 - rho``); a ``rho`` above 1 grows the velocity
+    without bound.
 
     Example:
         >>> import numpy as np
         >>> r, x = Momentum(0.1, 0.5), np.zeros(1)
         >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); d
         array([0.15])
+        >>> r = Momentum(0.1, 0.5, eta_outside=True)
+        >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); s, d
+        (array([1.5]), array([0.15]))
     """
 
     elementwise = True
 
     eta: float = hyperparameter(0.01, "[0, inf)")
     rho: float = hyperparameter(0.9, "[0, 1]")
+    eta_outside: bool = hyperparameter(False, kind="flag")
 
     def init(self, x):
         return backends.of(x).zeros_like(x)
@@ -61,29 +68,39 @@ class Momentum(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         eta, rho = xp.hyper(x, self.eta, self.rho)
+        if self.eta_outside:
+            v = xp.assign(state, rho * state + dx)
+            return v, eta * v
         v = xp.assign(state, rho * state + eta * dx)
         return v, v
 
 
 @dataclass(frozen=True)
 class Nesterov(Rule):
-    """Nesterov(eta=0.001, rho=0.9): Nesterov's accelerated gradient (Sutskever et al. 2013).
+    """Nesterov(eta=0.001, rho=0.9, eta_outside=False): Nesterov's accelerated gradient
+    (Sutskever et al. 2013).
 
-    ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``; the same steps as
-    ``torch.optim.SGD(lr=eta, momentum=rho, nesterov=True)``. ``rho = 1`` is allowed, as
-    for :class:`Momentum` (and ``torch.optim.SGD``'s ``momentum=1``).
+    ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``, the rate inside the
+    velocity; with ``eta_outside``, ``v = rho*v + g``; ``d = eta*(g + rho*v)``, as
+    ``torch.optim.SGD(lr=eta, momentum=rho, nesterov=True)`` and ``optax.sgd(eta, rho,
+    nesterov=True)`` (see :class:`Momentum`). With a constant ``eta`` the two forms take
+    the same steps. ``rho = 1`` is allowed, as for :class:`Momentum` (and
+    ``torch.optim.SGD``'s ``momentum=1``).
 
     Example:
         >>> import numpy as np
         >>> r, x = Nesterov(0.1, 0.5), np.zeros(1)
         >>> r.apply(r.init(x), x, np.ones(1))[1]
         array([0.15])
+        >>> Nesterov(0.1, 0.5, eta_outside=True).apply(np.zeros(1), x, np.ones(1))
+        (array([1.]), array([0.15]))
     """
 
     elementwise = True
 
     eta: float = hyperparameter(0.001, "[0, inf)")
     rho: float = hyperparameter(0.9, "[0, 1]")
+    eta_outside: bool = hyperparameter(False, kind="flag")
 
     def init(self, x):
         return backends.of(x).zeros_like(x)
@@ -91,6 +108,9 @@ class Nesterov(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         eta, rho = xp.hyper(x, self.eta, self.rho)
+        if self.eta_outside:
+            v = xp.assign(state, rho * state + dx)
+            return v, eta * (dx + rho * v)
         d = -(rho * rho) * state + (1 + rho) * eta * dx
         v = xp.assign(state, rho * state - eta * dx)
         return v, d

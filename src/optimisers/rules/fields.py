@@ -167,6 +167,8 @@ class Allowed:
             return value
         if backends.istraced(value) or _isschedule(value):
             return value  # unknown here (a schedule's is checked where evaluated: schedules.at)
+        if callable(value) and (scheduled := _as_schedule(value)) is not value:
+            return scheduled  # a plain function step -> value: a schedule
         number = _number(value)
         if number is None or (self.kind == "whole" and type(number) is not int):
             self._refuse(rule, name, value, within, index)
@@ -341,7 +343,8 @@ def check(rule: Any) -> None:
     """check(rule) -> None, or raises: every declared field of ``rule`` against what it allows.
 
     A NumPy scalar or a 0-d array given for a number is then stored in the (frozen) rule
-    as the Python number it holds, once every field has passed.
+    as the Python number it holds, and a plain function ``step -> value`` as the schedule
+    :class:`~optimisers.schedules.Function` ``(f)``, once every field has passed.
 
     Raises:
         ValueError: a number outside its interval (NaN and infinities included).
@@ -369,4 +372,10 @@ def check(rule: Any) -> None:
             stored[name] = new
     for name, new in stored.items():  # once every field passed: nothing written on error
         object.__setattr__(rule, name, new)
+
+
+def _as_schedule(value: Any) -> Any:
+    from optimisers.schedules import as_schedule  # (schedules imports this module)
+
+    return as_schedule(value)
 

@@ -72,8 +72,7 @@ class LAMB(Rule):
     lambd: float = hyperparameter(0.0, "[0, inf)")
 
     def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), self.beta
+        return self.direction().init(x)
 
     def direction(self) -> Rule:
         """Adam's step at learning rate 1 (``1.0 * m`` is ``m``): ``u`` without the decay."""

@@ -1,66 +1,22 @@
-"""Schedules: a hyper-parameter as a function of the step count.
-
-Each schedule is a frozen dataclass whose fields are its numbers (and, for :class:`Warmup`
-and :class:`Join`, the schedules it is made of), so it prints, compares, hashes and
-checkpoints as a rule does, and its fields are checked at construction with the rules'
-:func:`~optimisers.rules.fields.hyperparameter` declarations. Called on a step count ``t``
-counting from 0, it returns the value for that step:
-
-- a Python ``int`` (or a NumPy scalar) gives a Python ``float``: the closed form computed
-  in double precision with ``math``;
-- a NumPy, PyTorch or JAX array (0-d) gives an array of that library, computed with the
-  backend's ``where``, ``minimum``, ``maximum`` and ``cos``, and never a Python ``if`` on
-  ``t``: a schedule evaluates under ``jax.jit`` with ``t`` traced.
-
-With JAX, every schedule is a pytree whose numbers (``steps`` and ``boundaries`` included)
-are all leaves, so that a jitted function of a schedule traces once for any numbers of the
-same class (``backends/jax.py``, :func:`~optimisers.backends.jax.register_schedule`). As
-for rules, that holds once the JAX backend is loaded: at ``import optimisers`` when JAX was
-imported first, else when optimisers first sees a JAX array.
-
-The values are those of optax and ``torch.optim.lr_scheduler`` (``tests/test_schedules.py``
-compares them at many steps):
-
-==========================================  =================================================
-this                                        optax / torch
-==========================================  =================================================
-``Constant(v)``                             ``constant_schedule(v)``
-``Linear(a, b, n)``                         ``linear_schedule(a, b, n)``
-``Cosine(a, b, n)``                         ``cosine_decay_schedule(a, n, alpha=b/a)``;
-                                            ``CosineAnnealingLR(T_max=n, eta_min=b)``, t <= n
-``Exponential(a, r, n, staircase)``         ``exponential_decay(a, n, r, staircase=...)``
-``Step(a, r, n)``                           ``StepLR(step_size=n, gamma=r)``
-``Polynomial(a, b, n, p)``                  ``polynomial_schedule(a, b, p, n)``
-``Warmup(Cosine(p, b, n - w), w, a)``       ``warmup_cosine_decay_schedule(a, p, w, n, b)``
-``Join(schedules, boundaries)``             ``join_schedules(schedules, boundaries)``
-``OneCycle(p, n)``                          ``OneCycleLR(max_lr=p, total_steps=n)``, t < n
-==========================================  =================================================
+"""The schedules of closed form (:class:`Constant`, :class:`Linear`, :class:`Cosine`,
+:class:`Exponential`, :class:`Step`, :class:`Polynomial`, :class:`OneCycle`) and the ones
+that join schedules in time (:class:`Warmup`, :class:`Join`): the values of optax's and
+``torch.optim.lr_scheduler``'s (the table in :mod:`optimisers.schedules`).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 from optimisers import backends
-from optimisers.rules import Rule, fields
 from optimisers.rules.fields import Allowed, Interval, InvalidKind, hyperparameter
+from optimisers.schedules.base import Schedule, as_schedule, check_schedule
 
-__all__ = ["Schedule", "SCHEDULES", "at", "timed", "Constant", "Linear", "Cosine",
-           "Exponential", "Step", "Polynomial", "Warmup", "Join", "OneCycle"]
-
-SCHEDULES: dict[str, type] = {}
-"""SCHEDULES: every subclass of :class:`Schedule` by name, as :data:`~optimisers.RULES` is
-for rules (what a checkpoint loads a schedule from).
-
-Example:
-    >>> SCHEDULES["Cosine"].__name__, "OneCycle" in SCHEDULES
-    ('Cosine', True)
-"""
+__all__ = ["Constant", "Linear", "Cosine", "Exponential", "Step", "Polynomial", "Warmup",
+           "Join", "OneCycle"]
 
 
 def _number(default: Any = dataclasses.MISSING, within: str = "(-inf, inf)") -> Any:
@@ -71,122 +27,6 @@ def _number(default: Any = dataclasses.MISSING, within: str = "(-inf, inf)") -> 
 def _count(default: Any = dataclasses.MISSING) -> Any:
     """A step-count field: a whole number >= 1."""
     return hyperparameter(default, "[1, inf)", kind="whole")
-
-
-class Schedule:
-    """Schedule: the base class of the schedules; ``schedule(t) -> value`` at step ``t``.
-
-    Subclass it as a frozen dataclass whose fields are numbers (declared with
-    :func:`~optimisers.rules.fields.hyperparameter`), tuples and other schedules, and
-    define ``__call__(t)`` for ``t`` a Python int or a 0-d array, with no Python ``if`` on
-    ``t`` (choose with the backend's ``where``). The new class registers itself in
-    :data:`SCHEDULES` and, once JAX is in use, as a pytree.
-
-    Example:
-        >>> from dataclasses import dataclass
-        >>> @dataclass(frozen=True)
-        ... class Halving(Schedule):
-        ...     start: float = hyperparameter(1.0, "(0, inf)")
-        ...     def __call__(self, t):
-        ...         return self.start * 0.5 ** t
-        >>> Halving(8)(3), Halving(8)
-        (1.0, Halving(start=8.0))
-    """
-
-    __slots__ = ()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        known = SCHEDULES.get(cls.__name__)
-        if known is None or (known.__module__, known.__qualname__) == (cls.__module__,
-                                                                        cls.__qualname__):
-            SCHEDULES[cls.__name__] = cls  # (slots=True makes the class anew: the new one)
-        jax_backend = sys.modules.get("optimisers.backends.jax")
-        register = getattr(jax_backend, "register_schedule", None)
-        if register is not None:  # JAX seen already: the new schedule is a pytree too
-            register(cls)
-
-    def __call__(self, t: Any) -> Any:
-        """The value at step ``t`` (counting from 0)."""
-        raise NotImplementedError(f"{type(self).__name__} must define __call__(t)")
-
-    def __post_init__(self) -> None:
-        """Check every declared field (as a rule's are); a Python ``int`` given for a
-        number becomes a ``float``, so that a Python int ``t`` always gives a float."""
-        fields.check(self)
-        for f in dataclasses.fields(self):
-            allowed = f.metadata.get("allowed")
-            if allowed is not None and allowed.kind == "number":
-                value = getattr(self, f.name)
-                if type(value) is int:
-                    object.__setattr__(self, f.name, float(value))
-
-
-def timed(rule: Any) -> bool:
-    """timed(rule) -> whether a schedule sits in any field of ``rule`` (in a tuple, or in a
-    rule it holds): whether its steps depend on the Leaf's clock.
-
-    Example:
-        >>> from optimisers import Adam, OptimiserChain, ClipGrad
-        >>> timed(Adam()), timed(OptimiserChain(ClipGrad(), Adam(eta=Cosine(1e-3, steps=9))))
-        (False, True)
-    """
-    try:
-        return _TIMED[rule]
-    except (KeyError, TypeError):  # not seen; or unhashable (a value traced under jit)
-        pass
-    found = _holds_schedule(rule)
-    if len(_TIMED) > 4096:  # (a rule adjusted at every step is a new rule each time)
-        _TIMED.clear()
-    try:
-        _TIMED[rule] = found
-    except TypeError:
-        pass
-    return found
-
-
-_TIMED: dict[Any, bool] = {}
-
-
-def _holds_schedule(v: Any) -> bool:
-    if isinstance(v, Schedule):
-        return True
-    if isinstance(v, tuple):
-        return any(map(_holds_schedule, v))
-    return isinstance(v, Rule) and any(  # (a rule that is no dataclass holds none)
-        _holds_schedule(getattr(v, name)) for name in getattr(v, "__dataclass_fields__", ()))
-
-
-def at(rule: Rule, t: Any) -> Rule:
-    """at(rule, t) -> ``rule`` with each schedule in its fields replaced by its value at
-    step ``t`` (the Leaf's clock); ``rule`` itself when it holds none. What every path of
-    ``update`` steps with. The new rule is checked as ``adjust`` checks one: a schedule
-    that reaches a value its field does not allow raises here.
-
-    Example:
-        >>> from optimisers import AdamW
-        >>> at(AdamW(eta=Warmup(Constant(1e-3), steps=10), lambd=0.1), 5).eta
-        0.0005
-    """
-    if not timed(rule):
-        return rule
-    if type(t) is not int and not backends.istraced(t):
-        t = int(t)  # a clock a jitted step returned: evaluated as a Python int's would be
-    return _resolved(rule, t)
-
-
-def _resolved(v: Any, t: Any) -> Any:
-    if isinstance(v, Schedule):
-        return v(t)
-    if isinstance(v, tuple):
-        return tuple(_resolved(e, t) for e in v)
-    if not (isinstance(v, Rule) and timed(v)):
-        return v
-    new = copy.copy(v)  # (not the constructor: OptimiserChain's takes its rules unnamed)
-    for f in dataclasses.fields(v):
-        object.__setattr__(new, f.name, _resolved(getattr(v, f.name), t))
-    new.__post_init__()
-    return new
 
 
 class _Numbers:
@@ -228,13 +68,6 @@ def _half_cosine(xp: Any, start: Any, end: Any, angle: Any) -> Any:
     """From ``start`` at angle 0 to ``end`` at angle pi along a half cosine (torch's
     ``_annealing_cos``; optax's ``cosine_decay_schedule`` rounds alike in float32)."""
     return end + (start - end) / 2.0 * (xp.cos(angle) + 1)
-
-
-def _check_schedule(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, Schedule):
-        raise InvalidKind(f"Invalid {name} parameter: {value!r} ({type(value).__name__}); "
-                          f"{owner}'s {name} must be a Schedule, such as Cosine(1e-3, "
-                          f"steps=9_000); wrap a number in Constant(value)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +267,8 @@ class Warmup(Schedule):
     start: float = _number(0.0)
 
     def __post_init__(self) -> None:
-        _check_schedule("Warmup", "schedule", self.schedule)
+        object.__setattr__(self, "schedule", as_schedule(self.schedule))
+        check_schedule("Warmup", "schedule", self.schedule)
         Schedule.__post_init__(self)
 
     def __call__(self, t: Any) -> Any:
@@ -471,6 +305,7 @@ class Join(Schedule):
     def __post_init__(self) -> None:
         if type(self.schedules) is list:  # optax's users write lists: kept as tuples
             object.__setattr__(self, "schedules", tuple(self.schedules))
+        object.__setattr__(self, "schedules", as_schedule(self.schedules))
         if type(self.boundaries) is list:
             object.__setattr__(self, "boundaries", tuple(self.boundaries))
         _check_join(self.schedules, self.boundaries)
@@ -489,7 +324,7 @@ def _check_join(schedules: Any, boundaries: Any) -> None:
                           f"must be a tuple of one or more schedules, such as "
                           f"(Linear(0.0, 1e-3, 100), Cosine(1e-3, steps=900))")
     for i, s in enumerate(schedules):
-        _check_schedule("Join", f"schedules[{i}]", s)
+        check_schedule("Join", f"schedules[{i}]", s)
     n = len(schedules) - 1
     if type(boundaries) is not tuple or len(boundaries) != n:
         raise InvalidKind(f"Invalid boundaries parameter: {boundaries!r}; Join's boundaries "
@@ -509,35 +344,48 @@ _RISE, _DIV, _FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCycleLR: pct_start and th
 
 @dataclass(frozen=True, slots=True)
 class OneCycle(Schedule):
-    """OneCycle(peak, steps): up from ``peak / 25`` to ``peak`` over the first 30% of
-    ``steps``, then down to ``peak / 25 / 1e4``, both along half cosines (Smith & Topin
-    2018, "super-convergence").
+    """OneCycle(peak, steps, start=None, end=None): from ``start`` to ``peak`` over the first
+    30% of ``steps``, then on to ``end``, both along half cosines (Smith & Topin 2018,
+    "super-convergence").
 
     torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults
     (``pct_start=0.3``, ``anneal_strategy="cos"``, ``div_factor=25``,
-    ``final_div_factor=1e4``, ``three_phase=False``): the rise ends at step
-    ``0.3 * steps - 1`` and the fall at step ``steps - 1``. From there on the value stays
-    ``peak / 25 / 1e4`` (torch's goes on along the cosine for one step, then raises).
+    ``final_div_factor=1e4``, ``three_phase=False``): ``start`` is ``peak / 25`` and
+    ``end`` is ``start / 1e4`` unless given; the rise ends at step ``0.3 * steps - 1`` and
+    the fall at step ``steps - 1``. From there on the value stays ``end`` (torch's goes
+    on along the cosine for one step, then raises).
+
+    The momentum that ``OneCycleLR`` cycles against the rate (``cycle_momentum=True``, its
+    default: ``Momentum.rho``, ``Adam.beta[0]``) is ``OneCycle(base_momentum, steps,
+    start=max_momentum, end=max_momentum)``: by default ``OneCycle(0.85, steps,
+    start=0.95, end=0.95)``, down while the rate rises, then up again.
 
     Args:
-        peak: the highest value, at the end of the rise.
+        peak: the value at the end of the rise (the highest rate; the lowest momentum).
         steps: the length of the cycle, a whole number >= 1.
+        start: the value at step 0; ``None``: ``peak / 25``.
+        end: the value from step ``steps - 1`` on; ``None``: ``start / 1e4``.
 
     Example:
         >>> s = OneCycle(1.0, steps=10)
         >>> [round(s(t), 4) for t in (0, 1, 2, 5, 9, 10)]
         [0.04, 0.52, 1.0, 0.6113, 0.0, 0.0]
+        >>> rho = OneCycle(0.85, steps=10, start=0.95, end=0.95)
+        >>> [round(rho(t), 4) for t in (0, 1, 2, 5, 9)]
+        [0.95, 0.9, 0.85, 0.8889, 0.95]
     """
 
     peak: float = _number()
     steps: int = _count()
+    start: float | None = _number(None, "(-inf, inf) or None")
+    end: float | None = _number(None, "(-inf, inf) or None")
 
     def __call__(self, t: Any) -> Any:
         xp = _maths(t, self.steps)
         top, last = _RISE * self.steps - 1, self.steps - 1  # torch's ends of the phases
         t = xp.minimum(t, last)
-        low = self.peak / _DIV
-        rise = _half_cosine(xp, low, self.peak, math.pi * (t / top))
-        fall = _half_cosine(xp, self.peak, low / _FINAL_DIV,
-                            math.pi * ((t - top) / (last - top)))
+        start = self.peak / _DIV if self.start is None else self.start
+        end = start / _FINAL_DIV if self.end is None else self.end
+        rise = _half_cosine(xp, start, self.peak, math.pi * (t / top))
+        fall = _half_cosine(xp, self.peak, end, math.pi * ((t - top) / (last - top)))
         return xp.where(t <= top, rise, fall)
