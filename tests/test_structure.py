@@ -14,12 +14,32 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT.parent / "shared" / "tools" / "arch_check.py"
 
 
-@pytest.mark.skipif(not CHECK.exists(), reason="the shared structural check is not beside this "
-                                               "checkout")
-def test_structural_check_passes():
+NEEDS_CHECK = pytest.mark.skipif(not CHECK.exists(),
+                                 reason="the shared structural check is not beside this checkout")
+SIZE = "at most 10,000 lines, 600 a file"
+"""The one check not passed yet (issue 28 item 4): its own test below is a strict xfail."""
+
+
+def _findings() -> dict[str, str]:
+    """Each check's name and the rest of its line (``ok``, or how many it found)."""
     done = subprocess.run([sys.executable, str(CHECK), str(ROOT)], capture_output=True,
                           text=True, timeout=120)
-    assert done.returncode == 0 and "4 passed, 0 failed" in done.stdout, done.stdout[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line and not line.startswith(" ")]
+    return dict(line.rsplit(": ", 1) for line in lines if ": " in line)
+
+
+@NEEDS_CHECK
+def test_structural_check_passes():
+    found = _findings()
+    assert len(found) >= 7, found
+    assert {name: v for name, v in found.items() if v != "ok" and name != SIZE} == {}
+
+
+@NEEDS_CHECK
+@pytest.mark.xfail(strict=True, reason="issue 28 item 4, not reached yet: src has 13,387 "
+                   "lines (at most 10,000) and backends/jax.py 860 (at most 600)")
+def test_sizes_pass_the_structural_check():
+    assert _findings()[SIZE] == "ok"
 
 
 @pytest.mark.xfail(strict=True, reason="issue 28 item 4, not reached yet: without the numba "

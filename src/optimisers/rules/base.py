@@ -192,6 +192,9 @@ class Rule:
 _NGRADS: dict[type, float] = {}
 
 
+fields.RULE = (Rule,)  # what a field of kind "rule" must hold
+
+
 def ngrads(rule: Rule) -> float:
     """How many gradient arguments ``rule.apply`` takes (``inf`` for ``*dx``)."""
     cls = type(rule)

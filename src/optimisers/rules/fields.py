@@ -240,6 +240,11 @@ def _isschedule(value: Any) -> bool:
     return isinstance(value, Schedule)
 
 
+RULE: tuple[type, ...] = ()
+"""The class of rules, ``rules.base.Rule``, which sets it here when it is defined (it
+imports this module, so this one does not import it)."""
+
+
 def _fits(kind: str, value: Any) -> bool:
     """Whether ``value`` is of ``kind``, one of ``"flag"``, ``"dtype"`` and ``"rule"``."""
     if kind == "flag":
@@ -247,9 +252,7 @@ def _fits(kind: str, value: Any) -> bool:
     if kind == "dtype":
         name = _dtype_name(value)
         return name is not None and name.startswith(("float", "bfloat"))
-    from optimisers.rules.base import Rule  # (base imports this module)
-
-    return isinstance(value, Rule)
+    return isinstance(value, RULE)
 
 
 def _dtype_name(value: Any) -> str | None:
