@@ -241,9 +241,12 @@ def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
         >>> dtype_misfit((np.zeros(2, np.float32),), np.zeros(2, np.float64))
         ('float32', 'float64')
     """
-    need = backends.of(x).dtype_name(x)
-    real = f"float{int(need[7:]) // 2}" if need.startswith("complex") else need
+    same, need = x.dtype, ""
     for a in _arrays(state):
+        if a.dtype is same:  # (the usual case, at every step: no names made)
+            continue
+        need = need or backends.of(x).dtype_name(x)
+        real = f"float{int(need[7:]) // 2}" if need.startswith("complex") else need
         found = backends.of(a).dtype_name(a)
         if found not in (need, real):
             return found, need
