@@ -220,3 +220,23 @@ def test_a_function_that_gives_muon_for_a_vector_is_told_to_give_another_rule():
     with pytest.raises(ValueError, match=r"cannot train the array at fc\.bias: .* return "
                                          r"another rule \(AdamW\(\), say\) for fc\.bias"):
         O.setup(lambda kp, x: O.Muon(), _numpy_net())
+
+
+def test_the_suggestion_for_a_mixed_precision_muon_is_code_that_runs():
+    """The suggested call quotes the user's rule by its ``repr``: a dtype in it is written
+    by name (``dtype='float32'``), which is code, not ``<class 'numpy.float32'>``."""
+    rule = O.MixedPrecision(O.Muon(0.02))
+    model = {k: v.astype(np.float16) if isinstance(v, np.ndarray) else
+             {n: a.astype(np.float16) for n, a in v.items()} for k, v in _numpy_net().items()}
+    with pytest.raises(ValueError, match=r"cannot train the array at") as e:
+        O.setup(rule, model)
+    code = _suggested(e)
+    assert "dtype='float32'" in code and "<class" not in code
+    tree = eval(code, {**vars(O), "model": model})  # the very text of the message
+    assert repr(tree["fc"]["weight"].rule) == repr(rule)
+    assert tree["fc"]["bias"].rule == O.AdamW()
+    before = copy.deepcopy(model)
+    grads = O.fmap(np.ones_like, model)
+    O.update_(tree, model, grads)
+    assert (model["fc"]["weight"] != before["fc"]["weight"]).all()
+    assert tree["fc"]["weight"].state[0].dtype == np.float32

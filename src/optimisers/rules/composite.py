@@ -13,7 +13,7 @@ import numpy as np
 from optimisers import backends
 from optimisers.rules.base import NewValue, Rule, call
 from optimisers.rules.descent import Descent
-from optimisers.rules.fields import hyperparameter
+from optimisers.rules.fields import dtype_name, hyperparameter
 
 __all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision", "EMA"]
 
@@ -185,6 +185,11 @@ class MixedPrecision(Rule):
         if isinstance(self.rule, MixedPrecision):
             raise ValueError("MixedPrecision inside MixedPrecision: use one, with the "
                              "higher dtype")
+
+    def __repr__(self) -> str:
+        """The dtype by its name (``dtype='float32'``), so that the text is code that makes
+        this rule again, as every rule's ``repr`` is (an error's suggested fix quotes it)."""
+        return f"MixedPrecision(rule={self.rule!r}, dtype={dtype_name(self.dtype)!r})"
 
     def raises(self) -> bool:
         return self.rule.raises()

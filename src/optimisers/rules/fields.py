@@ -32,7 +32,7 @@ import numpy as np
 
 from optimisers import backends
 
-__all__ = ["Allowed", "Interval", "hyperparameter", "check", "InvalidKind"]
+__all__ = ["Allowed", "Interval", "hyperparameter", "check", "InvalidKind", "dtype_name"]
 
 
 class InvalidKind(TypeError, ValueError):
@@ -250,16 +250,27 @@ def _fits(kind: str, value: Any) -> bool:
     if kind == "flag":
         return isinstance(value, (bool, np.bool_))
     if kind == "dtype":
-        name = _dtype_name(value)
+        name = dtype_name(value)
         return name is not None and name.startswith(("float", "bfloat"))
     return isinstance(value, RULE)
 
 
-def _dtype_name(value: Any) -> str | None:
+def dtype_name(value: Any) -> str | None:
     """The name of a NumPy, PyTorch or JAX dtype (or of a dtype's name); ``None`` if none.
 
     NumPy reads its own and JAX's dtypes and names; another library's dtype prints as
     ``<library>.<name>`` (``torch.bfloat16``), read by its last part.
+
+    Args:
+        value: a dtype, a scalar type (``np.float32``) or a dtype's name.
+
+    Returns:
+        The dtype's name (``"float32"``), which every backend takes as that dtype, or
+        ``None`` for a value that names no dtype.
+
+    Example:
+        >>> dtype_name(np.float32), dtype_name("bfloat16"), dtype_name(0.5)
+        ('float32', 'bfloat16', None)
     """
     if value is None or isinstance(value, (bool, int, float)):
         return None  # np.dtype(None) is float64: a None is no dtype here
