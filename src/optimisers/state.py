@@ -467,4 +467,5 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
     return _update(tree, model, (grads, *higher), inplace=True)
 
 
+backends.registry.extend("jax", "optimisers.fast.jaxtree")  # Leafs, rules: pytrees
 backends.registry.load_imported()  # JAX imported first: rules and Leafs are pytrees already
