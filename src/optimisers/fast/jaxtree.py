@@ -36,6 +36,7 @@ from optimisers.backends import jax as xp
 from optimisers.backends import sharding
 from optimisers.leaf import Leaf
 
+
 def settle(leaf: Any) -> Any:
     """``leaf`` as a :class:`PackedLeaf`, its flat form for JAX made once (see :func:`_pack`).
 
