@@ -170,6 +170,18 @@ def test_update_in_place_is_out_of_place():
     assert isinstance(tree["layers"][0]["w"], O.Leaf)
 
 
+def test_the_jax_backend_is_extended_from_above_once_loaded():
+    """``registry.extend``: the module that registers Leafs and rules as pytrees
+    (``fast/jaxtree.py``) is imported with the JAX backend, and adds its functions to it."""
+    from optimisers.backends import registry
+    from optimisers.fast import jaxtree
+
+    assert registry.ops("jax").settle is jaxtree.settle
+    assert registry.ops("jax").PackedLeaf is jaxtree.PackedLeaf
+    registry.extend("jax", "optimisers.fast.jaxtree")  # loaded already: imported (again)
+    assert registry.ops("jax").settle is jaxtree.settle
+
+
 def test_rules_are_pytrees_once_jax_is_imported():
     """With JAX imported first, a rule flattens before any JAX array reached optimisers;
     imported the other way round, from the first JAX array it sees."""

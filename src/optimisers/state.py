@@ -386,7 +386,7 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Ke
 def copy_tree(tree: Any) -> Any:
     """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept,
     and state packed by :func:`fused.pack` stays packed. Each new Leaf is of its old one's
-    type: JAX's stay JAX's (``backends/jax.py``), so that a jitted call does not trace again."""
+    type: JAX's stay JAX's (``fast/jaxtree.py``), so that a jitted call does not trace again."""
     memo: dict[int, Leaf] = {}
     copy = copier()
 
@@ -467,4 +467,5 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
     return _update(tree, model, (grads, *higher), inplace=True)
 
 
+backends.registry.extend("jax", "optimisers.fast.jaxtree")  # Leafs, rules: pytrees
 backends.registry.load_imported()  # JAX imported first: rules and Leafs are pytrees already

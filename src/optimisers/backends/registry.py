@@ -80,12 +80,30 @@ def register_type(cls: type, lib: str, module: ModuleType) -> None:
     _LOADED[lib] = module
 
 
+_EXTENSIONS: dict[str, str] = {}  # library -> the module above backends/ that extends it
+
+
+def extend(lib: str, module: str) -> None:
+    """extend(lib, module): import the module named ``module`` as soon as the backend of
+    ``lib`` is loaded (now, if it is): a layer above ``backends/`` adds to a backend what
+    concerns its own types (JAX: ``fast/jaxtree.py``) without ``backends/`` importing it.
+
+    Example:
+        >>> extend("nosuchlibrary", "optimisers.leaf")  # nothing loaded: imported later
+    """
+    _EXTENSIONS[lib] = module
+    if lib in _LOADED:
+        importlib.import_module(module)
+
+
 def ops(lib: str) -> ModuleType:
     """The backend module for the library named ``lib``."""
     try:
         return _LOADED[lib]
     except KeyError:
         mod = _LOADED[lib] = importlib.import_module(f"optimisers.backends.{lib}")
+        if lib in _EXTENSIONS:
+            importlib.import_module(_EXTENSIONS[lib])
         return mod
 
 

@@ -1,7 +1,7 @@
 """JAX's stacks: Leafs of one shape whose rule stacks (``Muon``), stepped by ``jax.vmap``.
 
 What ``fused.Stack`` does for NumPy and PyTorch, for JAX (whose backend groups its own
-entries: ``backends/jax.py``'s ``fuse``). Under ``jax.jit`` each Leaf brings its own traced
+entries: ``fast/jaxtree.py``'s ``fuse``). Under ``jax.jit`` each Leaf brings its own traced
 hyper-parameters, so a group is the Leafs whose rule and state have one structure (not
 one value) and whose parameters have one shape, dtype and placement: ``jax.vmap`` runs
 the rule's ``apply`` once over their rules, states, parameters and gradients stacked
