@@ -30,12 +30,13 @@ fuses the plain path's operations, and the backend stacks only what stacks (``Mu
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any
 
 from optimisers import backends
 from optimisers.gather import Entry
 from optimisers.reduce import given, places
-from optimisers.rules import EMA, MixedPrecision, NewValue, OptimiserChain, Rule, call
+from optimisers.rules import EMA, MixedPrecision, NewValue, OptimiserChain, Rule, call, ngrads
 from optimisers.schedules import at, timed
 from optimisers.tree import keys_shown
 
@@ -137,6 +138,7 @@ class Node(tuple):
 
 
 ARRAY = object()  # where a state holds an array
+_ARRAY_TYPES: dict[type, bool] = {}  # whether a type is an array type, asked once per type
 
 
 def signature(state: Any, out: list) -> Any:
@@ -149,7 +151,11 @@ def signature(state: Any, out: list) -> Any:
         n = len(out)
         parts = [signature(s, out) for s in state]
         return Node(parts) if len(out) > n else state
-    if backends.library(state) is not None:
+    cls = type(state)
+    isarray = _ARRAY_TYPES.get(cls)
+    if isarray is None:
+        isarray = _ARRAY_TYPES[cls] = backends.library(state) is not None
+    if isarray:
         out.append(state)
         return ARRAY
     return state
@@ -169,7 +175,7 @@ class Group:
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
                  "large", "subtract", "prints", "t", "timed", "now", "reduced",
-                 "counts", "clocks", "owner", "params")
+                 "counts", "clocks", "owner", "params", "ngrads", "views")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -190,6 +196,8 @@ class Group:
         self.states: list = []  # the state objects this group last gave its Leafs
         self.xp = backends.of(self.xs[0])
         self.uses_x = fusible(rule)[1]
+        self.ngrads = int(min(ngrads(rule), 1))  # whether apply takes the gradient (once)
+        self.views: list = []  # per state slot: (its parts, their one packed buffer)
         self.large: bool | None = None  # mostly large arrays: stepped piece by piece
         self.subtract: Any = None  # the backend's x -= d over all xs (made when needed)
         self.prints = self.xp.footprints(self.params)  # what these assume of their memory
@@ -238,9 +246,9 @@ class Group:
         g = self._shaped(xp.flatcat(grads), self.xs[0])
         x = self._shaped(xp.flatcat(self.xs), self.xs[0]) if self.uses_x else g
         slots = list(zip(*self.arrays))  # per state array: one per member
-        joined = [xp.joined(parts) for parts in slots]
+        joined = self._buffers(slots)
         views = [self._shaped(flat, parts[0]) for (flat, _), parts in zip(joined, slots)]
-        state, d = call(self.now, _fill(self.sig, iter(views)), x, (g,))
+        state, d = self.now.apply(_fill(self.sig, iter(views)), x, *(g,)[:self.ngrads])
         out: list = []
         newsig = signature(state, out)
         for k, (parts, (_, isview), view, now) in enumerate(zip(slots, joined, views, out)):
@@ -263,6 +271,19 @@ class Group:
         else:
             for leaf, y in zip(self.leaves, xp.split_like(d, self.xs)):
                 new[id(leaf)] = y
+
+    def _buffers(self, slots: list) -> list:
+        """``xp.joined`` of each state slot's parts, the packed buffers found last step
+        reused while the parts are the very same views (they keep their buffer alive)."""
+        cached = self.views
+        if len(cached) == len(slots) and all(
+                len(parts) == len(old) and all(map(operator.is_, parts, old))
+                for parts, (old, _) in zip(slots, cached)):
+            return [hit for _, hit in cached]
+        joined = [self.xp.joined(parts) for parts in slots]
+        self.views = ([(parts, hit) for parts, hit in zip(slots, joined)]
+                      if all(isview for _, isview in joined) else [])
+        return joined
 
     def _place(self, value: Any, new: dict) -> None:
         """The parameters become the consecutive segments of ``value`` (a step that is a

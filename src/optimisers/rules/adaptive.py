@@ -142,7 +142,11 @@ class Adam(Rule):
         m, v, t = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         k1, k2 = bias_corrections(self.beta, t + 1)
-        return (m, v, t + 1), eta * m / k1 / (xp.sqrt(v / k2) + eps)
+        den = v / k2  # the step's two temporaries, each op then written into one (out=)
+        den = xp.sqrt(den, out=den)
+        den += eps
+        u = eta * m
+        return (m, v, t + 1), xp.divide(xp.divide(u, k1, out=u), den, out=u)
 
 
 @dataclass(frozen=True)
