@@ -80,6 +80,13 @@ def read_json(zf: zipfile.ZipFile, cap: int) -> bytes:
     return data
 
 
+@functools.lru_cache(maxsize=8)
+def _npy_magic(raw: bytes) -> tuple:
+    """The ``.npy`` version that a member's first 8 bytes give, checked by NumPy once per
+    distinct prefix."""
+    return np.lib.format.read_magic(io.BytesIO(raw))
+
+
 @functools.lru_cache(maxsize=64)
 def _npy_header(version: tuple, raw: bytes) -> tuple:
     """The shape, Fortran flag and dtype of a ``.npy`` header (its length prefix and text,
@@ -106,7 +113,7 @@ def read_npy(zf: zipfile.ZipFile, idx: int, dtype: np.dtype, shape: tuple,
                       f"{info.file_size} bytes, but its record says {dtype} {shape}, "
                       f"{nbytes} bytes of data")
     with zf.open(info) as f:
-        version = np.lib.format.read_magic(f)
+        version = _npy_magic(f.read(8))
         if version not in ((1, 0), (2, 0)):
             raise Invalid(f"the checkpoint's array {idx} has .npy version {version}")
         size = f.read(2 if version == (1, 0) else 4)
