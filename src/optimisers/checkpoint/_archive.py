@@ -4,6 +4,8 @@ are stored (never compressed), each named once and read no further than its reco
 from __future__ import annotations
 
 import errno
+import functools
+import io
 import math
 import os
 import stat
@@ -78,6 +80,23 @@ def read_json(zf: zipfile.ZipFile, cap: int) -> bytes:
     return data
 
 
+@functools.lru_cache(maxsize=8)
+def _npy_magic(raw: bytes) -> tuple:
+    """The ``.npy`` version that a member's first 8 bytes give, checked by NumPy once per
+    distinct prefix."""
+    return np.lib.format.read_magic(io.BytesIO(raw))
+
+
+@functools.lru_cache(maxsize=64)
+def _npy_header(version: tuple, raw: bytes) -> tuple:
+    """The shape, Fortran flag and dtype of a ``.npy`` header (its length prefix and text,
+    ``raw``), parsed by NumPy once per distinct header: the arrays of a state tree share
+    few headers, and parsing is most of the cost of reading a small array."""
+    header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+              else np.lib.format.read_array_header_2_0)
+    return header(io.BytesIO(raw))
+
+
 def read_npy(zf: zipfile.ZipFile, idx: int, dtype: np.dtype, shape: tuple,
              where: str) -> np.ndarray:
     """Array ``idx`` from its ``.npy`` member, its size checked against ``dtype`` and
@@ -94,12 +113,12 @@ def read_npy(zf: zipfile.ZipFile, idx: int, dtype: np.dtype, shape: tuple,
                       f"{info.file_size} bytes, but its record says {dtype} {shape}, "
                       f"{nbytes} bytes of data")
     with zf.open(info) as f:
-        version = np.lib.format.read_magic(f)
+        version = _npy_magic(f.read(8))
         if version not in ((1, 0), (2, 0)):
             raise Invalid(f"the checkpoint's array {idx} has .npy version {version}")
-        header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-        got_shape, fortran, got = header(f)
+        size = f.read(2 if version == (1, 0) else 4)
+        got_shape, fortran, got = _npy_header(version, size + f.read(int.from_bytes(size,
+                                                                              "little")))
         left = info.file_size - f.tell()
         if got.hasobject or got.newbyteorder("=") != dtype or tuple(got_shape) != shape or (
                 left != count * got.itemsize):

@@ -402,7 +402,8 @@ class Reader:
                                           or isinstance(like, np.generic))
         if like is not FREE and not (is_array or shape == () and _isnumber(like)):
             raise _mismatch(kp, sub, _describe_json(j), like)
-        if is_array and (name != dtype_name(like) or shape != tuple(like.shape)):
+        like_name = dtype_name(like) if is_array else None
+        if is_array and (name != like_name or shape != tuple(like.shape)):
             raise _mismatch(kp, sub, _describe_json(j), like, "make like by setup on the same "
                             "model (from the same rule classes)")
         idx = j["array"]
@@ -424,7 +425,8 @@ class Reader:
             out = arr[()]
         else:
             ref = like if is_array else place if place is not None else self.default()
-            out = _place(arr, name, bits, ref, kp, sub, j.get("weak") is True)
+            out = _place(arr, name, bits, ref, kp, sub, j.get("weak") is True,
+                         like_name if is_array else None)
         self.arrays[idx] = (j, owner, f"{kp!r}, state{sub}", out)
         return out
 
@@ -447,11 +449,12 @@ class Reader:
 
 
 def _place(arr: np.ndarray, name: str, bits: Any, ref: Any, kp: KeyPath, sub: str,
-           weak: bool = False) -> Any:
+           weak: bool = False, ref_name: str | None = None) -> Any:
     """A NumPy array from the file as an array of ``ref``'s library, on ``ref``'s device;
-    a dtype that NumPy lacks (stored as bits) is taken from ``ref``."""
+    a dtype that NumPy lacks (stored as bits) is taken from ``ref`` (whose dtype name is
+    ``ref_name`` where the caller has it)."""
     lib = backends.library(ref) if ref is not None else "numpy"
-    same = ref is not None and dtype_name(ref) == name
+    same = ref is not None and (ref_name or dtype_name(ref)) == name
     if bits is not None and not same:
         raise Invalid(f"the checkpoint's array at {kp!r}, state{sub} has dtype {name}; like "
                       f"has no array of that dtype there to say what it is")
