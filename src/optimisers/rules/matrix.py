@@ -157,14 +157,12 @@ class Adafactor(Rule):
     ``step = eta*lambd*x + alpha * u / max(1, rms(u)/d)``, ``rms`` over the whole array.
     With ``epsilon[0] = None``, ``eps1`` is the machine epsilon of ``x``'s dtype.
 
-    As ``torch.optim.Adafactor`` (to float32 rounding), which differs from the paper in
-    three places kept here: ``eta`` caps the relative step size (the paper's 0.01) and
-    scales the weight decay, decoupled (``x*(1 - eta*lambd)``); ``eps1`` floors ``v``
-    and the row mean, not each squared gradient; and the means replace the paper's sums.
-    Complex parameters, which torch refuses, are trained with ``|g|^2 = g*conj(g)``. The
-    state is ``(R, C, t)``, or ``(v, None, t)`` for an array of fewer than 2 dimensions or
-    of no elements: O(rows + cols) numbers per matrix. An array of no elements (a ``(0, 5)``
-    matrix), which torch refuses, takes an empty step (its ``rms`` is 0).
+    As ``torch.optim.Adafactor`` (to float32 rounding), which differs from the paper:
+    ``eta`` caps the relative step size (the paper's 0.01) and scales the decoupled weight
+    decay; ``eps1`` floors ``v`` and the row mean, not each squared gradient; means replace
+    sums. Unlike torch, complex parameters train (``|g|^2 = g*conj(g)``) and an array of no
+    elements takes an empty step. The state is ``(R, C, t)``, or ``(v, None, t)`` for an
+    array of fewer than 2 dimensions or no elements.
 
     Args:
         eta: the cap of the relative step size ``min(eta, 1/sqrt(t))``, and the weight
