@@ -222,13 +222,8 @@ def _rebuild_known(x: Any, old: dict, new_children: Mapping) -> Any:
 
 
 def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
-    """A Mapping like ``x`` with some children replaced, never written into ``x``.
-
-    A ``dict`` (or subclass) holds its items itself, so its shallow copy shares none and
-    is written (keeping a ``defaultdict``'s factory); if it refuses item assignment, it is
-    constructed. Any other Mapping is constructed from its items: its copy may share
-    storage with it (``nnx.State`` does) or refuse item assignment (``FrozenDict``).
-    """
+    """A Mapping like ``x`` with some children replaced, never written into ``x``: a dict's
+    shallow copy is written; any other Mapping (``nnx.State``, ``FrozenDict``) is built."""
     items = {k: new_children.get(k, v) for k, v in old.items()}
     if type(x) is dict:
         return items

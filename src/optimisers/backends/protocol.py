@@ -2,30 +2,13 @@
 
 A backend is a module (``backends/numpy.py``, ``torch.py``, ``jax.py``) that
 :func:`optimisers.backends.of` returns for an array of its library. Every backend provides
-all of :class:`Backend`: the array functions rules are written against, and two declared
-capabilities saying which fused path ``fast/fused.py`` takes for it:
-
-- :attr:`Backend.CONCATENATES` (NumPy, PyTorch): ``fused.Group`` steps a group of like
-  Leafs over flat concatenations of their arrays, with the functions of :class:`Grouping`;
-- :attr:`Backend.FUSES_ITSELF` (JAX): the backend groups and steps fusible entries itself,
-  with the function of :class:`Fusing`.
-
-Capabilities are module constants, read as ``xp.CONCATENATES``, never probed with
-``hasattr``; a step that a backend may lack for some group (flat views)
-is a function that is always there and returns ``None`` where it does not apply.
-The backend of a library whose parameters carry their gradients (PyTorch's ``.grad``)
-also provides :class:`Carrying`; one whose library has its own model classes
-(``nn.Module``, flax's ``nnx.Module``, equinox's ``StateIndex``) provides :class:`Nodes`,
-also without arrays of its own (``flax.py``, ``equinox.py``); one that warns of a mistake
-in what is trained, :class:`Checking`; one that registers this package's rules with its
-library (JAX's pytrees), :class:`Registering`; one of arrays split across processes
-(``dtensor.py``: FSDP2's ``DTensor``), :class:`Sharding`. ``registry.py`` lists which library has
-which, and ``tests/test_protocol.py`` checks every backend against these, names and
-signatures.
-
-``norm``, ``clip``, ``abs2`` and ``eps`` are written once, in ``common.py``, over the
-primitives below (``iscomplex``, ``ishalf``, ``clamp``, ``amax``, ...), and each backend
-binds them.
+all of :class:`Backend`, whose module constants ``CONCATENATES`` (NumPy, PyTorch: fused
+groups over flat concatenations, :class:`Grouping`) and ``FUSES_ITSELF`` (JAX,
+:class:`Fusing`) say which fused path ``fast/fused.py`` takes. Optional parts:
+:class:`Carrying` (parameters carry gradients), :class:`Nodes` (a library's own model
+classes), :class:`Checking`, :class:`Registering` (JAX's pytrees) and :class:`Sharding`
+(FSDP2's ``DTensor``); ``registry.py`` lists which library has which, and
+``tests/test_protocol.py`` checks every backend against these.
 """
 
 from __future__ import annotations

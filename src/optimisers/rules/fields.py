@@ -195,17 +195,9 @@ class Allowed:
 
 
 def _number(value: Any) -> int | float | None:
-    """The Python ``int`` or ``float`` that ``value`` is or holds; ``None`` when it is no
-    real number, or more than one.
-
-    The one place that decides what counts as a number: a Python ``int`` or ``float``, or
-    a real NumPy scalar or 0-d array of a supported library (read by its ``item()``, which
-    gives a Python number for every library's dtypes, bfloat16 included); never a ``bool``
-    (of any library), a complex number or an array of another shape. A float16 or float32
-    reads as the shortest decimal that is the same number in its dtype (as its ``repr``
-    shows it, and as JAX's packed numbers read back after ``jit``): ``np.float32(0.01)``
-    is ``0.01``, not ``0.009999999776482582``.
-    """
+    """The Python ``int`` or ``float`` that ``value`` is or holds (a real 0-d array or
+    scalar of a supported library, never a ``bool``); ``None`` otherwise. A float16 or
+    float32 reads as its ``repr`` shows it: ``np.float32(0.01)`` is ``0.01``."""
     if type(value) is int or type(value) is float:
         return value
     if not (isinstance(value, np.generic) or backends.library(value) is not None):

@@ -55,16 +55,8 @@ class Muon(Rule):
     ``sqrt(max(1, rows/cols))`` (its ``adjust_lr_fn="original"``), the weight decay
     decoupled (``x*(1 - eta*lambd)``), and Newton–Schulz run in bfloat16 whatever the
     parameter's dtype, each product accumulated in float32 and rounded once to bfloat16
-    (``torch.addmm``'s arithmetic), the result cast back. PyTorch runs torch's own kernels
-    (``torch.lerp``; bfloat16 ``bmm`` and ``baddbmm``, which give the numbers of its ``mm``
-    and ``addmm`` but for products of under 400 multiplications): parameters agree with
-    torch's to float32 rounding. JAX rounds as those kernels do (through
-    ``reduce_precision``, which ``jit`` keeps); NumPy, which has no bfloat16, computes in
-    float32 and rounds to bfloat16's values after each operation. There a value that
-    comes out one float32 bit off torch's (a momentum, a product summed in another order)
-    may round to another bfloat16, and the steps then differ by bfloat16's rounding: up to
-    2e-3 of a step's size after 12 steps in ``tests/test_rules_torch_ref.py``, which
-    allows 1e-2.
+    (``torch.addmm``'s arithmetic), the result cast back. NumPy, which has no bfloat16,
+    rounds float32 results to bfloat16's values after each operation.
 
     Only real matrices: :func:`~optimisers.setup` refuses another rank, or a complex
     matrix, naming its path (:meth:`refuses`); give those arrays another rule, as
@@ -165,14 +157,12 @@ class Adafactor(Rule):
     ``step = eta*lambd*x + alpha * u / max(1, rms(u)/d)``, ``rms`` over the whole array.
     With ``epsilon[0] = None``, ``eps1`` is the machine epsilon of ``x``'s dtype.
 
-    As ``torch.optim.Adafactor`` (to float32 rounding), which differs from the paper in
-    three places kept here: ``eta`` caps the relative step size (the paper's 0.01) and
-    scales the weight decay, decoupled (``x*(1 - eta*lambd)``); ``eps1`` floors ``v``
-    and the row mean, not each squared gradient; and the means replace the paper's sums.
-    Complex parameters, which torch refuses, are trained with ``|g|^2 = g*conj(g)``. The
-    state is ``(R, C, t)``, or ``(v, None, t)`` for an array of fewer than 2 dimensions or
-    of no elements: O(rows + cols) numbers per matrix. An array of no elements (a ``(0, 5)``
-    matrix), which torch refuses, takes an empty step (its ``rms`` is 0).
+    As ``torch.optim.Adafactor`` (to float32 rounding), which differs from the paper:
+    ``eta`` caps the relative step size (the paper's 0.01) and scales the decoupled weight
+    decay; ``eps1`` floors ``v`` and the row mean, not each squared gradient; means replace
+    sums. Unlike torch, complex parameters train (``|g|^2 = g*conj(g)``) and an array of no
+    elements takes an empty step. The state is ``(R, C, t)``, or ``(v, None, t)`` for an
+    array of fewer than 2 dimensions or no elements.
 
     Args:
         eta: the cap of the relative step size ``min(eta, 1/sqrt(t))``, and the weight

@@ -53,19 +53,11 @@ class ScheduleFreeAdamW(Rule):
     ``x = (y - (1-b1)*z) / b1``, the point to evaluate at.
 
     The steps of ``optax.contrib.schedule_free_adamw(eta, warmup_steps=warmup, b1, b2,
-    eps, weight_decay=lambd, weight_lr_power)``, its parameters and
-    ``schedule_free_eval_params`` both, to rounding: optax computes the scalars (the
-    weights, ``b2^t``) in the parameter's dtype, here they are float64 for a NumPy or
-    PyTorch parameter. ``warmup=0`` is optax's ``warmup_steps=None`` (optax's ``0`` keeps
-    the rate at 0 for good). As in optax, ``z`` steps with the previous step's rate
-    during warmup (``eta_0 = 0``: the first step moves nothing) while the weights take
-    the current one; the authors' PyTorch code takes the current rate for both. ``b1``
-    must be positive (``x`` is recovered by dividing by it). Complex parameters step
-    alike. ``warmup`` is a whole number, a static field under ``jax.jit`` as
-    :class:`AccumGrad`'s ``n`` is; the other numbers are data (``adjust`` never
-    re-traces). The choices between scalars (the larger rate, the warmup's ramp) are
-    arithmetic (:func:`select`), so that the code generator follows ``apply`` and the
-    rule runs fused.
+    eps, weight_decay=lambd, weight_lr_power)`` and its ``schedule_free_eval_params``, to
+    rounding (optax's scalars are in the parameter's dtype, here float64 on NumPy and
+    PyTorch). ``warmup=0`` is optax's ``warmup_steps=None``; as in optax, ``z`` steps with
+    the previous step's rate during warmup. ``b1`` must be positive. ``warmup`` is a
+    static field under ``jax.jit``; the other numbers are data.
 
     Example:
         >>> import numpy as np

@@ -1,22 +1,10 @@
 """Schedules: a hyper-parameter as a function of the step count.
 
-Each schedule is a frozen dataclass whose fields are its numbers (and, for :class:`Warmup`
-and :class:`Join`, the schedules it is made of), so it prints, compares, hashes and
-checkpoints as a rule does, and its fields are checked at construction with the rules'
-:func:`~optimisers.rules.fields.hyperparameter` declarations. Called on a step count ``t``
-counting from 0, it returns the value for that step:
-
-- a Python ``int`` (or a NumPy scalar) gives a Python ``float``: the closed form computed
-  in double precision with ``math``;
-- a NumPy, PyTorch or JAX array (0-d) gives an array of that library, computed with the
-  backend's ``where``, ``minimum``, ``maximum`` and ``cos``, and never a Python ``if`` on
-  ``t``: a schedule evaluates under ``jax.jit`` with ``t`` traced.
-
-With JAX, every schedule is a pytree whose numbers (``steps`` and ``boundaries`` included)
-are all leaves, so that a jitted function of a schedule traces once for any numbers of the
-same class (``backends/jax.py``, :func:`~optimisers.backends.jax.register_schedule`). As
-for rules, that holds once the JAX backend is loaded: at ``import optimisers`` when JAX was
-imported first, else when optimisers first sees a JAX array.
+Each schedule is a frozen dataclass of its numbers (checked as a rule's hyper-parameters):
+it prints, compares, hashes and checkpoints as a rule does. Called on a step count ``t``
+from 0, it returns a Python ``float`` for an ``int``, or a 0-d array of ``t``'s library,
+computed without a Python ``if`` on ``t`` (so it runs under ``jax.jit``; with JAX every
+schedule is a pytree whose numbers are leaves).
 
 The values are those of optax and ``torch.optim.lr_scheduler`` (``tests/test_schedules.py``
 compares them at many steps):

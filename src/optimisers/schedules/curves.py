@@ -355,10 +355,8 @@ class OneCycle(Schedule):
     the fall at step ``steps - 1``. From there on the value stays ``end`` (torch's goes
     on along the cosine for one step, then raises).
 
-    The momentum that ``OneCycleLR`` cycles against the rate (``cycle_momentum=True``, its
-    default: ``Momentum.rho``, ``Adam.beta[0]``) is ``OneCycle(base_momentum, steps,
-    start=max_momentum, end=max_momentum)``: by default ``OneCycle(0.85, steps,
-    start=0.95, end=0.95)``, down while the rate rises, then up again.
+    ``OneCycleLR``'s cycled momentum (``Momentum.rho``, ``Adam.beta[0]``) is by default
+    ``OneCycle(0.85, steps, start=0.95, end=0.95)``, down while the rate rises, then up.
 
     Args:
         peak: the value at the end of the rise (the highest rate; the lowest momentum).
