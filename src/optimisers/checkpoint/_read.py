@@ -426,7 +426,7 @@ class Reader:
         else:
             ref = like if is_array else place if place is not None else self.default()
             out = _place(arr, name, bits, ref, kp, sub, j.get("weak") is True,
-                         like_name if is_array else None)
+                         like_name)
         self.arrays[idx] = (j, owner, f"{kp!r}, state{sub}", out)
         return out
 

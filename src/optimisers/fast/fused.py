@@ -36,7 +36,7 @@ from typing import Any
 from optimisers import backends
 from optimisers.gather import Entry
 from optimisers.reduce import given, places
-from optimisers.rules import EMA, MixedPrecision, NewValue, OptimiserChain, Rule, call, ngrads
+from optimisers.rules import EMA, MixedPrecision, NewValue, OptimiserChain, Rule, ngrads
 from optimisers.schedules import at, timed
 from optimisers.tree import keys_shown
 
@@ -138,7 +138,6 @@ class Node(tuple):
 
 
 ARRAY = object()  # where a state holds an array
-_ARRAY_TYPES: dict[type, bool] = {}  # whether a type is an array type, asked once per type
 
 
 def signature(state: Any, out: list) -> Any:
@@ -151,11 +150,7 @@ def signature(state: Any, out: list) -> Any:
         n = len(out)
         parts = [signature(s, out) for s in state]
         return Node(parts) if len(out) > n else state
-    cls = type(state)
-    isarray = _ARRAY_TYPES.get(cls)
-    if isarray is None:
-        isarray = _ARRAY_TYPES[cls] = backends.library(state) is not None
-    if isarray:
+    if backends.library(state) is not None:
         out.append(state)
         return ARRAY
     return state
@@ -248,7 +243,7 @@ class Group:
         slots = list(zip(*self.arrays))  # per state array: one per member
         joined = self._buffers(slots)
         views = [self._shaped(flat, parts[0]) for (flat, _), parts in zip(joined, slots)]
-        state, d = self.now.apply(_fill(self.sig, iter(views)), x, *(g,)[:self.ngrads])
+        state, d = self._apply(_fill(self.sig, iter(views)), x, g)
         out: list = []
         newsig = signature(state, out)
         for k, (parts, (_, isview), view, now) in enumerate(zip(slots, joined, views, out)):
@@ -271,6 +266,10 @@ class Group:
         else:
             for leaf, y in zip(self.leaves, xp.split_like(d, self.xs)):
                 new[id(leaf)] = y
+
+    def _apply(self, state: Any, x: Any, g: Any) -> tuple[Any, Any]:
+        """The rule at this step's clock applied, given the gradient if it takes one."""
+        return self.now.apply(state, x, *(g,)[:self.ngrads])
 
     def _buffers(self, slots: list) -> list:
         """``xp.joined`` of each state slot's parts, the packed buffers found last step
@@ -320,7 +319,7 @@ class Group:
         """Step ``(x, g, state parts)`` pieces in place; return the new signature."""
         xp, newsig = self.xp, None
         for x, g, parts in pieces:
-            state, d = call(self.now, _fill(self.sig, iter(parts)), x, (g,))
+            state, d = self._apply(_fill(self.sig, iter(parts)), x, g)
             out: list = []
             newsig = signature(state, out)
             for part, now in zip(parts, out):
