@@ -1,12 +1,7 @@
 """The tree protocol: what the children of a node are, and how to rebuild it.
 
-Everything else in ``optimisers`` walks models through these few functions, so a new
-kind of node (a registered class, an ``nn.Module``) works everywhere once it works here.
-Tuples, lists, mappings and dataclasses are nodes by type; any other class becomes one
-through one registry: :func:`register` (a class whose attributes are its children), or
-:func:`register_node` (a :class:`Node` of functions), which the backends of array
-libraries use for their own model classes (``nn.Module``, flax's ``nnx.Module``) the
-first time an object of that library is met. This file names no library.
+Tuples, lists, mappings and dataclasses are nodes by type; any other class through one
+registry (:func:`register`, :func:`register_node`). This file names no library.
 """
 
 from __future__ import annotations
@@ -30,10 +25,8 @@ T = TypeVar("T")
 
 
 class Node(NamedTuple):
-    """Node(children=None, rebuild=None, trainable=None, getter=None, wrapper=None,
-    assign=None, mutable=None): how the tree protocol treats the instances of a class
-    given to :func:`register_node`. Each field is a function, or ``None`` for what the
-    protocol does for any object of that type (a mapping's items, a dataclass's fields).
+    """Node(children=None, rebuild=None, ...): how the tree protocol treats the instances
+    of a class given to :func:`register_node`; ``None`` fields do what the type would.
 
     Example:
         >>> Node(trainable=lambda x, kids: ()).children is None
@@ -53,19 +46,16 @@ class Node(NamedTuple):
     assign: Callable[[Any, Mapping], bool] | None = None
     """``assign(x, new_children) -> whether x`` (a cell made to be written) took them."""
     mutable: bool | None = None
-    """Whether the instances are mutable (so that identity means a tie); ``None``: as for
-    any object of their type."""
+    """Whether the instances are mutable (identity means a tie); ``None``: by type."""
 
 
-# cls -> its Node: the registry that register and register_node write, looked up along
-# a class's MRO (and cached by class in _FOUND, emptied whenever the registry changes)
+# cls -> its Node, looked up along the MRO (cached in _FOUND, emptied on each change)
 _REGISTRY: dict[type, Node] = {}
 _FOUND: dict[type, Node | None] = {}
 
 
 def _node(cls: type) -> Node | None:
-    """The Node registered for ``cls`` or its nearest base, or ``None``. The backends of
-    the libraries that ``cls`` comes from register theirs first (``backends.register_nodes``)."""
+    """The Node registered for ``cls`` or its nearest base (backends register theirs first)."""
     try:
         return _FOUND[cls]
     except KeyError:
@@ -84,9 +74,8 @@ def children(x: Any) -> dict:
     """children(x) -> dict mapping each child's key to the child; empty for a leaf.
 
     Tuples and lists have keys ``0..n-1``; mappings their own keys; namedtuples,
-    dataclasses (equinox modules too) and registered classes their field names; a
-    ``torch.nn.Module`` its parameters, buffers and submodules; a flax ``nnx.Module`` its
-    data attributes and an ``nnx.Variable`` its ``"value"``. Anything else is a leaf.
+    dataclasses and registered classes their field names; a ``torch.nn.Module`` its
+    parameters, buffers and submodules. Anything else is a leaf.
 
     Example:
         >>> children((10, [20]))
@@ -123,8 +112,7 @@ def isleaf(x: Any) -> bool:
 
 
 def child_getter(x: Any) -> Any:
-    """child_getter(x) -> how to read one child of ``x`` by key, ``get(x, key)``, without
-    building all its children (as :func:`children` does), for nodes of ``x``'s type.
+    """child_getter(x) -> ``get(node, key)``, reading one child of a node of ``x``'s type.
 
     Example:
         >>> import operator
@@ -140,9 +128,8 @@ def child_getter(x: Any) -> Any:
 
 
 def wrapper_name(x: Any) -> str | None:
-    """wrapper_name(x) -> the attribute under which a transparent wrapper holds the node it
-    wraps (torch.compile's ``"_orig_mod"``, DDP's ``"module"``), which key paths leave
-    out; ``None`` for any other node.
+    """wrapper_name(x) -> the attribute a transparent wrapper holds its node under
+    (DDP's ``"module"``), left out of key paths; ``None`` for any other node.
 
     Example:
         >>> wrapper_name({"a": 1}) is None
@@ -153,9 +140,7 @@ def wrapper_name(x: Any) -> str | None:
 
 
 def ispositional(x: Any) -> bool:
-    """ispositional(x) -> True for plain tuples and lists, whose keys are positions.
-
-    The state tree mirrors these as tuples and lists; every other node becomes a dict.
+    """ispositional(x) -> True for plain tuples and lists (a state tree keeps them so).
 
     Example:
         >>> ispositional((1, 2)), ispositional({"a": 1})
@@ -170,9 +155,15 @@ def ispositional(x: Any) -> bool:
 def rebuild(x: T, new_children: Mapping) -> T:
     """rebuild(x, new_children) -> a node like ``x`` with the given children replaced.
 
-    Keys not in ``new_children`` keep their old value. ``x`` is never mutated, and a
-    dataclass or registered class is copied, never re-initialised (``__init__`` and
-    ``__post_init__`` do not run again).
+    Keys not given keep their old value. ``x`` is never mutated; a dataclass or
+    registered class is copied, never re-initialised.
+
+    Args:
+        x: a node.
+        new_children: the children to replace, by key.
+
+    Returns:
+        The new node.
 
     Raises:
         ValueError: when a key is not one of ``x``'s children.
@@ -198,7 +189,7 @@ def rebuild(x: T, new_children: Mapping) -> T:
 
 
 def _rebuild_attributes(x: Any, new_children: Mapping) -> Any:
-    """A copy of ``x`` (never re-initialised) with the attributes ``new_children`` set."""
+    """A copy of ``x`` (never re-initialised) with some attributes set."""
     y = copy.copy(x)
     for k, v in new_children.items():
         object.__setattr__(y, k, v)
@@ -206,8 +197,7 @@ def _rebuild_attributes(x: Any, new_children: Mapping) -> Any:
 
 
 def _rebuild_known(x: Any, old: dict, new_children: Mapping) -> Any:
-    """:func:`rebuild` for the node kinds the protocol knows by type (tuples, lists,
-    mappings); ``None`` for any other object."""
+    """:func:`rebuild` for tuples, lists and mappings; ``None`` for any other object."""
     if isinstance(x, tuple):
         vals = [new_children.get(k, v) for k, v in old.items()]
         return type(x)(*vals) if _isnamedtuple(x) else type(x)(vals)
@@ -222,8 +212,8 @@ def _rebuild_known(x: Any, old: dict, new_children: Mapping) -> Any:
 
 
 def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
-    """A Mapping like ``x`` with some children replaced, never written into ``x``: a dict's
-    shallow copy is written; any other Mapping (``nnx.State``, ``FrozenDict``) is built."""
+    """A Mapping like ``x`` with some children replaced: a dict subclass's copy is written,
+    any other Mapping built from its items."""
     items = {k: new_children.get(k, v) for k, v in old.items()}
     if type(x) is dict:
         return items
@@ -245,11 +235,8 @@ def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
 
 
 def rebuild_(x: T, new_children: Mapping) -> T:
-    """rebuild_(x, new_children) -> ``x`` itself with the children replaced, where ``x`` is a
-    cell made to be written (a flax ``nnx.Variable``), else :func:`rebuild`'s new node.
-
-    What ``update_`` uses to put new arrays into a model: it writes into such a cell, so
-    the model changes where the user holds it, as the library's own optimiser would.
+    """rebuild_(x, new_children) -> ``x`` itself, written, where it is a cell made to be
+    written (a flax ``nnx.Variable``), else :func:`rebuild`'s new node.
 
     Example:
         >>> rebuild_([1, 2], {0: 10})
@@ -269,8 +256,10 @@ def register(cls: type, children: Iterable[str] | None = None,
         cls: the class whose instances become nodes.
         children: the attribute names that are children; ``None`` means all instance
             attributes (``vars(x)``).
-        trainable: the names of the children that an optimiser may train; ``None`` means
-            all of them.
+        trainable: the names of the children an optimiser may train; ``None``: all.
+
+    Returns:
+        ``cls``.
 
     Example:
         >>> class Affine:
@@ -290,16 +279,15 @@ def register(cls: type, children: Iterable[str] | None = None,
 
 
 def _attributes(names: tuple | None) -> Callable[[Any], dict]:
-    """``children`` of a registered class: the attributes ``names`` (all, for ``None``)."""
+    """``children`` of a registered class: the attributes ``names`` (``None``: all)."""
     if names is None:
         return lambda x: {n: getattr(x, n) for n in vars(x)}
     return lambda x: {n: getattr(x, n) for n in names}
 
 
 def register_node(cls: type, node: Node) -> type:
-    """register_node(cls, node) -> cls, whose instances (and its subclasses') the tree
-    protocol now reads and rebuilds with the functions of ``node``; the backends of array
-    libraries register their model classes so (``nn.Module``, flax's ``nnx.Module``).
+    """register_node(cls, node) -> cls, whose instances (and subclasses') the tree protocol
+    now reads and rebuilds with the functions of ``node``.
 
     Example:
         >>> class Cell:
@@ -336,15 +324,10 @@ def trainable(x: Any) -> tuple:
     """trainable(x) -> the keys of ``x``'s children that an optimiser may train.
 
     By default all keys. A class declares a subset with :func:`register` /
-    :func:`functor`, or with ``__trainable__``: a class attribute holding the key names,
-    or a method returning them (which may depend on the instance). Keys, not values:
-    two children holding the very same object are told apart by name. A legacy
-    ``__trainable__`` returning child *values* is converted by identity, with a
-    ``DeprecationWarning``. A ``torch.nn.Module`` trains its parameters that have
-    ``requires_grad`` and its submodules, never its buffers; an equinox ``StateIndex``
-    (where an equinox BatchNorm keeps its running statistics' first values) trains nothing.
-    A flax ``nnx.Variable`` trains its value when it is an ``nnx.Param``, never otherwise
-    (``BatchStat``), and an ``nnx.Module`` trains through its Variables only.
+    :func:`functor`, or ``__trainable__`` (the key names, or a method returning them). A
+    legacy ``__trainable__`` returning child *values* is converted by identity, with a
+    ``DeprecationWarning``. An ``nn.Module`` trains its parameters that have
+    ``requires_grad`` and its submodules, never its buffers.
 
     Example:
         >>> class BatchNorm:
@@ -373,8 +356,8 @@ def trainable(x: Any) -> tuple:
 
 
 def keys_shown(keys: Iterable, most: int = 8, show: Callable[[Any], str] = repr) -> str:
-    """``keys`` as an error message lists them, each as ``show`` writes it: the first
-    ``most``, then how many in all (a model of 2,000 arrays would otherwise print 2,000).
+    """keys_shown(keys, most=8) -> ``keys`` for an error message: the first ``most``, then
+    how many in all.
 
     Example:
         >>> keys_shown(range(3)), keys_shown(range(100), most=2)
@@ -408,8 +391,7 @@ def _as_keys(x: Any, kids: dict, declared: tuple) -> tuple:
 def isnumeric(x: Any) -> bool:
     """isnumeric(x) -> True for a floating or complex array of NumPy, PyTorch or JAX.
 
-    0-d arrays count; integer and boolean arrays, and Python or NumPy scalars, never do.
-    These are the arrays an optimiser trains.
+    0-d arrays count; integer and boolean arrays and scalars never do.
 
     Example:
         >>> import numpy as np
@@ -423,8 +405,7 @@ def isnumeric(x: Any) -> bool:
 def maywrite(x: Any) -> bool:
     """maywrite(x) -> True when the array ``x`` may be overwritten in place.
 
-    Writable NumPy arrays and PyTorch tensors may; JAX arrays and read-only
-    NumPy arrays may not, so rules return new arrays for them.
+    Writable NumPy arrays and PyTorch tensors may; JAX and read-only NumPy arrays may not.
 
     Example:
         >>> import numpy as np
@@ -444,9 +425,8 @@ _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), type, frozenset
 def ismutable(x: Any) -> bool:
     """ismutable(x) -> whether ``x`` can change after creation, so that identity means a tie.
 
-    Writable arrays, lists, dicts and ordinary objects are mutable; JAX arrays, read-only
-    NumPy arrays, tuples, numbers, strings and frozen dataclasses holding nothing mutable
-    are not. ``fmap`` and ``setup`` tie only mutable objects reached by several paths.
+    Writable arrays, lists, dicts and ordinary objects are; JAX arrays, read-only NumPy
+    arrays, tuples, numbers, strings and frozen dataclasses holding nothing mutable are not.
 
     Example:
         >>> import numpy as np

@@ -1,12 +1,9 @@
 """``torch.nn.Module`` as a node of the tree protocol, and the wrappers that stay out of sight.
 
 A module's children are its parameters, buffers and submodules; it trains its parameters
-that have ``requires_grad`` and its submodules, never its buffers. A wrapper that only
-holds another module (``torch.compile``'s ``OptimizedModule``, ``DistributedDataParallel``,
-``DataParallel``) is transparent: its children, trainable keys and so its paths are the
-wrapped module's own, so a state tree, a ``where=`` pattern and a checkpoint are the same
-for the plain and the wrapped module. :func:`register_nodes` registers ``nn.Module`` with
-``tree.py`` (the torch backend's ``protocol.Nodes``).
+that have ``requires_grad`` and its submodules. A wrapper (``torch.compile``'s
+``OptimizedModule``, ``DistributedDataParallel``, ``DataParallel``) is transparent: its
+children, and so its paths, are the wrapped module's own.
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ def _inner_name(cls: type) -> str | None:
 
 
 def unwrapped(m: nn.Module) -> nn.Module:
-    """unwrapped(m) -> the module that ``m`` wraps, through any number of wrappers; ``m``
-    itself when it is no wrapper.
+    """unwrapped(m) -> the module ``m`` wraps, through any number of wrappers, or ``m``.
 
     Example:
         >>> lin = nn.Linear(2, 1)
@@ -59,9 +55,8 @@ def unwrapped(m: nn.Module) -> nn.Module:
 
 
 def wrapper_name(x: Any) -> str | None:
-    """wrapper_name(x) -> the attribute under which the wrapper ``x`` holds the module it
-    wraps (``"_orig_mod"``, ``"module"``): a part of the names that ``named_parameters()``
-    gives, which key paths leave out; ``None`` when ``x`` is no wrapper.
+    """wrapper_name(x) -> the attribute the wrapper ``x`` holds its module under (left out
+    of key paths); ``None`` when ``x`` is no wrapper.
 
     Example:
         >>> wrapper_name(nn.DataParallel(nn.Linear(2, 1))), wrapper_name(nn.Linear(2, 1))
@@ -71,8 +66,7 @@ def wrapper_name(x: Any) -> str | None:
 
 
 def module_children(m: nn.Module) -> dict:
-    """module_children(m) -> dict of ``m``'s parameters, buffers and submodules by name;
-    for a wrapper, those of the module it wraps.
+    """module_children(m) -> ``m``'s parameters, buffers and submodules (a wrapper's module's).
 
     Example:
         >>> list(module_children(nn.Linear(2, 1)))
@@ -83,9 +77,7 @@ def module_children(m: nn.Module) -> dict:
 
 
 def child_getter(m: nn.Module) -> Callable[[nn.Module, str], Any]:
-    """child_getter(m) -> a function ``(module, key) -> module_children(module)[key]`` for
-    modules of ``m``'s class, that builds no dict of all the children (the cached plan of
-    ``update_`` reads a module's children one key at a time, at every step).
+    """child_getter(m) -> ``get(module, key)`` for modules of ``m``'s class, building no dict.
 
     Example:
         >>> lin = nn.Linear(2, 1)
@@ -107,9 +99,7 @@ def _wrapped_child(m: nn.Module, k: str) -> Any:
 
 
 def module_trainable(m: nn.Module) -> tuple:
-    """module_trainable(m) -> the keys an optimiser may train: the parameters that have
-    ``requires_grad`` and the submodules, never the buffers; for a wrapper, those of the
-    module it wraps.
+    """module_trainable(m) -> the parameters that have ``requires_grad``, and the submodules.
 
     Example:
         >>> bn = nn.BatchNorm1d(2)
@@ -126,17 +116,13 @@ def rebuild_module(m: nn.Module, new_children: Mapping) -> nn.Module:
     """rebuild_module(m, new_children) -> a new module like ``m`` with some parameters,
     buffers or submodules replaced.
 
-    ``m`` is never mutated: the copy gets its own ``_parameters``, ``_buffers``,
-    ``_modules`` (and hook) dicts. A new parameter value that is a plain tensor is wrapped
-    as ``nn.Parameter`` with the old one's ``requires_grad``, unless it is the differentiable
-    result of a computation (then it is kept as it is, so gradients flow through it).
-    A wrapper is rebuilt around the rebuilt module it wraps: a compiled module stays
-    compiled, with the same compiler settings.
+    ``m`` is never mutated. A plain tensor becomes an ``nn.Parameter`` with the old
+    one's ``requires_grad``, unless it is a differentiable result (kept, so gradients
+    flow). A wrapper is rebuilt around the rebuilt module (a compiled one stays compiled).
 
     Raises:
-        TypeError: for a ``DistributedDataParallel``, whose gradient reducer holds the old
-            parameters, and a module that ``fully_shard`` (FSDP2) sharded, whose state
-            holds them: step those in place with ``update_``.
+        TypeError: for a ``DistributedDataParallel`` or a ``fully_shard``-ed module, which
+            hold the old parameters: step those in place with ``update_``.
 
     Example:
         >>> lin = nn.Linear(2, 1)
@@ -183,8 +169,7 @@ def _rebuilt(m: nn.Module, new_children: Mapping) -> nn.Module:
     return y
 
 
-# id(tensor) -> (weakref to it, weakref to its Parameter): one tensor placed in several
-# modules (a tie, as fmap and re(v) place it) becomes one Parameter, so the tie survives.
+# id(tensor) -> (weakref to it, weakref to its Parameter): a tied tensor gets one Parameter
 _WRAPPED: dict[int, tuple[weakref.ref, weakref.ref]] = {}
 
 
@@ -205,9 +190,7 @@ def _as_parameter(v: Any, old: Any) -> Any:
 
 @functools.cache  # once: again, it would change nothing
 def register_nodes() -> None:
-    """register_nodes(): ``nn.Module`` (and every subclass) as a node of the tree protocol,
-    read and rebuilt by the functions above. Called by the backends' registry before the
-    tree protocol first looks at an object of PyTorch.
+    """register_nodes(): ``nn.Module`` (and subclasses) as a node of the tree protocol.
 
     Example:
         >>> from optimisers.tree import children
@@ -223,8 +206,8 @@ def register_nodes() -> None:
 
 
 def hasmodule(model: Any) -> bool:
-    """hasmodule(model) -> whether ``model`` is, or holds, an ``nn.Module`` or a tensor that
-    requires grad: a PyTorch model whose gradients ``update_`` may read from ``.grad``.
+    """hasmodule(model) -> whether ``model`` is or holds an ``nn.Module`` or a tensor that
+    requires grad (whose ``.grad`` ``update_`` may read).
 
     Example:
         >>> hasmodule([nn.Linear(1, 1)]), hasmodule([torch.zeros(1)])
@@ -246,14 +229,10 @@ def hasmodule(model: Any) -> bool:
 
 
 def module_grads(model: Any) -> Any:
-    """module_grads(model) -> the gradient tree that ``update_(tree, model)`` uses when no
-    gradient is given.
+    """module_grads(model) -> the tree of ``.grad``s that ``update_(tree, model)`` reads.
 
-    Mirrors the model with ``dict``s keyed by child names, holding each trainable
-    tensor's ``.grad``. Autograd has already summed the gradient of a tied parameter over
-    its uses, so it is given once, at the first trainable path in walk order, and
-    ``None`` at the others: the state tree's gathering, which sums what arrives at a
-    shared Leaf, then counts it once.
+    ``dict``s keyed by child names; a tied parameter's gradient (summed by autograd)
+    only at its first path, ``None`` at the others.
 
     Example:
         >>> lin = nn.Linear(2, 1)

@@ -1,10 +1,7 @@
 """What every backend computes alike, written once over its primitives.
 
-Each function takes the backend module first (``xp``: ``numpy``, ``torch`` or ``jax`` of
-this package) and uses only functions of the protocol (``protocol.Backend``) on it; each
-backend binds them to itself, ``abs2 = functools.partial(common.abs2, <its module>)``, so
-that rules call ``xp.abs2(g)``. The results are those of the library's own operations in
-the same order: bit for bit what a backend written out in full would give.
+Each function takes the backend module first; each backend binds them to itself
+(``abs2 = functools.partial(common.abs2, <its module>)``), so rules call ``xp.abs2(g)``.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from optimisers.backends.registry import istraced
 __all__ = ["FLOAT16_EPS", "abs2", "clip", "norm", "eps"]
 
 FLOAT16_EPS = 1e-7
-"""The smallest non-zero epsilon a float16 computation takes: a smaller one (Adam's 1e-8)
-rounds to zero in float16, and a denominator ``sqrt(v) + eps`` could then be zero."""
+"""The smallest non-zero epsilon in float16 (Adam's 1e-8 would round to zero there)."""
 
 
 def abs2(xp: Any, g: Any) -> Any:
@@ -34,8 +30,7 @@ def abs2(xp: Any, g: Any) -> Any:
 
 
 def clip(xp: Any, g: Any, lo: Any, hi: Any) -> Any:
-    """clip(xp, g, lo, hi) -> ``g`` clamped to ``[lo, hi]``; a complex ``g`` has its real and
-    imaginary parts clamped each (NumPy's own clip orders complex numbers instead).
+    """clip(xp, g, lo, hi) -> ``g`` clamped to ``[lo, hi]``, complex parts each.
 
     Example:
         >>> import numpy as np
@@ -49,9 +44,8 @@ def clip(xp: Any, g: Any, lo: Any, hi: Any) -> Any:
 
 
 def norm(xp: Any, g: Any, p: float) -> Any:
-    """norm(xp, g, p) -> the ``p``-norm of all of ``g``, a 0-d array of its real dtype:
-    ``(sum |g|^p)^(1/p)``; for ``p = 0`` the number of non-zeros, for ``p = inf`` the largest
-    ``|g|`` (0 for an empty ``g``), for ``-inf`` the smallest (``inf`` for an empty ``g``).
+    """norm(xp, g, p) -> the ``p``-norm of all of ``g``, a 0-d array of its real dtype
+    (``p = 0``: the number of non-zeros; ``inf``: the largest ``|g|``, 0 for none).
 
     Example:
         >>> import numpy as np
@@ -72,8 +66,8 @@ def norm(xp: Any, g: Any, p: float) -> Any:
 
 
 def eps(xp: Any, x: Any, e: Any) -> Any:
-    """eps(xp, x, e) -> the epsilon ``e`` as a hyper-parameter of ``x`` (``xp.hyper``); for a
-    float16 ``x`` a non-zero ``e`` is floored at :data:`FLOAT16_EPS` (a traced ``e`` too).
+    """eps(xp, x, e) -> ``e`` as a hyper-parameter of ``x``, floored at :data:`FLOAT16_EPS`
+    for a float16 ``x``.
 
     Example:
         >>> import numpy as np
@@ -88,8 +82,7 @@ def eps(xp: Any, x: Any, e: Any) -> Any:
 
 
 def _floored(xp: Any, e: Any) -> Any:
-    """A non-zero ``e`` at least :data:`FLOAT16_EPS`: by ``max`` where its value is known, by
-    ``where`` for a value traced under ``jax.jit``."""
+    """A non-zero ``e`` at least :data:`FLOAT16_EPS` (by ``where`` when traced)."""
     if istraced(e):
         return xp.where(e != 0, xp.maximum(e, FLOAT16_EPS), e)
     return max(e, FLOAT16_EPS) if e else e

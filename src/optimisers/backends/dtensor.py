@@ -1,17 +1,9 @@
-"""PyTorch's sharded tensors (``torch.distributed.tensor.DTensor``, FSDP2's parameters):
-the torch backend's function set, with a rule's state allocated as ``DTensor``s of its
-parameter's placements and every fused group stepped on the local shards.
+"""PyTorch's sharded tensors (``DTensor``, FSDP2's parameters): the torch backend's
+functions, with state placed as its parameter and fused groups stepped on local shards.
 
-A rule's formula sees ``DTensor``s on the plain path, where torch's own sharding
-propagation runs each operation on the local shards (a norm's partial sums are added
-across ranks there, so that ``ClipNorm`` clips by the whole gradient's norm). A fused
-group (``fast/fused.py``) concatenates, packs and steps the local shards only: its
-arrays are plain tensors (each ``DTensor``'s local part, by :func:`local`), so each
-operation of the group runs on each rank's own memory, and every operation of an
-elementwise rule is the one it would run on that shard alone. Nothing is ever gathered,
-except for a rule that asks for whole arrays (:func:`gathered`, by
-``backends.on_whole``) and by :func:`host` (a checkpoint in the library's own file, which
-holds whole arrays).
+On the plain path torch's sharding propagation runs each operation on the local shards; a
+fused group steps the local shards (:func:`local`) only. Nothing is gathered, except for
+a rule that asks for whole arrays (:func:`gathered`) and by :func:`host`.
 """
 
 from __future__ import annotations
@@ -30,56 +22,20 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_ten
 from optimisers.backends import common
 from optimisers.backends import torch as _torch
 from optimisers.backends.packs import Packs
-from optimisers.backends.torch import (  # noqa: F401 (the protocol, as the torch backend has it)
-    CONCATENATES,
-    FUSES_ITSELF,
-    abs,
-    add,
-    astype,
-    clamp,
-    complement,
-    complex_from,
-    concat,
-    conj,
-    copy,
-    cos,
-    count_nonzero,
-    dtype_name,
-    dtype_name_of,
-    full_like,
-    iscomplex,
-    isfinite,
-    isfloating,
-    ishalf,
-    isnumber,
-    machine_epsilon,
-    matmul,
-    matmul_add,
-    maywrite,
-    mean,
-    minimum,
-    real,
-    settle,
-    shape,
-    sign,
-    to_bfloat16,
-    todtype,
-    transpose,
-    vector_norm,
-    where,
-    zeros_like,
-)
+from optimisers.backends.torch import CONCATENATES, FUSES_ITSELF, copy  # noqa: F401
 from optimisers.rules import NewValue
 
 Array = DTensor
 
 
-def local(t: Any) -> Any:
-    """local(t) -> the part of the ``DTensor`` ``t`` that this process holds (a plain tensor
-    sharing its memory); ``t`` itself when it is a plain tensor.
+def __getattr__(name: str) -> Any:
+    """Every other function of the protocol is the torch backend's, on ``DTensor``s."""
+    return getattr(_torch, name)
 
-    Read without autograd, where ``to_local()`` gives the very tensor the ``DTensor`` holds
-    (a Parameter's, a new view of it at each call).
+
+def local(t: Any) -> Any:
+    """local(t) -> the part of the ``DTensor`` ``t`` this process holds, sharing its memory
+    (read without autograd); ``t`` itself when it is a plain tensor.
 
     Example:
         >>> local(torch.ones(2))
@@ -92,9 +48,8 @@ def local(t: Any) -> Any:
 
 
 def dressed(shard: torch.Tensor, like: DTensor) -> DTensor:
-    """dressed(shard, like) -> a ``DTensor`` holding ``shard`` (no copy) as this process's
-    part of an array placed as ``like`` is: the same device mesh, placements, shape and
-    strides. No communication: every process dresses its own shard.
+    """dressed(shard, like) -> a ``DTensor`` holding ``shard`` (no copy, no communication)
+    as this process's part of an array placed as ``like`` is.
 
     Example:
         >>> import torch.distributed as dist
@@ -112,8 +67,7 @@ def dressed(shard: torch.Tensor, like: DTensor) -> DTensor:
 
 
 def hyper(x: Array, *values: Any) -> tuple:
-    """Hyper-parameters as Python floats; a tensor value (a schedule's, evaluated on a
-    tensor step) made a ``DTensor`` replicated over ``x``'s mesh."""
+    """Hyper-parameters as Python floats; a tensor one replicated over ``x``'s mesh."""
     return tuple(_replicated(v, x) if isinstance(v, torch.Tensor) else float(v)
                  for v in values)
 
@@ -127,9 +81,8 @@ def _replicated(v: torch.Tensor, x: Array) -> DTensor:
 
 
 def cast(x: Any, like: Array) -> Array:
-    """``x`` (a ``DTensor``, or a whole tensor, NumPy array or number that every process
-    holds alike) as a ``DTensor`` of ``like``'s dtype and placements; no copy when it
-    already is one."""
+    """``x`` (a ``DTensor``, or a value every process holds alike) as a ``DTensor`` of
+    ``like``'s dtype and placements."""
     if isinstance(x, DTensor):
         return x if x.dtype == like.dtype else x.to(like.dtype)
     whole = _torch.cast(x, local(like))
@@ -137,20 +90,17 @@ def cast(x: Any, like: Array) -> Array:
 
 
 def like(y: Any, x: Array) -> Array:
-    """``y`` (a ``DTensor``, or this process's shard of one placed as ``x``) made a new
-    parameter as ``x`` is one (see the torch backend's ``like``)."""
+    """``y`` (a ``DTensor``, or this process's shard of one) made a parameter like ``x``."""
     return _torch.like(y if isinstance(y, DTensor) else dressed(y, x), x)
 
 
 def amax(a: Array) -> Array:
-    """The largest element, a ``DTensor`` replicated over ``a``'s mesh: each process's
-    largest (``-inf`` where it holds none), then the largest of those; 0 for an empty
-    ``a`` (the torch backend's)."""
+    """The largest element, a ``DTensor`` replicated over ``a``'s mesh (0 for an empty ``a``)."""
     return _extreme(a, torch.amax, -math.inf, "max")
 
 
 def sqrt(x: Array, out: Array | None = None) -> Array:
-    return torch.sqrt(x)  # (out: sharding propagation refuses some outs, so none is used)
+    return torch.sqrt(x)  # (no out: sharding propagation refuses some)
 
 
 def rsqrt(x: Array, out: Array | None = None) -> Array:
@@ -170,9 +120,7 @@ def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
 
 
 def allfinite(g: Array) -> Array:
-    """Whether every element is finite, over all processes' shards: ``0 * g`` is NaN
-    exactly where ``g`` is not, and the sum of its magnitudes (DTensor adds each
-    process's partial sum) keeps a NaN."""
+    """Whether every element is finite, over all shards: ``0 * g`` is NaN where ``g`` is not."""
     return norm(0 * g, 1.0) == 0
 
 
@@ -182,8 +130,7 @@ def amin(a: Array) -> Array:
 
 
 def _extreme(a: Array, reduce: Callable, none: float, op: str) -> Any:
-    """DTensor's own reduction asks every process for an element: a process holding none
-    of ``a`` (2 rows over 3 processes) would fail."""
+    """DTensor's own reduction fails on a process holding none of ``a``."""
     if not a.numel():
         return _torch.amax(a) if op == "max" else _torch.amin(a)
     shard = local(a)
@@ -202,16 +149,13 @@ eps = functools.partial(common.eps, _SELF)
 
 
 def assign(dst: Array, value: Any) -> Array:
-    """Write ``value`` into ``dst`` in place, placed as ``dst`` first (see
-    :func:`subtract`)."""
+    """Write ``value`` into ``dst`` in place, placed as ``dst`` first."""
     return _torch.assign(dst, _placed_as(value, dst))
 
 
 def subtract(x: Array, d: Any, inplace: bool) -> Array:
-    """``x - d`` (see the torch backend's), ``d`` placed as ``x`` first: sharding
-    propagation may replicate a step (a ``(1,)`` array times its own norm, also of shape
-    ``(1,)``), which an in-place write into a shard refuses; taking this process's part of
-    it needs no communication."""
+    """``x - d``, ``d`` placed as ``x`` first (sharding propagation may replicate a step,
+    which an in-place write into a shard refuses)."""
     return _torch.subtract(x, _placed_as(d, x), inplace)
 
 
@@ -221,8 +165,7 @@ def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
 
 
 def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
-    """The torch backend's, ``y`` (and ``b``, a norm of ``x``'s shape where ``x`` is
-    ``(1,)``) placed as ``x`` first (see :func:`subtract`)."""
+    """The torch backend's, ``b`` and ``y`` placed as ``x`` first."""
     return _torch.scaled_sum(a, x, _placed_as(b, x), _placed_as(y, x))
 
 
@@ -233,8 +176,7 @@ def _placed_as(v: Any, x: Array) -> Any:
 
 
 def gradtype(x: Array) -> type:
-    """The type of a gradient that needs no cast: FSDP2 gives a ``DTensor``'s gradient as
-    a ``DTensor``."""
+    """FSDP2 gives a ``DTensor``'s gradient as a ``DTensor``."""
     return DTensor
 
 
@@ -267,8 +209,7 @@ def flatcat(arrays: list) -> torch.Tensor:
 
 
 def packed(parts: tuple) -> list:
-    """``DTensor``s placed as ``parts`` whose local shards are views of one new buffer
-    holding the parts' shards."""
+    """``DTensor``s placed as ``parts``, their local shards views of one new buffer."""
     return _torch.pack_into(tuple(map(local, parts)), _PACKS,
                             lambda views: list(map(dressed, views, parts)))
 
@@ -289,9 +230,7 @@ def subtractor(xs: list) -> Callable[[torch.Tensor], None]:
 
 
 def split(v: torch.Tensor, stops: list, like: list) -> list:
-    """Consecutive segments of ``v`` (the local shards of a group, concatenated), each
-    shaped as the local shard of the matching ``DTensor`` in ``like``: where each ends
-    is counted from the shards (``stops``, from the whole arrays' sizes, is not used)."""
+    """Segments of ``v`` shaped as the local shards of ``like`` (``stops`` is not used)."""
     shards = list(map(local, like))
     return _torch.split(v, list(itertools.accumulate(s.numel() for s in shards)), shards)
 
@@ -313,11 +252,9 @@ def copier() -> Callable[[Any], Any]:
 
 
 def gathered(apply: Callable, state: Any, x: Array, *grads: Array) -> tuple[Any, Any]:
-    """gathered(apply, state, x, *grads) -> ``apply(state, x, *grads)`` computed on whole
-    arrays: each ``DTensor`` gathered (``full_tensor()``), the step computed by every
-    process alike, and each keeping its own part of the new state and of the step, placed
-    as ``x`` is (an array of another shape: replicated). For a rule whose step needs a
-    whole matrix (an orthogonalisation), declared by ``backends.on_whole``."""
+    """gathered(apply, state, x, *grads) -> ``apply`` on whole arrays (each ``DTensor``
+    gathered), each process keeping its part of the results, placed as ``x`` (another
+    shape: replicated)."""
     def placed(v: Any) -> Any:
         if not isinstance(v, torch.Tensor) or isinstance(v, DTensor):
             return v
@@ -334,8 +271,7 @@ def _whole(v: Any) -> Any:
 
 
 def _mapped(f: Callable, v: Any) -> Any:
-    """``f`` on each item of a state (nested tuples, lists and dicts) or a step
-    (a ``NewValue``'s value too)."""
+    """``f`` on each item of a state or step (a ``NewValue``'s value too)."""
     if isinstance(v, (tuple, list)):
         items = [_mapped(f, item) for item in v]
         return type(v)._make(items) if hasattr(type(v), "_make") else type(v)(items)
@@ -350,14 +286,12 @@ def _mapped(f: Callable, v: Any) -> Any:
 
 
 def host(a: Array, at: str) -> tuple[np.ndarray, str]:
-    """host(a, at) -> the whole array's values on the host (gathered from every process:
-    each must call it, as :func:`optimisers.save` does), as the torch backend gives them.
-    ``optimisers.state_dict`` keeps ``DTensor``s as they are instead."""
+    """host(a, at) -> the whole array's values on the host (a collective: every process
+    calls it, as :func:`optimisers.save` does)."""
     return _torch.host(a.full_tensor(), at)
 
 
 def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
-    """from_host(arr, ref, bits) -> the whole array ``arr`` (every process holding it alike)
-    as a ``DTensor`` placed as ``ref``: each process keeps its own part."""
+    """from_host(arr, ref, bits) -> the whole array ``arr`` as a ``DTensor`` placed as ``ref``."""
     whole = _torch.from_host(arr, local(ref), bits, weak)
     return distribute_tensor(whole, ref.device_mesh, ref.placements, src_data_rank=None)

@@ -1,9 +1,6 @@
-"""equinox: its ``nn.StateIndex`` trains nothing (``protocol.Nodes``).
+"""equinox: its ``nn.StateIndex`` (a BatchNorm's running statistics) trains nothing.
 
-An equinox module is a dataclass, a node of the tree protocol by type. A ``StateIndex``
-is where an equinox BatchNorm keeps the first values of its running statistics: never
-trained. This module imports equinox only when asked about an object of it, which only
-exists once the user has imported equinox.
+Equinox modules are dataclasses, nodes by type. Imports equinox only once the user has.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ __all__ = ["register_nodes"]
 
 
 def register_nodes() -> None:
-    """register_nodes(): ``equinox.nn.StateIndex`` as a node that trains nothing, once
-    ``equinox.nn`` is imported.
+    """register_nodes(): ``equinox.nn.StateIndex`` trains nothing, once it is imported.
 
     Example:
         >>> import equinox as eqx

@@ -1,20 +1,10 @@
 """flax: nnx Modules and Variables as nodes of the tree protocol, and linen's variables.
 
-An ``nnx.Module`` (any ``nnx.Pytree``: ``nnx.List``, ``nnx.Rngs`` too) is a node whose
-children are its data attributes, keyed as ``nnx.grad`` keys its ``State`` (``nnx.List``
-by position). An ``nnx.Variable`` is a node around its value, under the key ``"value"``;
-it is trainable when it is an ``nnx.Param`` (or a subclass), never otherwise (``BatchStat``,
-``Cache``, ``RngKey``, ...): trainable by kind, as ``nnx.Optimizer(..., wrt=nnx.Param)``.
-A module trains through its Variables only: a bare array among its attributes is left
-alone, as ``nnx.grad`` leaves it. The gradient ``nnx.grad`` returns, an ``nnx.State`` of
-``Param``s, mirrors the model (a Mapping keyed by child names, each ``Param`` an object of
-the model's own class), so ``update_`` reads it as it is.
-
-``update_`` writes a Variable's new value into it (``set_value``), as nnx's own optimiser
-does, so the module is updated in place, also inside ``nnx.jit``; ``update`` copies.
-:func:`register_nodes` registers these with ``tree.py`` (``protocol.Nodes``). This module
-imports flax only when asked about an object of it, which only exists once the user has
-imported flax.
+An ``nnx.Module`` (any ``nnx.Pytree``) is a node of its data attributes, keyed as
+``nnx.grad`` keys its ``State``; an ``nnx.Variable`` a node of its ``"value"``, trainable
+when it is an ``nnx.Param``. A module trains through its Variables only. ``update_``
+writes a Variable's new value into it, as nnx's own optimiser does. Imports flax only
+when asked about an object of it.
 """
 
 from __future__ import annotations
@@ -26,7 +16,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["isnode", "children", "child", "rebuild", "assign", "trainable", "check_trainable",
+__all__ = ["children", "child", "rebuild", "assign", "trainable", "check_trainable",
            "register_nodes"]
 
 _VALUE = "value"  # the one child of a Variable
@@ -50,23 +40,11 @@ def _kind(x: Any) -> str | None:
     return kind
 
 
-def isnode(x: Any) -> bool:
-    """isnode(x) -> True for an ``nnx.Module`` (any ``nnx.Pytree``) or ``nnx.Variable``.
-
-    Example:
-        >>> from flax import nnx
-        >>> isnode(nnx.Param(1.0)), isnode(nnx.Dropout(0.5)), isnode({"a": 1})
-        (True, True, False)
-    """
-    return _kind(x) is not None
-
-
 def children(x: Any) -> dict:
     """children(x) -> a Variable's ``{"value": value}``, or a module's data attributes.
 
-    A module's keys are its attribute names, or positions for ``nnx.List``, sorted, as
-    ``nnx.grad`` keys the ``State`` it returns; static attributes (numbers, functions) are
-    left out.
+    A module's keys are sorted, as ``nnx.grad`` keys its ``State``; static attributes
+    are left out.
 
     Example:
         >>> import jax.numpy as jnp
@@ -78,17 +56,14 @@ def children(x: Any) -> dict:
     """
     if _kind(x) == "variable":
         return {_VALUE: x.get_value()}
-    # sorted, as nnx orders them: nnx.grad and nnx.update re-create a module's attributes
-    # in that order, so the order they were assigned in does not last
+    # sorted: nnx.grad and nnx.update re-create a module's attributes in that order
     kids = {_key(x, name): v for name, v in vars(x).items() if _isdata(x, name)}
     return {k: kids[k] for k in sorted(kids)}
 
 
 def child(x: Any, key: Any) -> Any:
-    """child(x, key) -> ``children(x)[key]`` without building the others (a KeyError if absent).
-
-    How a training loop's cached plan reads a flax node: ``getattr`` would warn for a
-    Variable's ``value`` and fail on ``nnx.List``'s positions.
+    """child(x, key) -> ``children(x)[key]`` without building the others (``getattr``
+    would warn for a Variable and fail on ``nnx.List``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -119,9 +94,8 @@ def _key(x: Any, name: str) -> Any:
 def rebuild(x: Any, new_children: Mapping) -> Any:
     """rebuild(x, new_children) -> a new Variable or module like ``x``, ``x`` untouched.
 
-    A Variable is copied with its metadata (``Variable.copy``); a module is copied
-    attribute by attribute without running ``__init__``, with a fresh nnx state (as
-    ``jax.tree.unflatten`` makes it), so the copy may be changed where it is made.
+    A Variable is copied with its metadata; a module without running ``__init__``, with
+    a fresh nnx state (as ``jax.tree.unflatten`` makes it).
 
     Example:
         >>> import jax.numpy as jnp
@@ -142,11 +116,8 @@ def rebuild(x: Any, new_children: Mapping) -> Any:
 
 
 def assign(x: Any, new_children: Mapping) -> bool:
-    """assign(x, new_children) -> True when ``x`` is a Variable, now holding the new value.
-
-    What ``update_`` does to a Variable: it is nnx's mutable cell, so the model is updated
-    where the user holds it (inside ``nnx.jit`` too); ``False`` (nothing done) for a module,
-    which ``update_`` never needs to change once its Variables are written.
+    """assign(x, new_children) -> True when ``x`` is a Variable, now holding the new value;
+    ``False`` (nothing done) for a module.
 
     Example:
         >>> import jax.numpy as jnp
@@ -163,10 +134,8 @@ def assign(x: Any, new_children: Mapping) -> bool:
 
 
 def trainable(x: Any, kids: dict) -> tuple | None:
-    """trainable(x, kids) -> the trainable keys of a flax node, or ``None`` for another.
-
-    A Variable trains its value when it is an ``nnx.Param``; a module trains every child
-    but a bare array.
+    """trainable(x, kids) -> the trainable keys of a flax node (``None`` for another): a
+    Variable's value when it is an ``nnx.Param``; a module's children but bare arrays.
 
     Example:
         >>> import jax.numpy as jnp
@@ -187,8 +156,7 @@ def trainable(x: Any, kids: dict) -> tuple | None:
 
 def check_trainable(x: Any, kids: dict) -> None:
     """check_trainable(x, kids): a ``UserWarning`` for a linen ``variables`` dict (``params``
-    next to ``batch_stats``): training it whole would train the batch statistics too; pass
-    ``variables["params"]``.
+    next to ``batch_stats``), which would train the batch statistics too.
 
     Example:
         >>> check_trainable({"params": {}}, {"params": {}})  # no other collection: no warning
@@ -203,9 +171,8 @@ def check_trainable(x: Any, kids: dict) -> None:
 
 
 def register_nodes() -> None:
-    """register_nodes(): nnx's Modules (any ``nnx.Pytree``) and Variables as nodes of the
-    tree protocol, once ``flax.nnx`` is imported (else nothing, until it is). ``nnx.Dict``,
-    a Mapping, keeps a Mapping's children and only trains as a module does.
+    """register_nodes(): nnx's Modules and Variables as nodes of the tree protocol, once
+    ``flax.nnx`` is imported.
 
     Example:
         >>> from flax import nnx

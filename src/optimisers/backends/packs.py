@@ -1,17 +1,8 @@
-"""Packed state: one buffer per fused group with a view per Leaf (see ``fused.pack``).
+"""Packed state: one buffer per fused group with a view per Leaf (see ``fused.pack``),
+recorded by weak reference only, so that a fused step can use the whole buffer.
 
-A backend's ``packed`` makes the buffer and its views and records them here, by weak
-reference only: a checkpoint, a copied tree or a dropped tree never keeps a buffer
-alive, and its record goes when the buffer does. From any array, :meth:`Packs.find`
-tells whether it is such a view, so that a fused step can use the whole buffer in place
-of a concatenation and a copy of the tree can keep the layout.
-
-Each buffer has ``PAD`` spare bytes, so that its views can begin at a chosen place
-within a 4 KiB page: successive buffers (a group's first moments, its second moments,
-...) begin ``SLOTS`` apart. Where every stream of a step (parameter, gradient
-and each state) begins at the same address modulo 4096, as large allocations of the
-same sizes do, the processor mistakes loads for reloads of just-stored data (4K
-aliasing) and a bandwidth-bound step runs slower (benchmarks/README.md).
+Successive buffers begin ``SLOTS`` apart within a 4 KiB page, against 4K aliasing
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -28,17 +19,13 @@ _deref = weakref.ref.__call__
 PAD = 4096
 """Spare bytes at the front of each buffer: room to begin its data where it should."""
 SLOTS = (1024, 2048, 3072, 512, 1536, 2560, 3584)
-"""Where successive buffers' data begins, in bytes modulo 4096: away from 0, where large
-allocations (a model's own parameters and gradients) tend to begin, and from each
-other."""
+"""Where successive buffers' data begins, in bytes modulo 4096 (away from 0 and each other)."""
 _NEXT = itertools.cycle(SLOTS)
 
 
 class Packs:
-    """The packed buffers of one array library. ``base(a)`` is the buffer a view is of
-    (``a.base`` in NumPy, ``a._base`` in PyTorch) or ``None``; ``segment(buf, lo, n)``
-    the ``n`` elements of ``buf`` from ``lo``, as a view; ``address(buf)`` where its
-    data begins."""
+    """The packed buffers of one array library: ``base(a)`` the buffer a view is of,
+    ``segment(buf, lo, n)`` a view of ``n`` elements from ``lo``, ``address(buf)``."""
 
     def __init__(self, base: Callable[[Any], Any], segment: Callable[[Any, int, int], Any],
                  address: Callable[[Any], int]) -> None:
@@ -47,8 +34,7 @@ class Packs:
         self._records: dict[int, tuple] = {}
 
     def start(self, buf: Any, itemsize: int) -> int:
-        """The element of ``buf`` (made ``PAD`` bytes longer than needed) at which its
-        data should begin: the next of ``SLOTS``."""
+        """The element of ``buf`` (``PAD`` bytes longer) where its data should begin."""
         return (next(_NEXT) - self.address(buf)) % PAD // itemsize
 
     def add(self, buf: Any, lo: int, n: int, views: list) -> list:
@@ -71,8 +57,7 @@ class Packs:
         return record
 
     def whole(self, parts: tuple) -> Any:
-        """The buffer's data, as one flat view, when ``parts`` are exactly its views, in
-        order; else ``None``."""
+        """The buffer as one flat view when ``parts`` are exactly its views; else ``None``."""
         record = self._record(parts[0])
         if record is not None and len(record[1]) == len(parts) and all(
                 map(is_, map(_deref, record[1]), parts)):
@@ -81,8 +66,7 @@ class Packs:
 
     def copier(self, copy: Callable[[Any], Any], pack: Callable[[tuple], list]
                ) -> Callable[[Any], Any]:
-        """A function copying arrays with ``copy``, except that the views of one buffer
-        are copied together, by ``pack``, into one new buffer (once per buffer)."""
+        """A function copying arrays with ``copy``, the views of a buffer by ``pack``, together."""
         memo: dict[int, tuple[list, dict]] = {}
 
         def copy_(a: Any) -> Any:

@@ -1,14 +1,7 @@
-"""The backend interface, declared: what the core and the rules call on a backend module.
+"""The backend interface: what the core and the rules call on a backend module.
 
-A backend is a module (``backends/numpy.py``, ``torch.py``, ``jax.py``) that
-:func:`optimisers.backends.of` returns for an array of its library. Every backend provides
-all of :class:`Backend`, whose module constants ``CONCATENATES`` (NumPy, PyTorch: fused
-groups over flat concatenations, :class:`Grouping`) and ``FUSES_ITSELF`` (JAX,
-:class:`Fusing`) say which fused path ``fast/fused.py`` takes. Optional parts:
-:class:`Carrying` (parameters carry gradients), :class:`Nodes` (a library's own model
-classes), :class:`Checking`, :class:`Registering` (JAX's pytrees) and :class:`Sharding`
-(FSDP2's ``DTensor``); ``registry.py`` lists which library has which, and
-``tests/test_protocol.py`` checks every backend against these.
+Every backend (``backends.of(x)``) provides :class:`Backend`; the other protocols are
+optional parts, and ``tests/test_protocol.py`` checks every backend against them.
 """
 
 from __future__ import annotations
@@ -34,12 +27,10 @@ class Backend(Protocol):
     """
 
     CONCATENATES: bool
-    """Whether ``fused.Group`` steps groups of this backend's arrays over concatenations
-    (then the module provides :class:`Grouping` too)."""
+    """Whether fused groups step over concatenations (then it provides :class:`Grouping`)."""
 
     FUSES_ITSELF: bool
-    """Whether the backend groups and steps fusible entries itself (then the module
-    provides :class:`Fusing` too)."""
+    """Whether it groups and steps fusible entries itself (then it provides :class:`Fusing`)."""
 
     # --- what an array is -----------------------------------------------------------------
 
@@ -136,16 +127,8 @@ class Backend(Protocol):
         """``|x|`` elementwise."""
 
     def sqrt(self, x: Array, /, out: Array | None = None) -> Array:
-        """The square root elementwise.
-
-        Here and in :meth:`rsqrt`, :meth:`maximum`, :meth:`divide` and :meth:`multiply`,
-        ``out`` is an
-        array of the caller's own (a temporary it made, never a parameter, gradient or
-        state) of the result's shape and dtype, to write the result into, as NumPy's
-        ``out=``: a large temporary reused costs no new memory. JAX, whose arrays are
-        immutable, ignores it, and so do ``DTensor``s (whose sharding propagation refuses
-        some).
-        """
+        """The square root elementwise. Here and below, ``out`` is a temporary of the
+        caller's own to write the result into, as NumPy's ``out=`` (JAX ignores it)."""
 
     def rsqrt(self, x: Array, /, out: Array | None = None) -> Array:
         """``1 / sqrt(x)`` elementwise (one kernel where the library has one)."""
@@ -181,13 +164,10 @@ class Backend(Protocol):
         """A real ``x`` clamped to ``[lo, hi]``."""
 
     def lerp(self, a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
-        """``a + w*(b - a)`` elementwise, ``w`` a hyper-parameter, written into ``a`` when
-        ``inplace`` and it may be written (``torch.lerp``, ``lerp_``: one kernel with its
-        rounding on PyTorch)."""
+        """``a + w*(b - a)`` elementwise, written into ``a`` when ``inplace`` and allowed."""
 
     def scaled_sum(self, a: Any, x: Array, b: Any, y: Array) -> Array:
-        """``a*x + b*y`` as one new array of ``x``'s dtype (``y`` taken in it: a bfloat16
-        ``y`` is widened exactly), ``a`` and ``b`` hyper-parameters."""
+        """``a*x + b*y`` as one new array of ``x``'s dtype, ``a`` and ``b`` numbers."""
 
     # --- reductions ----------------------------------------------------------------------
 
@@ -201,38 +181,31 @@ class Backend(Protocol):
         """The number of non-zero elements of ``g``, a 0-d array of ``like``'s dtype."""
 
     def allfinite(self, g: Array) -> Array:
-        """Whether every element of ``g`` is finite, a 0-d bool array (traced under
-        ``jit``; over every process's shard of a sharded ``g``), warning of nothing."""
+        """Whether every element of ``g`` is finite, a 0-d bool array, warning of nothing."""
 
     # --- matrices (for rules that are not elementwise: Muon, Adafactor) --------------------
 
     def transpose(self, x: Array, /) -> Array:
-        """``x`` with its last two axes swapped: each matrix of a stack transposed (never
-        conjugated)."""
+        """``x`` with its last two axes swapped (never conjugated)."""
 
     def matmul(self, a: Array, b: Array, /) -> Array:
-        """The matrix product over the last two axes, batched over the leading ones; for
-        arrays of less than float32's precision accumulated in float32, the result
-        rounded to their dtype (as ``torch.matmul`` does for bfloat16)."""
+        """The matrix product over the last two axes, batched, accumulated in float32 at
+        least and rounded to the arrays' dtype."""
 
     def matmul_add(self, c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
-        """``beta*c + alpha*(a @ b)``, batched as :meth:`matmul`, computed in float32 at
-        least and rounded once to ``c``'s dtype (``torch.addmm``, ``torch.baddbmm``)."""
+        """``beta*c + alpha*(a @ b)``, batched, rounded once to ``c``'s dtype."""
 
     def vector_norm(self, x: Array, axes: tuple) -> Array:
-        """The 2-norm of ``x`` over ``axes``, kept as axes of length 1, accumulated in
-        float32 at least; of ``x``'s real dtype."""
+        """The 2-norm of ``x`` over ``axes`` (kept, of length 1), of ``x``'s real dtype."""
 
     def mean(self, x: Array, axes: tuple) -> Array:
         """The mean of ``x`` over ``axes``, kept as axes of length 1."""
 
     def to_bfloat16(self, x: Array) -> Array:
-        """``x`` (real) rounded to bfloat16, to nearest with ties to even: an array of that
-        dtype where the library has it (PyTorch, JAX); NumPy, which has not, gives float32
-        holding bfloat16's values. Itself for such an array already."""
+        """``x`` rounded to bfloat16 (NumPy: float32 holding bfloat16's values)."""
 
     def machine_epsilon(self, x: Array) -> float:
-        """The gap between 1 and the next number of ``x``'s real dtype (``finfo.eps``)."""
+        """``finfo(x's real dtype).eps``."""
 
     # --- written once over the primitives (common.py) -------------------------------------
 
@@ -300,8 +273,7 @@ class Fusing(Protocol):
     """What a backend with ``FUSES_ITSELF`` provides besides."""
 
     def fuse(self, entries: list) -> tuple[list, list]:
-        """``(left, done)``: the entries left for the plain path, and ``(leaf, new x)``
-        for those stepped in groups, their Leafs advanced (new state, clock counted)."""
+        """``(left, done)``: entries left for the plain path, ``(leaf, new x)`` stepped."""
 
 
 class Carrying(Protocol):
@@ -318,9 +290,7 @@ class Nodes(Protocol):
     """What a backend of a library with its own model classes provides."""
 
     def register_nodes(self) -> None:
-        """Register the library's model classes as nodes of the tree protocol
-        (``tree.register_node``); called before ``tree.py`` first looks at an object of
-        one of the library's classes, and again whenever it meets a new such class."""
+        """Register the library's model classes with ``tree.register_node``."""
 
 
 class Checking(Protocol):
@@ -345,5 +315,4 @@ class Sharding(Protocol):
 
     def gathered(self, apply: Callable, state: Any, x: Array, *grads: Array
                  ) -> tuple[Any, Any]:
-        """``apply(state, x, *grads)`` on the whole arrays, each process keeping its part
-        of the new state and the step (see ``registry.on_whole``)."""
+        """``apply(state, x, *grads)`` on whole arrays (see ``registry.on_whole``)."""

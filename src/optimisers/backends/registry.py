@@ -1,10 +1,6 @@
 """Which backend serves an array: the registry of array libraries, loaded lazily.
 
-The one place outside a library's own backend module that names the libraries: by the
-root of their module names, for arrays (:func:`library`), dtypes (:func:`dtype_library`,
-:func:`dtype_module`), parameters that carry gradients (:func:`carries_grads`), model
-classes (:func:`register_nodes`), checks of what is trained (:func:`check_trainable`),
-and the backends that register this package's own types (:func:`rule_defined`).
+The one place outside a library's own backend module that names the libraries.
 """
 
 from __future__ import annotations
@@ -26,15 +22,14 @@ _BY_TYPE: dict[type, str | None] = {}
 
 def library(x: Any) -> str | None:
     """The name of the backend for the array ``x`` (``"numpy"``, ``"torch"``, ``"jax"``,
-    ``"dtensor"`` for PyTorch's sharded ``DTensor``), or ``None`` when ``x`` is not an
-    array of a supported library."""
+    ``"dtensor"``), or ``None`` when ``x`` is not an array of a supported library."""
     cls = type(x)
     try:
         return _BY_TYPE[cls]
     except KeyError:
         pass
     root = _ROOTS.get(cls.__module__.partition(".")[0])
-    if root == "numpy" and cls.__name__ != "ndarray" and not issubclass_ndarray(cls):
+    if root == "numpy" and cls.__name__ != "ndarray" and not _isndarray(cls):
         root = None  # a NumPy scalar (np.float32(1.0)) is a number, not an array
     if root == "torch" and not _istensor(cls):
         root = None  # torch.dtype, torch.device, nn.Module: not arrays
@@ -46,7 +41,7 @@ def library(x: Any) -> str | None:
     return root
 
 
-def issubclass_ndarray(cls: type) -> bool:
+def _isndarray(cls: type) -> bool:
     import numpy
 
     return issubclass(cls, numpy.ndarray)
@@ -59,34 +54,17 @@ def _istensor(cls: type) -> bool:
 
 
 def _isdtensor(cls: type) -> bool:
-    """Whether ``cls`` is torch's ``DTensor`` (FSDP2's parameters); none exists before
-    ``torch.distributed.tensor`` is imported, so this imports nothing."""
+    """Whether ``cls`` is torch's ``DTensor``, importing nothing."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and issubclass(cls, module.DTensor)
-
-
-def register_type(cls: type, lib: str, module: ModuleType) -> None:
-    """register_type(cls, lib, module): arrays of type ``cls`` are served by ``module``,
-    known as ``lib``.
-
-    Example:
-        >>> import types
-        >>> class Mine: ...
-        >>> register_type(Mine, "mine", types.ModuleType("mine"))
-        >>> library(Mine()), of(Mine()).__name__
-        ('mine', 'mine')
-    """
-    _BY_TYPE[cls] = lib
-    _LOADED[lib] = module
 
 
 _EXTENSIONS: dict[str, str] = {}  # library -> the module above backends/ that extends it
 
 
 def extend(lib: str, module: str) -> None:
-    """extend(lib, module): import the module named ``module`` as soon as the backend of
-    ``lib`` is loaded (now, if it is): a layer above ``backends/`` adds to a backend what
-    concerns its own types (JAX: ``fast/jaxtree.py``) without ``backends/`` importing it.
+    """extend(lib, module): import ``module`` once the backend of ``lib`` is loaded (now, if
+    it is), so that a layer above ``backends/`` extends it without being imported here.
 
     Example:
         >>> extend("nosuchlibrary", "optimisers.leaf")  # nothing loaded: imported later
@@ -121,9 +99,7 @@ def nograd() -> contextlib.AbstractContextManager:
 
 
 def nograd_maker() -> Any:
-    """nograd_maker() -> what makes the context of :func:`nograd` (``torch.no_grad`` when
-    PyTorch is loaded, else ``contextlib.nullcontext``), for a caller that enters it at
-    every step.
+    """nograd_maker() -> ``torch.no_grad`` when PyTorch is loaded, else ``nullcontext``.
 
     Example:
         >>> with nograd_maker()():
@@ -134,26 +110,20 @@ def nograd_maker() -> Any:
 
 
 COMPILERS: list = []
-"""``(compiling, untraced)`` of each graph compiler loaded (``torch.compile``, added by the
-torch backend as it loads): while ``compiling()``, ``update`` and ``update_`` run as
-``untraced(update)``, Python outside the graph (a graph break). The library's step is
-Python bookkeeping around a few large array operations (a cached plan, and Python numbers
-in the Leafs' state, such as Adam's bias corrections, that move at every step): a trace
-would freeze them into guards and constants. So a compiled step runs the same fused kernels
-with the same results as an eager one."""
+"""``(compiling, untraced)`` of each graph compiler loaded (``torch.compile``): while
+``compiling()``, ``update`` and ``update_`` run as ``untraced(update)`` (a graph break),
+so that the Python numbers of a step are not frozen into guards and constants."""
 
 
 _SHARDED = ("dtensor",)  # backends of arrays split across processes (protocol.Sharding)
 
 
 def on_whole(apply: Callable) -> Callable:
-    """on_whole(apply) -> a rule's ``apply`` that sees whole arrays: the decorator of a rule
-    whose step needs a whole matrix (Muon's orthogonalisation), not shard by shard.
+    """on_whole(apply) -> a rule's ``apply`` that sees whole arrays (Muon's matrices).
 
-    On arrays split across processes (FSDP2's ``DTensor``s) the state, parameter and
-    gradients are gathered, every process computes the step alike, and each keeps its own
-    part of the new state and step (the backend's ``gathered``); on other arrays ``apply``
-    runs as it is. An elementwise rule needs no such thing: it steps each shard.
+    On arrays split across processes (``DTensor``s) everything is gathered and each
+    process keeps its own part of the results (the backend's ``gathered``); on other
+    arrays ``apply`` runs as it is.
 
     Example:
         >>> import numpy as np
@@ -175,16 +145,14 @@ def on_whole(apply: Callable) -> Callable:
 
 
 def istraced(v: Any) -> bool:
-    """Whether ``v`` is a JAX tracer (a value unknown until run, under ``jax.jit``): rules
-    then choose with ``where`` instead of a Python ``if``."""
+    """Whether ``v`` is a JAX tracer (a value unknown until run, under ``jax.jit``)."""
     jax = sys.modules.get("jax")
     return jax is not None and isinstance(v, jax.core.Tracer)
 
 
 def dtype_library(v: Any) -> str | None:
-    """dtype_library(v) -> the library whose dtype object ``v`` is (``"torch"`` for
-    ``torch.float32``, ``"jax"`` for ``jnp.float32``), without importing any; ``None`` for
-    anything else (NumPy's own dtypes included).
+    """dtype_library(v) -> ``"torch"`` or ``"jax"`` for a dtype object of theirs, else
+    ``None`` (NumPy's dtypes too); imports nothing.
 
     Example:
         >>> import numpy as np
@@ -203,12 +171,11 @@ _DTYPE_MODULES = {"torch": "torch", "jax": "jax.numpy"}  # library -> the module
 
 
 def dtype_module(lib: Any) -> ModuleType | None:
-    """dtype_module(lib) -> the module holding the dtype objects of the library named
-    ``lib`` (``torch``, ``jax.numpy``); ``None`` for a name of no such library.
+    """dtype_module(lib) -> the module of ``lib``'s dtypes (``torch``, ``jax.numpy``), or
+    ``None``.
 
     Raises:
-        LookupError: for such a library that this process has not imported (this
-            function never imports one).
+        LookupError: for such a library not imported yet (this imports none).
 
     Example:
         >>> dtype_module("numpy") is None
@@ -227,8 +194,7 @@ _CARRIERS = ("torch",)  # libraries whose parameters carry their gradients (.gra
 
 
 def carries_grads(model: Any) -> str | None:
-    """carries_grads(model) -> the library whose parameters in ``model`` carry their own
-    gradients (``"torch"``: each parameter's ``.grad``), or ``None``.
+    """carries_grads(model) -> ``"torch"`` when ``model``'s parameters carry ``.grad``.
 
     Example:
         >>> carries_grads({"w": 1.0}) is None
@@ -244,10 +210,8 @@ _NODE_BACKENDS = {"torch": "torch", "flax": "flax", "equinox": "equinox"}  # roo
 
 
 def register_nodes(cls: type) -> None:
-    """register_nodes(cls): the backend of each library that ``cls`` or one of its bases
-    comes from registers that library's model classes as nodes of the tree protocol
-    (``protocol.Nodes``), before ``tree.py`` first looks ``cls`` up; nothing for a class
-    of no such library.
+    """register_nodes(cls): the backend of each library ``cls`` (or a base) comes from
+    registers its model classes with the tree protocol (``protocol.Nodes``).
 
     Example:
         >>> register_nodes(dict)  # no library's class: nothing to register
@@ -264,9 +228,8 @@ _CHECKERS = ("flax",)  # libraries whose backend checks a node trained whole
 
 
 def check_trainable(x: Any, kids: dict) -> None:
-    """check_trainable(x, kids): the backend of each imported library that knows of a
-    mistake in training the node ``x`` whole (flax: a linen ``variables`` dict, batch
-    statistics and all) warns about it.
+    """check_trainable(x, kids): backends warn where training ``x`` whole is a mistake
+    (flax: a linen ``variables`` dict).
 
     Example:
         >>> check_trainable({"w": 1.0}, {"w": 1.0})  # nothing to warn about
@@ -280,8 +243,7 @@ _EAGER = ("jax",)  # backends registering this package's types (Leaf, rules) wit
 
 
 def rule_defined(cls: type) -> None:
-    """rule_defined(cls): a rule class was just defined; the loaded backends that register
-    rules with their library (JAX: as pytrees) register it.
+    """rule_defined(cls): loaded backends register the new rule class (JAX: a pytree).
 
     Example:
         >>> rule_defined(object)  # no such backend loaded here
@@ -293,10 +255,8 @@ def rule_defined(cls: type) -> None:
 
 
 def load_imported() -> None:
-    """Load now the backends of libraries the user imported before ``optimisers`` whose
-    registration matters before any of their arrays is seen: with JAX, rules and Leafs are
-    pytrees from the start (else from the first JAX array that optimisers sees). Called
-    once the rules exist (``state.py``).
+    """Load the backends whose registrations matter before any array is seen (JAX: rules
+    and Leafs are pytrees from the start), for libraries already imported.
 
     Example:
         >>> load_imported()  # nothing to do for a library not imported

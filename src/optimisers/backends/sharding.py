@@ -1,12 +1,4 @@
-"""JAX arrays over a mesh: what keeps a step's arrays placed as their parameters.
-
-Under ``jax.jit`` XLA places each array a step makes by what it is made from; a gradient
-sharded otherwise than its parameter (the gradient of a replicated bias beside a sharded
-matrix) would give the new state and parameter the gradient's placement. :func:`follow`
-reshards a gradient to its parameter first. A Leaf's numbers and clock, tiny, are placed
-replicated over the mesh its state is sharded on (:func:`beside`), so that a jitted step
-gets them as it gives them back and does not compile again.
-"""
+"""JAX arrays over a mesh: what keeps a step's arrays placed as their parameters."""
 
 from __future__ import annotations
 
@@ -27,17 +19,14 @@ __all__ = ["beside", "explicit", "follow"]
 
 @functools.cache
 def _devices() -> int:
-    """The devices of all processes (fixed once JAX's backend has started, as it has when
-    a step is traced)."""
+    """The devices of all processes (fixed once JAX's backend has started)."""
     return jax.device_count()
 
 
 def beside(state: Any, values: list) -> list:
-    """beside(state, values) -> ``values`` (a Leaf's flat form: its numbers and clock, and
-    its state's arrays), each that is on one device placed replicated over the mesh that an
-    array of ``state`` is sharded over; as they are with one device, or no sharded state.
-    A jitted step then gets them as it gives them back: made on one device, they would
-    make the step after the first, and each ``adjust``, compile again.
+    """beside(state, values) -> ``values`` (a Leaf's flat form) that are on one device placed
+    replicated over the mesh ``state`` is sharded over, so that a jitted step gets them as
+    it gives them back and does not compile again.
 
     Example:
         >>> import jax.numpy as jnp
@@ -64,11 +53,8 @@ def _replicated(mesh: Any, like: Any) -> Any:
 
 
 def follow(x: Any, g: Any) -> Any:
-    """follow(x, g) -> ``g`` placed as ``x`` is (under ``jax.jit``, ``x`` and ``g`` traced
-    arrays of one shape): a gradient resharded to its parameter's sharding before a rule
-    reads it, so that every array a step makes is sharded as the parameter (XLA would
-    otherwise shard the results as the gradient, where that is sharded more: the
-    gradient of a replicated bias next to a sharded matrix). Without sharding, ``g``.
+    """follow(x, g) -> the traced gradient ``g`` resharded as its parameter ``x``, so that
+    every array a step makes is sharded as the parameter (not as the gradient).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -85,9 +71,7 @@ def follow(x: Any, g: Any) -> Any:
 
 
 def explicit(x: Any) -> bool:
-    """explicit(x) -> whether ``x``, traced, is sharded over a mesh of ``Explicit`` axes
-    (``jax.sharding.AxisType``): its sharding is in its type, and JAX's own operations
-    keep it.
+    """explicit(x) -> whether the traced ``x`` is sharded over ``Explicit`` mesh axes.
 
     Example:
         >>> import jax.numpy as jnp
