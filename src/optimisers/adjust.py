@@ -23,16 +23,13 @@ def select(tree: Any, where: Where = None) -> list[Leaf]:
     """select(tree, where) -> the distinct Leafs of ``tree`` that ``where`` picks, in walk order.
 
     ``where`` is ``None`` (every Leaf), a glob over the dotted key path (see
-    :func:`matches`: ``"encoder"``, ``"*.bias"``, ``"layers.3"``), or a predicate
-    ``(KeyPath, Leaf) -> bool``. A tied Leaf is picked when any of its paths is. Every
-    ``where=`` of this library (``adjust``, ``adjust_``, ``freeze_``, ``thaw_``) goes
-    through here.
+    :func:`matches`), or a predicate ``(KeyPath, Leaf) -> bool``. A tied Leaf is picked
+    when any of its paths is. Every ``where=`` of this library goes through here.
 
     Raises:
-        ValueError: when ``where`` picks no Leaf (a typo, always), or a glob ends in a lone
-            backslash.
-        TypeError: when ``tree`` is not a state tree, or ``where`` is a function that
-            cannot take the two arguments ``(KeyPath, Leaf)``.
+        ValueError: when ``where`` picks no Leaf, or a glob ends in a lone backslash.
+        TypeError: when ``tree`` is not a state tree, or ``where`` cannot take
+            ``(KeyPath, Leaf)``.
 
     Example:
         >>> import numpy as np
@@ -81,20 +78,11 @@ def _matcher(where: Where) -> Callable[[KeyPath, Leaf], bool] | None:
 def matches(pattern: str, kp: KeyPath | tuple) -> bool:
     r"""matches(pattern, kp) -> whether the ``where=`` glob ``pattern`` picks the key path ``kp``.
 
-    The pattern is matched against ``str(kp)``, the keys joined by dots, key by key:
-
-    - ``*`` matches any run of characters, dots included (``*.bias`` is every bias at any
-      depth), and ``?`` one character of a key;
-    - an unescaped ``.`` matches only the dot between two keys;
-    - a backslash makes the next character literal: ``\.`` is a dot inside a key, ``\*``,
-      ``\?`` and ``\\`` a star, a question mark and a backslash. So the pattern ``b.c`` is
-      the key ``c`` inside ``b``, and ``b\.c`` (``"b\\.c"`` in Python source, or
-      ``r"b\.c"``) the one key ``"b.c"``;
-    - every other character, brackets included, is itself (``a[0]`` is the key ``"a[0]"``).
-
-    A pattern picks a path when it matches the whole path or a prefix of it made of whole
-    keys: ``encoder`` picks every path inside ``encoder`` (and ``layers.1`` those inside
-    ``layers.1``, never those in ``layers.10``).
+    Matched against the keys joined by dots: ``*`` matches any run of characters, dots
+    included (``*.bias``: every bias), ``?`` one character of a key, an unescaped ``.``
+    only the dot between two keys, and a backslash makes the next character literal
+    (``b\.c`` is the one key ``"b.c"``); every other character is itself. A pattern also
+    picks every path below the one it matches (``encoder``; ``layers.1``, not ``layers.10``).
 
     Raises:
         ValueError: when the pattern ends in a lone backslash.
@@ -114,9 +102,8 @@ def covering(paths: list[KeyPath], others: list[KeyPath]) -> list[str]:
     r"""covering(paths, others) -> ``where=`` patterns that together pick every one of
     ``paths`` and none of ``others``.
 
-    Each is the shortest ``*.``-suffix of a path (``*.bias``, ``*.norm.weight``) that picks
-    none of ``others``, else the path itself; a path that an earlier pattern picks gets
-    none of its own. What a message suggests for ``setup``'s mapping of rules by path.
+    Each is the shortest ``*.``-suffix of a path that picks none of ``others``, else the
+    path itself (what an error message of ``setup`` suggests).
 
     Example:
         >>> covering([KeyPath("fc", "bias"), KeyPath("ln", "weight"), KeyPath("ln", "bias")],
@@ -137,8 +124,7 @@ def covering(paths: list[KeyPath], others: list[KeyPath]) -> list[str]:
 
 
 def _text(kp: KeyPath | tuple) -> str:
-    """The dotted path with each key's backslashes and dots escaped, so that an unescaped
-    dot is always a boundary between keys."""
+    """The dotted path, each key's backslashes and dots escaped."""
     return ".".join(_escape(str(k)) for k in kp)
 
 
@@ -152,8 +138,7 @@ _ANY_CHARS = r"(?:\\.|[^\\])*"  # a run of characters of keys and the dots betwe
 
 @functools.lru_cache(maxsize=256)
 def _compiled(pattern: str) -> re.Pattern:
-    """``pattern`` as a regular expression over :func:`_text` (each part consumes whole
-    escaped characters, so it never splits one)."""
+    """``pattern`` as a regular expression over :func:`_text`."""
     parts, chars = [], iter(pattern)
     for c in chars:
         if c == "\\":
@@ -196,9 +181,8 @@ def _adjust_rule(rule: Rule, changes: dict) -> Rule:
 
 
 def _adjuster(changes: dict) -> Any:
-    """``_adjust_rule`` with ``changes``, once per distinct rule object: Leafs that
-    shared a rule share the new one (so fused groups, which check rules by identity,
-    stay whole after an adjust)."""
+    """``_adjust_rule`` with ``changes``, once per rule object: Leafs that shared a rule
+    share the new one (fused groups stay whole)."""
     made: dict[int, tuple[Rule, Rule]] = {}
 
     def new(rule: Rule) -> Rule:
@@ -222,14 +206,12 @@ def _changes(rules: list[Rule], eta: float | None, fields: dict) -> dict:
 def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields: Any) -> Any:
     """adjust(tree, eta=None, **fields) -> a new tree with hyper-parameters replaced.
 
-    Each Leaf's rule gets the new values of the fields it has (through
-    :class:`OptimiserChain` and :class:`MixedPrecision` too); its state is kept (and
-    shared with the old tree). A positional number is the learning rate ``eta``. With
-    ``where=`` (a glob over key paths or a predicate, see :func:`select`), only the
-    chosen Leafs change. Also works on a bare rule.
+    Each Leaf's rule gets the new values of the fields it has (through chains and
+    wrappers); its state is kept (shared). A positional number is ``eta``. ``where=``
+    (see :func:`select`) chooses the Leafs. Also works on a bare rule.
 
     Raises:
-        TypeError: when no rule in the tree has one of the given fields (a typo guard).
+        TypeError: when no rule in the tree has one of the given fields.
         ValueError: when ``where`` matches nothing, or a new value is invalid.
 
     Example:
@@ -259,8 +241,7 @@ def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields
 def adjust_(tree: Any, eta: float | None = None, *, where: Where = None, **fields: Any) -> Any:
     """adjust_(tree, eta=None, **fields) -> tree, its Leafs' rules changed in place.
 
-    As :func:`adjust`, but mutating the Leafs. Typical use, weight decay off for
-    every bias: ``adjust_(tree, where="*.bias", lambd=0.0)``.
+    As :func:`adjust`, but mutating the Leafs.
 
     Example:
         >>> import numpy as np

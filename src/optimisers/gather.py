@@ -1,11 +1,5 @@
-"""Phase one of an update: gather.
-
-Walks the state tree, the model and the gradient trees together, validating everything
-(every error names its KeyPath) and summing the gradients that reach a tied Leaf by
-several paths, before anything is written. ``plan.py`` keeps what one such walk learned
-about a (tree, model) pair, so that the next ``update_`` of a training loop checks it by
-identity instead of walking again.
-"""
+"""Phase one of an update: validate tree, model and gradients together, and sum the
+gradients of tied Leafs, before anything is written (``plan.py`` caches what it learned)."""
 
 from __future__ import annotations
 
@@ -29,9 +23,8 @@ def _what(x: Any) -> str:
 
 
 class Entry:
-    """One Leaf to step: its parameter, the gradients (summed over ties), its paths, and
-    the other arrays that the model holds at other paths to it (a tie declared by the
-    tree alone: the result must reach them too)."""
+    """One Leaf to step: its parameter, gradients (summed over ties), paths, and the other
+    arrays the model holds at its other paths (a tie declared by the tree alone)."""
 
     __slots__ = ("leaf", "x", "grads", "paths", "others")
 
@@ -81,11 +74,8 @@ def _grad_children(g: Any, kids: dict, x: Any, kp: KeyPath) -> Mapping | None:
 
 
 def add(plan: dict, leaf: Leaf, x: Any, grads: list, kp: KeyPath) -> None:
-    """Add one path's gradients for ``leaf``: a second path to a tied Leaf sums them.
-
-    The tree is trusted: a Leaf reached by several paths is a tie even where the model
-    holds different (equal-shaped) arrays there, as a tree built by hand may say; the
-    first path's array is stepped and the result placed at every path."""
+    """Add one path's gradients for ``leaf``: a second path to a tied Leaf sums them (the
+    tree is trusted: the first path's array is stepped, the result placed at every path)."""
     entry = plan.get(id(leaf))
     if entry is None:
         plan[id(leaf)] = Entry(leaf, x, grads, kp)
@@ -107,10 +97,8 @@ def add(plan: dict, leaf: Leaf, x: Any, grads: list, kp: KeyPath) -> None:
 def gather(tree: Any, model: Any, grads: tuple) -> list[Entry]:
     """gather(tree, model, grads) -> the entries of one update: each Leaf to step once.
 
-    Walks the state tree, the model and each gradient tree together, validating all of it
-    (every error names its KeyPath), and sums the gradients that reach a tied Leaf by
-    several paths. Frozen Leafs, and Leafs without a gradient, have no entry. Nothing is
-    stepped or written.
+    Validates all of it (every error names its KeyPath) and sums the gradients of tied
+    Leafs; frozen Leafs and Leafs without a gradient have no entry. Nothing is written.
 
     Example:
         >>> import numpy as np
@@ -129,10 +117,8 @@ def gather(tree: Any, model: Any, grads: tuple) -> list[Entry]:
 def pair(tree: Any, model: Any) -> list[Entry]:
     """pair(tree, model) -> an entry without gradients for every Leaf, frozen ones too.
 
-    The tree is checked against the model as :func:`gather` checks it (structure, Leafs
-    where the model has arrays, ties), and each Leaf's state against its parameter
-    (:func:`check_fit`): for what reads a tree beside its model without stepping it
-    (:func:`~optimisers.averaged`). Nothing is written.
+    Checked as :func:`gather` checks, and each state against its parameter
+    (:func:`check_fit`), for what reads a tree beside its model without stepping it.
 
     Example:
         >>> import numpy as np
@@ -149,9 +135,8 @@ def pair(tree: Any, model: Any) -> list[Entry]:
 
 
 def check_fit(e: Entry) -> None:
-    """A ValueError, before anything is written, when the Leaf's state was not made for
-    its parameter (the parameter was resized, replaced or cast after ``setup``): a step
-    would read and write the state by the parameter's size, or mix precisions."""
+    """A ValueError when the Leaf's state was not made for its parameter (resized,
+    replaced or cast after ``setup``)."""
     found = e.leaf.rule.misfit(e.leaf.state, e.x)
     if found is not None:
         have, need = (f"dtype {v}" if isinstance(v, str) else f"shape {v}" for v in found)
@@ -163,9 +148,8 @@ def check_fit(e: Entry) -> None:
 
 
 def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict, inside: dict) -> None:
-    """Phase one: validate tree, model and gradients together; fill ``plan``. With no
-    gradient trees at all (``gs == ()``), every Leaf gets an entry, frozen ones too.
-    ``inside``: the tree's containers being walked (:func:`~optimisers.walk.enter`)."""
+    """Validate tree, model and gradients together; fill ``plan`` (with ``gs == ()``, an
+    entry for every Leaf, frozen ones too)."""
     if t is None:
         return
     if isinstance(t, Leaf):
@@ -196,13 +180,9 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict, inside: dict) ->
 
 
 def nest_dotted(g: Any, model: Any) -> Any:
-    """A gradient dict keyed by dotted paths, as PyTorch users hold them
-    (``{name: p.grad for name, p in module.named_parameters()}``), as the nested dicts
-    that mirror the model; any other gradient as it is.
-
-    Keys that are children of ``model`` stay as they are; a dotted key is followed down
-    the model's children, a part naming a child key exactly or, for a positional
-    child, by its number. A key that leads nowhere is left for the gather's error.
+    """nest_dotted(g, model) -> a gradient dict keyed by dotted paths (as
+    ``named_parameters()`` names them) as nested dicts mirroring the model; any other
+    gradient as it is. A key that leads nowhere is left for the gather's error.
 
     Example:
         >>> import numpy as np
@@ -225,8 +205,7 @@ def nest_dotted(g: Any, model: Any) -> Any:
 
 def _put(node: dict, path: tuple, v: Any, key: Any, ours: set) -> None:
     """Put gradient ``v`` (given under ``key``) at ``path`` below ``node``, merging with
-    what other keys gave there; a mapping the caller gave is copied before it is merged
-    into, never written."""
+    what other keys gave there (copying, never writing, the caller's mappings)."""
     for k in path[:-1]:
         sub = node.get(k)
         if sub is None or isinstance(sub, Mapping) and id(sub) not in ours:

@@ -13,10 +13,8 @@ __all__ = ["KeyPath", "getkeypath", "haskeypath"]
 class KeyPath(tuple):
     """KeyPath(*keys) -> an immutable path of child keys, from the root down.
 
-    A ``KeyPath`` is a tuple of keys (field names, dict keys, integer positions) that
-    addresses one child of a nested model, as :func:`children` names them. It prints
-    like ``KeyPath('layers', 0, 'weight')`` and, with ``str``, as the dotted
-    ``layers.0.weight`` that the ``where=`` globs match.
+    A tuple of keys, as :func:`children` names them; ``str`` gives the dotted
+    ``layers.0.weight`` that ``where=`` globs match.
 
     Args:
         *keys: the keys, outermost first.

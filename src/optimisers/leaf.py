@@ -16,12 +16,9 @@ __all__ = ["Leaf", "nodes", "leaves", "map_leaves"]
 class Leaf:
     """Leaf(rule, state, frozen=False, clock=0): the optimiser state of one trainable array.
 
-    A small mutable record; its identity encodes sharing: a tied parameter has one Leaf,
-    reached from every path to it. ``frozen`` Leafs are skipped by updates (see
-    :func:`freeze_`). ``clock`` counts the steps the rule has taken here (a step that
-    :meth:`~optimisers.Rule.stepped` says was real): a schedule in the rule's fields is
-    evaluated at it (:func:`~optimisers.schedules.at`). The ``repr`` shows the state by
-    shape and dtype, never its numbers.
+    A small mutable record whose identity encodes sharing: a tied parameter has one Leaf.
+    ``frozen`` Leafs are skipped by updates; ``clock`` counts the rule's real steps here
+    (schedules are evaluated at it). The ``repr`` shows the state by shape and dtype.
 
     Example:
         >>> import numpy as np
@@ -30,9 +27,8 @@ class Leaf:
         Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], 0.0))
     """
 
-    # _kept: set by update_ on the first Leaf of a tree it steps (unset elsewhere): the
-    # tree's lock and plan (state.py). Not in a table keyed weakly by the Leaf: the plan
-    # holds the tree, so that table would keep every tree alive. Not copied, not shown.
+    # _kept: the tree's lock and plan, set by update_ on its first Leaf (state.py); a weak
+    # table keyed by the Leaf would keep every tree alive, as the plan holds it
     __slots__ = ("rule", "state", "frozen", "clock", "_kept")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False, clock: Any = 0) -> None:
@@ -42,13 +38,11 @@ class Leaf:
         return leaf_text(self.rule, self.state, self.frozen)
 
     def __reduce__(self) -> tuple:
-        # a copy has no lock, no plan
         return type(self), (self.rule, self.state, self.frozen, self.clock)
 
     def advance(self, state: Any) -> None:
-        """Take ``state`` as the Leaf's new state after a step of its rule, and count the
-        step on the clock where the rule says it was real (:meth:`~optimisers.Rule.stepped`;
-        under ``jax.jit`` that may be a traced truth value, added as 0 or 1).
+        """advance(state): take the new state, and count the step on the clock where
+        :meth:`~optimisers.Rule.stepped` says it was real (traced: added as 0 or 1).
 
         Example:
             >>> import numpy as np
@@ -68,9 +62,7 @@ class Leaf:
 def nodes(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Any]]:
     """nodes(tree) -> every ``(KeyPath, node)`` of a state tree, parents before children.
 
-    The one walk of a state tree: lazy (the first Leaf costs the depth it sits at, not the
-    tree's size) and without recursion (a tree of any depth walks). Only ``None``, Leafs
-    and dicts, tuples and lists may be in a state tree.
+    The one walk of a state tree: lazy, and without recursion (any depth walks).
 
     Raises:
         TypeError: when the tree holds anything else (a model passed as the tree).
@@ -97,16 +89,15 @@ def nodes(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Any]]:
 
 
 def _below(kp: KeyPath, t: Any) -> Iterator[tuple[KeyPath, Any]]:
-    """The ``(KeyPath, child)`` pairs of a dict, tuple or list, each path made when reached."""
+    """The ``(KeyPath, child)`` pairs of a dict, tuple or list, made lazily."""
     return ((kp + (k,), v) for k, v in (t.items() if isinstance(t, dict) else enumerate(t)))
 
 
 def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]:
-    """Every ``(KeyPath, Leaf)`` of a state tree in walk order (a tied Leaf once per path).
+    """leaves(tree) -> every ``(KeyPath, Leaf)`` of a state tree (a tied Leaf once a path).
 
     Raises:
-        TypeError: when the tree holds an array or other object that ``setup`` never
-            puts there (a model passed where the state tree belongs).
+        TypeError: when the tree holds what ``setup`` never puts there (a model).
 
     Example:
         >>> import numpy as np
@@ -120,12 +111,11 @@ def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]
 def map_leaves(f: Callable[[Leaf], Any], tree: Any) -> Any:
     """map_leaves(f, tree) -> the state tree with ``f(leaf)`` in place of each Leaf.
 
-    ``f`` is called once per path (a tied Leaf once for each); keep ties by memoising on
-    the Leaf. Dicts, tuples and lists are rebuilt as plain ones; a tree of any depth maps.
+    ``f`` is called once per path (memoise on the Leaf to keep ties); a tree of any
+    depth maps.
 
     Raises:
-        TypeError: when the tree holds anything but ``None``, Leafs, dicts, tuples and
-            lists (a model passed as the tree).
+        TypeError: when the tree holds what ``setup`` never puts there (a model).
 
     Example:
         >>> import numpy as np

@@ -158,13 +158,6 @@ def rebuild(x: T, new_children: Mapping) -> T:
     Keys not given keep their old value. ``x`` is never mutated; a dataclass or
     registered class is copied, never re-initialised.
 
-    Args:
-        x: a node.
-        new_children: the children to replace, by key.
-
-    Returns:
-        The new node.
-
     Raises:
         ValueError: when a key is not one of ``x``'s children.
 
@@ -257,9 +250,6 @@ def register(cls: type, children: Iterable[str] | None = None,
         children: the attribute names that are children; ``None`` means all instance
             attributes (``vars(x)``).
         trainable: the names of the children an optimiser may train; ``None``: all.
-
-    Returns:
-        ``cls``.
 
     Example:
         >>> class Affine:

@@ -12,12 +12,9 @@ __all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror", "plac
            "MAX_DEPTH"]
 
 MAX_DEPTH = 100
-"""MAX_DEPTH: how many containers deep a model (or a state tree) may nest, 100: the walks
-of ``setup``, ``update``, ``averaged``, ``reinit`` and ``fmap`` go no deeper, and refuse a
-deeper model with a ``ValueError`` naming the path, well before Python's recursion limit
-(they recurse, two or three frames a level); a model that contains itself (a cycle) is
-refused naming both paths. State-tree walks (``leaves``, ``summary``, ``adjust``,
-``save``, ``load``) use no recursion and take any depth.
+"""MAX_DEPTH: how many containers deep the recursive walks (``setup``, ``update``,
+``fmap``) go, 100; a deeper model, or one that contains itself, is a ``ValueError``
+naming the path. State-tree walks take any depth.
 
 Example:
     >>> model = [1.0]
@@ -31,10 +28,9 @@ Example:
 
 
 def enter(path: tuple, x: Any, inside: dict, what: str) -> None:
-    """Note the container ``x`` at ``path`` as open in a recursive walk (``inside``: id to
-    path of the containers the walk is inside of; the caller deletes ``id(x)`` when done
-    with ``x``'s children), or refuse it: past :data:`MAX_DEPTH`, or already open (a
-    cycle), a ``ValueError`` naming the paths.
+    """enter(path, x, inside, what): note the container ``x`` as open in a recursive walk
+    (``inside``: id to path; the caller deletes ``id(x)`` when done), or refuse it, past
+    :data:`MAX_DEPTH` or already open (a cycle), with a ``ValueError`` naming the paths.
 
     Example:
         >>> loop = {"a": [2.0]}
@@ -59,16 +55,15 @@ def enter(path: tuple, x: Any, inside: dict, what: str) -> None:
 
 
 def mirror(x: Any, new_children: Mapping) -> Any:
-    """The plain-container twin of the node ``x``: a tuple or list for positional nodes,
-    a ``dict`` keyed like ``x``'s children for every other node. Used by the state tree."""
+    """The state tree's twin of the node ``x``: a tuple or list, or a ``dict`` by key."""
     if ispositional(x):
         return list(new_children.values()) if isinstance(x, list) else tuple(
             new_children.values())
     return dict(new_children)
 
 
-def child_of(y: Any, key: Any) -> Any:
-    """The child of a companion tree ``y`` under ``key``, or ``None`` where it has none."""
+def _child_of(y: Any, key: Any) -> Any:
+    """The child of a companion tree ``y`` under ``key``, or ``None``."""
     if y is None:
         return None
     if isinstance(y, Mapping):
@@ -81,11 +76,10 @@ def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, buil
          again: Callable | None = None) -> Any:
     """The one tree walk behind fmap, fmapstructure and setup.
 
-    ``f(keypath, leaf, *ys_leaves)`` runs where ``exclude`` holds; other nodes are rebuilt
-    by ``build(node, new_children)``. With ``keys``, only the children named by
-    ``keys(node)`` are walked and the others become ``skip(child)``. With ``cache``, a
-    mutable object reached again is not walked again: its first result is reused, and
-    ``again(first_keypath, keypath, object, result)`` is told of each such further path.
+    ``f(keypath, leaf, *ys_leaves)`` runs where ``exclude`` holds; other nodes become
+    ``build(node, new_children)``, walking only ``keys(node)`` (the others ``skip(child)``).
+    With ``cache``, a mutable object reached again reuses its first result, and
+    ``again(first_keypath, keypath, object, result)`` is told.
     """
     memo: dict[int, tuple[Any, Any, KeyPath]] = {}
     inside: dict[int, tuple] = {}
@@ -104,7 +98,7 @@ def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, buil
             kids = children(x)
             walked = kids.keys() if keys is None else set(keys(x))
             out = build(x, {
-                k: go(kp + (k,), v, tuple(child_of(y, k) for y in ys)) if k in walked
+                k: go(kp + (k,), v, tuple(_child_of(y, k) for y in ys)) if k in walked
                 else skip(v)
                 for k, v in kids.items()})
             del inside[id(x)]
@@ -131,11 +125,9 @@ def fmap_with_path(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf,
 def fmap(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf, cache: bool = True) -> Any:
     """fmap(f, x, *ys) -> ``x`` rebuilt with ``f(leaf, *y_leaves)`` in place of each leaf.
 
-    Walks ``x`` through the tree protocol; every node is rebuilt as its own type.
-    ``ys`` are walked in step with ``x`` (their matching children go to ``f``; a dict
-    may stand for any node). With ``cache=True`` a **mutable** object (writable array,
-    list, dict, ordinary object) reached by several paths is mapped once and the one
-    result placed at every path, so ties survive; immutable objects are mapped afresh.
+    Every node is rebuilt as its own type; ``ys`` are walked in step with ``x``. With
+    ``cache=True`` a **mutable** object reached by several paths is mapped once and the
+    one result placed at every path, so ties survive.
 
     Args:
         f: the function applied to each leaf.
@@ -158,8 +150,7 @@ def fmapstructure(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf,
                   cache: bool = True) -> Any:
     """fmapstructure(f, x, *ys) -> like :func:`fmap`, but into plain containers.
 
-    Tuples and lists stay tuples and lists; every other node becomes a ``dict`` keyed by
-    its children's names, the shape of a state tree.
+    Tuples and lists stay so; every other node becomes a ``dict`` (a state tree's shape).
 
     Example:
         >>> from collections import namedtuple
@@ -185,13 +176,9 @@ def fleaves(x: Any, exclude: Callable = isleaf) -> list:
 
 
 def place(t: Any, x: Any, value: Callable[[Any, Any], Any], inplace: bool = False) -> Any:
-    """The model ``x`` with ``value(marker, old)`` put where the mirror tree ``t`` has a marker.
-
-    ``t`` is a mirror of ``x`` made by :func:`mirror` (dicts, tuples, lists), holding
-    ``None`` where nothing changes and a marker (a Leaf, an index) where ``value``
-    decides the new child. Only nodes with a changed child are rebuilt; a mutable node
-    reached by several paths is rebuilt once, so ties of containers survive. With
-    ``inplace``, a node made to be written (see :func:`rebuild_`) is written instead.
+    """The model ``x`` with ``value(marker, old)`` where the mirror tree ``t`` holds a
+    marker (a Leaf, an index; ``None``: unchanged). Only nodes with a changed child are
+    rebuilt, each mutable one once (ties kept); ``inplace`` uses :func:`rebuild_`.
     """
     build = rebuild_ if inplace else rebuild
     memo: dict[int, tuple[Any, Any]] = {}
@@ -221,8 +208,7 @@ def place(t: Any, x: Any, value: Callable[[Any, Any], Any], inplace: bool = Fals
 
 
 def substitute(x: Any, new: dict) -> Any:
-    """``x`` with every leaf whose ``id`` is a key of ``new`` replaced by its value,
-    wherever it sits; only nodes with a replaced child are rebuilt (ties kept)."""
+    """``x`` with every leaf whose ``id`` is a key of ``new`` replaced (ties kept)."""
     memo: dict[int, tuple[Any, Any]] = {}
     inside: dict[int, tuple] = {}
 
