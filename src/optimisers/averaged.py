@@ -12,14 +12,11 @@ __all__ = ["averaged"]
 
 
 def averaged(tree: Any, model: Any) -> Any:
-    """averaged(tree, model) -> a model with each Leaf's averaged parameter in place of its
-    array: :class:`~optimisers.EMA`'s moving average (any rule's ``averaged``); Leafs
-    without one keep their array. Pure: the average is copied, ``model`` and ``tree`` are
-    not changed, and a tied parameter gets one array at all its paths.
+    """averaged(tree, model) -> a model with each Leaf's averaged parameter (``EMA``'s, any
+    rule's ``averaged``) in place of its array; others keep theirs. Pure; ties kept.
 
     Raises:
-        ValueError: the tree does not match the model (structure, or a parameter resized
-            or cast to another dtype after ``setup``), naming the path, as ``update``.
+        ValueError: the tree does not match the model, naming the path, as ``update``.
 
     Example:
         >>> import numpy as np
@@ -31,7 +28,7 @@ def averaged(tree: Any, model: Any) -> Any:
         ({'w': array([0.95]), 'n': 3}, array([0.5]))
     """
     made: dict[int, Any] = {}
-    for e in pair(tree, model):  # checked as update checks it: structure, shapes, dtypes
+    for e in pair(tree, model):  # checked as update checks it
         avg = e.leaf.rule.averaged(e.leaf.state, e.x)
         if avg is not None:
             xp = backends.of(e.x)

@@ -13,8 +13,8 @@ __all__ = ["destructure", "Restructure", "trainables"]
 
 
 def _index(model: Any) -> tuple[Any, list[tuple[KeyPath, Any]]]:
-    """A mirror of ``model`` holding, at each trainable numeric array, its index among the
-    distinct parameters (a tie gets one index); and those parameters with a path each."""
+    """A mirror of ``model`` holding each trainable array's index (one per tie), and the
+    arrays with their paths."""
     found: list[tuple[KeyPath, Any]] = []
 
     def mark(kp: KeyPath, x: Any) -> int | None:
@@ -31,12 +31,9 @@ def _index(model: Any) -> tuple[Any, list[tuple[KeyPath, Any]]]:
 class Restructure:
     """Restructure: the inverse of :func:`destructure`; ``re(v)`` rebuilds the model from ``v``.
 
-    It holds the model and, computed once, where each parameter's slice of the vector
-    lies, so calling it in a loop costs no new walk with ``trainable``. Each parameter
-    gets its original shape and dtype back, ties are restored (one array placed at every
-    path) and non-trainable parts are left as they were. ``len(re)`` is the vector's
-    length. Differentiable by the array library's autodiff (``torch.autograd``,
-    ``jax.grad``): gradients flowing through a tie accumulate.
+    Each parameter gets its shape and dtype back, ties are restored and non-trainable
+    parts kept; ``len(re)`` is the vector's length. Differentiable by the array library's
+    autodiff (gradients through a tie accumulate).
 
     Example:
         >>> import numpy as np
@@ -84,9 +81,8 @@ class Restructure:
 def destructure(model: Any) -> tuple[Any, Restructure]:
     """destructure(model) -> (flat, re): every trainable parameter in one vector.
 
-    ``flat`` is a 1-D array of the model's own library holding each trainable numeric
-    array once (ties once), in walk order, promoted to their common dtype (complex if
-    any is). ``re(v)`` rebuilds the model from such a vector (see :class:`Restructure`).
+    ``flat`` is a 1-D array of the model's library holding each trainable array once, in
+    walk order, in their common dtype. ``re(v)`` rebuilds the model (:class:`Restructure`).
 
     Example:
         >>> import numpy as np
@@ -110,8 +106,7 @@ def destructure(model: Any) -> tuple[Any, Restructure]:
 def trainables(model: Any, path: bool = False) -> list:
     """trainables(model, path=False) -> the trainable numeric arrays of ``model``, each once.
 
-    In walk order, by :func:`trainable` and :func:`isnumeric`; a tied array appears
-    once. With ``path=True``, ``(KeyPath, array)`` pairs, each with the first path.
+    In walk order; with ``path=True``, ``(KeyPath, array)`` pairs (a tie's first path).
 
     Example:
         >>> import numpy as np

@@ -1,8 +1,4 @@
-"""How a Leaf reads as text: its rule with the numbers it holds, its state by shape.
-
-Shared by ``Leaf.__repr__`` and :func:`~optimisers.summary.summary` (kept apart from both,
-so that the Leaf record imports no walk of trees and the summary no Leaf internals).
-"""
+"""How a Leaf reads as text (``Leaf.__repr__``, ``summary``): its rule, its state by shape."""
 
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ def leaf_text(rule: Rule, state: Any, frozen: bool) -> str:
 
 
 def brief(x: Any) -> str:
-    """brief(x) -> a compact text for a state: arrays as ``f32[3, 2]``, containers element
-    by element, anything else as its ``repr``.
+    """brief(x) -> a state as text: arrays as ``f32[3, 2]``, anything else as its ``repr``.
 
     Example:
         >>> import numpy as np
@@ -59,8 +54,7 @@ def brief(x: Any) -> str:
 
 
 def shown(rule: Rule) -> str:
-    """shown(rule) -> ``repr(rule)``, with hyper-parameters that are concrete 0-d arrays
-    (JAX's after ``jax.jit``, where they travel as data) shown as the numbers they hold.
+    """shown(rule) -> ``repr(rule)``, with 0-d array hyper-parameters shown as numbers.
 
     Example:
         >>> import numpy as np

@@ -16,17 +16,14 @@ __all__ = ["reinit"]
 def reinit(tree: Any, model: Any, where: Where = None) -> Any:
     """reinit(tree, model, where=None) -> tree with the Leafs ``where`` picks made afresh.
 
-    After a parameter changed shape (``model.resize_token_embeddings(n)``, a new output
-    layer), its Leaf's state no longer fits and ``update`` refuses it. ``reinit`` gives
-    each picked Leaf a new state, ``rule.init(x)`` for the array now at its path in
-    ``model``, keeping its rule and frozen flag. Other Leafs are the very ones of
-    ``tree`` (their state kept); a tie stays one Leaf. Pure: ``tree`` is not changed.
+    After a parameter changed shape, ``update`` refuses its Leaf; ``reinit`` gives each
+    picked Leaf ``rule.init(x)`` for the array now at its path, keeping its rule and
+    frozen flag. Other Leafs are kept as they are. Pure.
 
     Args:
         tree: the state tree, whose structure still matches ``model``.
         model: the model as it is now.
-        where: which Leafs, as in :func:`adjust` (a glob over the dotted path, a prefix
-            of whole keys such as ``"transformer.wte"``, or a predicate); ``None``: all.
+        where: which Leafs, as in :func:`adjust`; ``None``: all.
 
     Returns:
         The new state tree.

@@ -29,9 +29,8 @@ def _bytes(n: int) -> str:
 
 
 def _paired(tree: Any, x: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf, Any]]:
-    """Every ``(KeyPath, Leaf, array)`` of a state tree, walking the model ``x`` alongside in
-    one pass, in the order of the model's children (``jax.jit`` returns dicts with sorted
-    keys). Each node's children are read once, so a node of ``n`` children costs ``n``."""
+    """Every ``(KeyPath, Leaf, array)`` of a state tree beside the model ``x``, in the order
+    of the model's children (``jax.jit`` returns dicts with sorted keys)."""
     if isinstance(tree, Leaf):
         yield kp, tree, x
     elif isinstance(tree, (dict, tuple, list)):
@@ -44,21 +43,16 @@ def _paired(tree: Any, x: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPat
 
 
 WIDTH = 100
-"""The columns a :func:`summary` keeps to: wider, its rules are named in the table and
-written out once each under it."""
+"""The columns a :func:`summary` keeps to (wider, its rules are written out under it)."""
 
 
 def summary(tree: Any, model: Any = None) -> str:
     """summary(tree, model=None) -> str: one line per Leaf, then totals.
 
-    Each line gives the Leaf's key path (a tied Leaf lists all its paths, joined by
-    ``=``), its rule, the parameter count, the bytes its state holds, and ``frozen``
-    when frozen. Without ``model`` the count is read off the largest state array (``?``
-    for a stateless rule); pass the model for exact counts, and lines in the model's
-    order. Where the rules written in full would make the table wider than
-    :data:`WIDTH` columns (a chain's), each line names its rule by a number and its
-    class (``[1] OptimiserChain``) and each distinct rule is written once, in full, under
-    the totals, broken after its commas to fit.
+    Each line gives the Leaf's paths (joined by ``=``), its rule, the parameter count
+    (without ``model``, read off the largest state array, ``?`` for none), the bytes of
+    its state, and ``frozen``. Where rules would make the table wider than :data:`WIDTH`,
+    each line names its rule by a number, written out in full under the totals.
 
     Example:
         >>> import numpy as np
@@ -126,9 +120,9 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def _wrapped(text: str) -> list[str]:
-    """``text`` (a rule as its ``repr`` writes it) in lines of at most :data:`WIDTH`
-    columns where it can be: broken after a comma, the least nested one that fits (the
-    last of those), each further line indented to the rule's first argument."""
+    """``text`` (a rule's ``repr``) broken after commas into lines of at most :data:`WIDTH`
+    columns where it can be, the least nested comma that fits, indented to the first
+    argument."""
     breaks, depth = [], 0  # (where the next line starts, how deep in brackets)
     for i, c in enumerate(text):
         depth += (c in "([{") - (c in ")]}")

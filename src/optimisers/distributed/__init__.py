@@ -1,9 +1,4 @@
-"""Training across processes with ``torch.distributed``: ZeRO-1 for replicated parameters.
-
-FSDP2's sharded parameters need nothing from here: ``optimisers.setup`` and ``update_``
-shard their state as the parameters are (``backends/dtensor.py``). Import this package by
-name (``import optimisers.distributed``): it imports PyTorch.
-"""
+"""ZeRO-1 over ``torch.distributed`` (FSDP2 needs nothing from here). Imports PyTorch."""
 
 from optimisers.distributed.zero import broadcast_, owners, setup, update_
 

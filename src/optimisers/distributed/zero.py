@@ -1,13 +1,6 @@
-"""ZeRO-1 (what ``torch.distributed.optim.ZeroRedundancyOptimizer`` does) for parameters
-that every process holds whole, as ``DistributedDataParallel`` has them: each trainable
-array's optimiser state lives on one process only, its *owner* (assigned by size, so that
-each holds about 1/N of the state), which steps it; the new parameter is then broadcast.
-
-The state tree of one process is an ordinary one with ``None`` where another process owns
-the array, so ``update_`` steps only the owned arrays (fused as ever), and ``state_dict``
-gives each process's own entries: ``torch.distributed.checkpoint`` saves them all, and
-loads each process's, for any number of processes. The owners are a function of the
-model's arrays and the number of processes alone (:func:`owners`), computed alike on each.
+"""ZeRO-1 (as ``ZeroRedundancyOptimizer``) for parameters every process holds whole: each
+array's state lives on its *owner* only (:func:`owners`), which steps it and broadcasts
+the new parameter. A process's tree is an ordinary one with ``None`` where another owns.
 """
 
 from __future__ import annotations
@@ -50,23 +43,18 @@ def owners(arrays: list, world: int) -> list[int]:
 def setup(rule: Any, model: Any, shard: Any = None) -> Any:
     """setup(rule, model, shard=group) -> tree: this process's part of a ZeRO-1 state tree.
 
-    Like :func:`optimisers.setup`, but a Leaf (and its state) only where this process owns
-    the array (:func:`owners`); ``None`` elsewhere. Step it with :func:`update_`, on every
-    process of the group. ``shard`` is the process group whose processes share the state
-    (``None``: the default group).
+    Like :func:`optimisers.setup`, but a Leaf only where this process owns the array
+    (:func:`owners`). Step it with :func:`update_`, on every process of the group.
 
     Args:
         rule: a rule, a mapping of ``where=`` patterns to rules, or a function
             ``(KeyPath, array) -> Rule | None``, as :func:`optimisers.setup` takes.
-        model: a model whose parameters every process holds whole (``DistributedDataParallel``
-            and the module it wraps, or any tree of tensors).
+        model: a model whose parameters every process holds whole.
         shard: the process group, or ``None`` for the default one.
 
     Raises:
-        ValueError: for parameters that are sharded already (FSDP2's ``DTensor``s: use
-            :func:`optimisers.setup`, which shards their state alike), and for a
-            tree-level rule (``ClipGlobalNorm``), whose reduction would see this
-            process's Leafs only.
+        ValueError: for parameters sharded already (``DTensor``s: use
+            :func:`optimisers.setup`), and for a tree-level rule (``ClipGlobalNorm``).
 
     Example:
         >>> import torch.distributed as dist
@@ -121,10 +109,8 @@ def _chooser(rule: Any) -> Callable[[KeyPath, Any], Any]:
 def update_(tree: Any, model: Any, *grads: Any, shard: Any = None) -> tuple[Any, Any]:
     """update_(tree, model, grads=None, shard=group) -> (tree, model): one ZeRO-1 step.
 
-    :func:`optimisers.update_` on this process's tree (its owned arrays step, with
-    ``grads`` or, for a PyTorch model, each parameter's ``.grad``), then
-    :func:`broadcast_`: every process ends with every new parameter. Call it on every
-    process of the group, as a collective.
+    :func:`optimisers.update_` on this process's tree, then :func:`broadcast_`. A
+    collective: call it on every process of the group.
 
     Example:
         >>> import torch.distributed as dist
@@ -143,8 +129,7 @@ def update_(tree: Any, model: Any, *grads: Any, shard: Any = None) -> tuple[Any,
 
 def broadcast_(model: Any, shard: Any = None) -> Any:
     """broadcast_(model, shard=group) -> model: each trainable array sent from its owner
-    (:func:`owners`) to every process of the group, in place: one broadcast per owner
-    and dtype, of all its arrays flattened together.
+    to every process, in place, one broadcast per owner and dtype.
 
     Example:
         >>> import torch.distributed as dist
