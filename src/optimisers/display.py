@@ -19,14 +19,7 @@ _SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f6
 
 
 def leaf_text(rule: Rule, state: Any, frozen: bool) -> str:
-    """leaf_text(rule, state, frozen) -> ``Leaf(rule, state)`` as its ``repr`` shows it.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Momentum
-        >>> leaf_text(Momentum(), np.zeros((3, 2), np.float32), True)
-        'Leaf(Momentum(eta=0.01, rho=0.9, eta_outside=False), f32[3, 2], frozen=True)'
-    """
+    """leaf_text(rule, state, frozen) -> ``Leaf(rule, state)`` as its ``repr`` shows it."""
     return f"Leaf({shown(rule)}, {brief(state)}{', frozen=True' if frozen else ''})"
 
 
@@ -54,14 +47,7 @@ def brief(x: Any) -> str:
 
 
 def shown(rule: Rule) -> str:
-    """shown(rule) -> ``repr(rule)``, with 0-d array hyper-parameters shown as numbers.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Descent
-        >>> shown(Descent(np.float32(0.01)))
-        'Descent(eta=0.01)'
-    """
+    """shown(rule) -> ``repr(rule)``, with 0-d array hyper-parameters shown as numbers."""
     return repr(_numbers(rule))
 
 

@@ -118,15 +118,7 @@ def pair(tree: Any, model: Any) -> list[Entry]:
     """pair(tree, model) -> an entry without gradients for every Leaf, frozen ones too.
 
     Checked as :func:`gather` checks, and each state against its parameter
-    (:func:`check_fit`), for what reads a tree beside its model without stepping it.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Descent, freeze_, setup
-        >>> tree = freeze_(setup(Descent(), {"a": np.ones(2), "b": np.ones(3)}), "b")
-        >>> [str(e.paths[0]) for e in pair(tree, {"a": np.ones(2), "b": np.ones(3)})]
-        ['a', 'b']
-    """
+    (:func:`check_fit`), for what reads a tree beside its model without stepping it."""
     found: dict[int, Entry] = {}
     _gather(tree, model, (), KeyPath(), found, {})
     for e in found.values():

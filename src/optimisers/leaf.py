@@ -66,12 +66,6 @@ def nodes(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Any]]:
 
     Raises:
         TypeError: when the tree holds anything else (a model passed as the tree).
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Descent, setup
-        >>> [(str(kp), type(t).__name__) for kp, t in nodes(setup(Descent(), [np.ones(1)]))]
-        [('', 'list'), ('0', 'Leaf')]
     """
     stack = [iter(((kp, tree),))]
     while stack:
@@ -98,12 +92,6 @@ def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]
 
     Raises:
         TypeError: when the tree holds what ``setup`` never puts there (a model).
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Descent, setup
-        >>> [str(kp) for kp, _ in leaves(setup(Descent(), {"a": [np.ones(1)]}))]
-        ['a.0']
     """
     return ((kp, t) for kp, t in nodes(tree, kp) if isinstance(t, Leaf))
 
@@ -116,12 +104,6 @@ def map_leaves(f: Callable[[Leaf], Any], tree: Any) -> Any:
 
     Raises:
         TypeError: when the tree holds what ``setup`` never puts there (a model).
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Descent, setup
-        >>> map_leaves(lambda leaf: leaf.rule.eta, setup(Descent(), {"a": [np.ones(1)], "n": 3}))
-        {'a': [0.1], 'n': None}
     """
     root: list = []
     building = [(None, root, 1)]  # each open container: the node, its new children, how many

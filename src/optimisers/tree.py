@@ -26,12 +26,7 @@ T = TypeVar("T")
 
 class Node(NamedTuple):
     """Node(children=None, rebuild=None, ...): how the tree protocol treats the instances
-    of a class given to :func:`register_node`; ``None`` fields do what the type would.
-
-    Example:
-        >>> Node(trainable=lambda x, kids: ()).children is None
-        True
-    """
+    of a class given to :func:`register_node`; ``None`` fields do what the type would."""
 
     children: Callable[[Any], dict] | None = None
     """``children(x) -> dict`` of ``x``'s children by key."""
@@ -112,13 +107,7 @@ def isleaf(x: Any) -> bool:
 
 
 def child_getter(x: Any) -> Any:
-    """child_getter(x) -> ``get(node, key)``, reading one child of a node of ``x``'s type.
-
-    Example:
-        >>> import operator
-        >>> child_getter({"a": 1}) is operator.getitem
-        True
-    """
+    """child_getter(x) -> ``get(node, key)``, reading one child of a node of ``x``'s type."""
     if isinstance(x, (Mapping, list)) or ispositional(x):
         return operator.getitem
     node = _node(type(x))
@@ -129,23 +118,13 @@ def child_getter(x: Any) -> Any:
 
 def wrapper_name(x: Any) -> str | None:
     """wrapper_name(x) -> the attribute a transparent wrapper holds its node under
-    (DDP's ``"module"``), left out of key paths; ``None`` for any other node.
-
-    Example:
-        >>> wrapper_name({"a": 1}) is None
-        True
-    """
+    (DDP's ``"module"``), left out of key paths; ``None`` for any other node."""
     node = _node(type(x))
     return node.wrapper(x) if node is not None and node.wrapper is not None else None
 
 
 def ispositional(x: Any) -> bool:
-    """ispositional(x) -> True for plain tuples and lists (a state tree keeps them so).
-
-    Example:
-        >>> ispositional((1, 2)), ispositional({"a": 1})
-        (True, False)
-    """
+    """ispositional(x) -> True for plain tuples and lists (a state tree keeps them so)."""
     if not isinstance(x, (tuple, list)) or _isnamedtuple(x):
         return False
     node = _node(type(x))
@@ -229,12 +208,7 @@ def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
 
 def rebuild_(x: T, new_children: Mapping) -> T:
     """rebuild_(x, new_children) -> ``x`` itself, written, where it is a cell made to be
-    written (a flax ``nnx.Variable``), else :func:`rebuild`'s new node.
-
-    Example:
-        >>> rebuild_([1, 2], {0: 10})
-        [10, 2]
-    """
+    written (a flax ``nnx.Variable``), else :func:`rebuild`'s new node."""
     node = _node(type(x))
     if node is not None and node.assign is not None and node.assign(x, new_children):
         return x
@@ -347,12 +321,7 @@ def trainable(x: Any) -> tuple:
 
 def keys_shown(keys: Iterable, most: int = 8, show: Callable[[Any], str] = repr) -> str:
     """keys_shown(keys, most=8) -> ``keys`` for an error message: the first ``most``, then
-    how many in all.
-
-    Example:
-        >>> keys_shown(range(3)), keys_shown(range(100), most=2)
-        ('0, 1, 2', '0, 1, ... (100 in all)')
-    """
+    how many in all."""
     keys = list(keys)
     more = f", ... ({len(keys)} in all)" if len(keys) > most else ""
     return ", ".join(show(k) for k in keys[:most]) + more

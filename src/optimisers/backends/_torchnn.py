@@ -40,13 +40,7 @@ def _inner_name(cls: type) -> str | None:
 
 
 def unwrapped(m: nn.Module) -> nn.Module:
-    """unwrapped(m) -> the module ``m`` wraps, through any number of wrappers, or ``m``.
-
-    Example:
-        >>> lin = nn.Linear(2, 1)
-        >>> unwrapped(nn.DataParallel(lin)) is lin, unwrapped(lin) is lin
-        (True, True)
-    """
+    """unwrapped(m) -> the module ``m`` wraps, through any number of wrappers, or ``m``."""
     name = _inner_name(type(m))
     while name is not None:
         m = m._modules[name]
@@ -56,34 +50,18 @@ def unwrapped(m: nn.Module) -> nn.Module:
 
 def wrapper_name(x: Any) -> str | None:
     """wrapper_name(x) -> the attribute the wrapper ``x`` holds its module under (left out
-    of key paths); ``None`` when ``x`` is no wrapper.
-
-    Example:
-        >>> wrapper_name(nn.DataParallel(nn.Linear(2, 1))), wrapper_name(nn.Linear(2, 1))
-        ('module', None)
-    """
+    of key paths); ``None`` when ``x`` is no wrapper."""
     return _inner_name(type(x)) if isinstance(x, nn.Module) else None
 
 
 def module_children(m: nn.Module) -> dict:
-    """module_children(m) -> ``m``'s parameters, buffers and submodules (a wrapper's module's).
-
-    Example:
-        >>> list(module_children(nn.Linear(2, 1)))
-        ['weight', 'bias']
-    """
+    """module_children(m) -> ``m``'s parameters, buffers and submodules (a wrapper's module's)."""
     m = unwrapped(m)
     return {**m._parameters, **m._buffers, **m._modules}
 
 
 def child_getter(m: nn.Module) -> Callable[[nn.Module, str], Any]:
-    """child_getter(m) -> ``get(module, key)`` for modules of ``m``'s class, building no dict.
-
-    Example:
-        >>> lin = nn.Linear(2, 1)
-        >>> child_getter(lin)(lin, "bias") is lin.bias
-        True
-    """
+    """child_getter(m) -> ``get(module, key)`` for modules of ``m``'s class, building no dict."""
     return _child if _inner_name(type(m)) is None else _wrapped_child
 
 
@@ -99,14 +77,7 @@ def _wrapped_child(m: nn.Module, k: str) -> Any:
 
 
 def module_trainable(m: nn.Module) -> tuple:
-    """module_trainable(m) -> the parameters that have ``requires_grad``, and the submodules.
-
-    Example:
-        >>> bn = nn.BatchNorm1d(2)
-        >>> _ = bn.bias.requires_grad_(False)
-        >>> module_trainable(bn)
-        ('weight',)
-    """
+    """module_trainable(m) -> the parameters that have ``requires_grad``, and the submodules."""
     m = unwrapped(m)
     return (*(k for k, v in m._parameters.items() if v is not None and v.requires_grad),
             *m._modules)
@@ -123,12 +94,6 @@ def rebuild_module(m: nn.Module, new_children: Mapping) -> nn.Module:
     Raises:
         TypeError: for a ``DistributedDataParallel`` or a ``fully_shard``-ed module, which
             hold the old parameters: step those in place with ``update_``.
-
-    Example:
-        >>> lin = nn.Linear(2, 1)
-        >>> new = rebuild_module(lin, {"bias": torch.zeros(1)})
-        >>> type(new.bias).__name__, new.bias is lin.bias
-        ('Parameter', False)
     """
     name = _inner_name(type(m))
     if name is None:
@@ -190,14 +155,7 @@ def _as_parameter(v: Any, old: Any) -> Any:
 
 @functools.cache  # once: again, it would change nothing
 def register_nodes() -> None:
-    """register_nodes(): ``nn.Module`` (and subclasses) as a node of the tree protocol.
-
-    Example:
-        >>> from optimisers.tree import children
-        >>> register_nodes()
-        >>> list(children(nn.Linear(2, 1)))
-        ['weight', 'bias']
-    """
+    """register_nodes(): ``nn.Module`` (and subclasses) as a node of the tree protocol."""
     from optimisers.tree import Node, register_node
 
     register_node(nn.Module, Node(
@@ -207,12 +165,7 @@ def register_nodes() -> None:
 
 def hasmodule(model: Any) -> bool:
     """hasmodule(model) -> whether ``model`` is or holds an ``nn.Module`` or a tensor that
-    requires grad (whose ``.grad`` ``update_`` may read).
-
-    Example:
-        >>> hasmodule([nn.Linear(1, 1)]), hasmodule([torch.zeros(1)])
-        (True, False)
-    """
+    requires grad (whose ``.grad`` ``update_`` may read)."""
     from optimisers.tree import children
 
     seen: set[int] = set()

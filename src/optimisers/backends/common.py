@@ -18,26 +18,12 @@ FLOAT16_EPS = 1e-7
 
 
 def abs2(xp: Any, g: Any) -> Any:
-    """abs2(xp, g) -> ``|g|^2``, real for a complex ``g`` (``g * conj(g)``'s real part).
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers.backends import numpy as xp
-        >>> abs2(xp, np.array([3 + 4j])), abs2(xp, np.array([-2.0]))
-        (array([25.]), array([4.]))
-    """
+    """abs2(xp, g) -> ``|g|^2``, real for a complex ``g`` (``g * conj(g)``'s real part)."""
     return (g * g.conj()).real if xp.iscomplex(g) else g * g
 
 
 def clip(xp: Any, g: Any, lo: Any, hi: Any) -> Any:
-    """clip(xp, g, lo, hi) -> ``g`` clamped to ``[lo, hi]``, complex parts each.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers.backends import numpy as xp
-        >>> clip(xp, np.array([2 - 3j]), -1.0, 1.0)
-        array([1.-1.j])
-    """
+    """clip(xp, g, lo, hi) -> ``g`` clamped to ``[lo, hi]``, complex parts each."""
     if xp.iscomplex(g):
         return xp.complex_from(xp.clamp(g.real, lo, hi), xp.clamp(g.imag, lo, hi))
     return xp.clamp(g, lo, hi)
@@ -45,15 +31,7 @@ def clip(xp: Any, g: Any, lo: Any, hi: Any) -> Any:
 
 def norm(xp: Any, g: Any, p: float) -> Any:
     """norm(xp, g, p) -> the ``p``-norm of all of ``g``, a 0-d array of its real dtype
-    (``p = 0``: the number of non-zeros; ``inf``: the largest ``|g|``, 0 for none).
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers.backends import numpy as xp
-        >>> g = np.array([3.0, -4.0])
-        >>> norm(xp, g, 2.0), norm(xp, g, 0), norm(xp, g, np.inf)
-        (np.float64(5.0), np.float64(2.0), np.float64(4.0))
-    """
+    (``p = 0``: the number of non-zeros; ``inf``: the largest ``|g|``, 0 for none)."""
     a = xp.abs(g)
     if p == 0:
         return xp.count_nonzero(g, a)
@@ -67,14 +45,7 @@ def norm(xp: Any, g: Any, p: float) -> Any:
 
 def eps(xp: Any, x: Any, e: Any) -> Any:
     """eps(xp, x, e) -> ``e`` as a hyper-parameter of ``x``, floored at :data:`FLOAT16_EPS`
-    for a float16 ``x``.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers.backends import numpy as xp
-        >>> eps(xp, np.zeros(1, np.float16), 1e-8), eps(xp, np.zeros(1), 1e-8)
-        (np.float16(1e-07), np.float64(1e-08))
-    """
+    for a float16 ``x``."""
     if xp.ishalf(x):
         e = _floored(xp, e)
     (e,) = xp.hyper(x, e)

@@ -35,12 +35,7 @@ def __getattr__(name: str) -> Any:
 
 def local(t: Any) -> Any:
     """local(t) -> the part of the ``DTensor`` ``t`` this process holds, sharing its memory
-    (read without autograd); ``t`` itself when it is a plain tensor.
-
-    Example:
-        >>> local(torch.ones(2))
-        tensor([1., 1.])
-    """
+    (read without autograd); ``t`` itself when it is a plain tensor."""
     if not isinstance(t, DTensor):
         return t
     with torch.no_grad():

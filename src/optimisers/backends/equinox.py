@@ -13,16 +13,7 @@ __all__ = ["register_nodes"]
 
 
 def register_nodes() -> None:
-    """register_nodes(): ``equinox.nn.StateIndex`` trains nothing, once it is imported.
-
-    Example:
-        >>> import equinox as eqx
-        >>> import jax.numpy as jnp
-        >>> from optimisers.tree import trainable
-        >>> register_nodes()
-        >>> trainable(eqx.nn.StateIndex(jnp.zeros(2)))
-        ()
-    """
+    """register_nodes(): ``equinox.nn.StateIndex`` trains nothing, once it is imported."""
     index = getattr(sys.modules.get("equinox.nn"), "StateIndex", None)
     if index is not None:
         _register(index)

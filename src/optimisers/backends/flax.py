@@ -63,14 +63,7 @@ def children(x: Any) -> dict:
 
 def child(x: Any, key: Any) -> Any:
     """child(x, key) -> ``children(x)[key]`` without building the others (``getattr``
-    would warn for a Variable and fail on ``nnx.List``).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from flax import nnx
-        >>> child(nnx.List([nnx.Param(jnp.ones(1))]), 0)[...]
-        Array([1.], dtype=float32)
-    """
+    would warn for a Variable and fail on ``nnx.List``)."""
     if _kind(x) == "variable":
         if key != _VALUE:
             raise KeyError(key)
@@ -117,15 +110,7 @@ def rebuild(x: Any, new_children: Mapping) -> Any:
 
 def assign(x: Any, new_children: Mapping) -> bool:
     """assign(x, new_children) -> True when ``x`` is a Variable, now holding the new value;
-    ``False`` (nothing done) for a module.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from flax import nnx
-        >>> w = nnx.Param(jnp.zeros(2))
-        >>> assign(w, {"value": jnp.ones(2)}), w[...]
-        (True, Array([1., 1.], dtype=float32))
-    """
+    ``False`` (nothing done) for a module."""
     if _kind(x) != "variable":
         return False
     if new_children:
@@ -156,11 +141,7 @@ def trainable(x: Any, kids: dict) -> tuple | None:
 
 def check_trainable(x: Any, kids: dict) -> None:
     """check_trainable(x, kids): a ``UserWarning`` for a linen ``variables`` dict (``params``
-    next to ``batch_stats``), which would train the batch statistics too.
-
-    Example:
-        >>> check_trainable({"params": {}}, {"params": {}})  # no other collection: no warning
-    """
+    next to ``batch_stats``), which would train the batch statistics too."""
     if isinstance(x, Mapping) and "params" in kids and any(c in kids for c in _LINEN_STATE):
         found = [c for c in _LINEN_STATE if c in kids]
         warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' "
@@ -172,15 +153,7 @@ def check_trainable(x: Any, kids: dict) -> None:
 
 def register_nodes() -> None:
     """register_nodes(): nnx's Modules and Variables as nodes of the tree protocol, once
-    ``flax.nnx`` is imported.
-
-    Example:
-        >>> from flax import nnx
-        >>> from optimisers.tree import trainable
-        >>> register_nodes()
-        >>> trainable(nnx.BatchStat(1.0))
-        ()
-    """
+    ``flax.nnx`` is imported."""
     nnx = sys.modules.get("flax.nnx")
     if nnx is not None:
         _register(nnx)

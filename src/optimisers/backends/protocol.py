@@ -16,15 +16,7 @@ Array = Any  # an array of the backend's library (np.ndarray, torch.Tensor, jax.
 
 
 class Backend(Protocol):
-    """What every backend module provides (``backends.of(x)``, called ``xp`` by rules).
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import backends
-        >>> xp: Backend = backends.of(np.zeros(2))
-        >>> xp.CONCATENATES, xp.FUSES_ITSELF
-        (True, False)
-    """
+    """What every backend module provides (``backends.of(x)``, called ``xp`` by rules)."""
 
     CONCATENATES: bool
     """Whether fused groups step over concatenations (then it provides :class:`Grouping`)."""

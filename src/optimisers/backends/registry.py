@@ -64,11 +64,7 @@ _EXTENSIONS: dict[str, str] = {}  # library -> the module above backends/ that e
 
 def extend(lib: str, module: str) -> None:
     """extend(lib, module): import ``module`` once the backend of ``lib`` is loaded (now, if
-    it is), so that a layer above ``backends/`` extends it without being imported here.
-
-    Example:
-        >>> extend("nosuchlibrary", "optimisers.leaf")  # nothing loaded: imported later
-    """
+    it is), so that a layer above ``backends/`` extends it without being imported here."""
     _EXTENSIONS[lib] = module
     if lib in _LOADED:
         importlib.import_module(module)
@@ -99,12 +95,7 @@ def nograd() -> contextlib.AbstractContextManager:
 
 
 def nograd_maker() -> Any:
-    """nograd_maker() -> ``torch.no_grad`` when PyTorch is loaded, else ``nullcontext``.
-
-    Example:
-        >>> with nograd_maker()():
-        ...     pass
-    """
+    """nograd_maker() -> ``torch.no_grad`` when PyTorch is loaded, else ``nullcontext``."""
     torch = sys.modules.get("torch")
     return torch.no_grad if torch is not None else contextlib.nullcontext
 
@@ -152,13 +143,7 @@ def istraced(v: Any) -> bool:
 
 def dtype_library(v: Any) -> str | None:
     """dtype_library(v) -> ``"torch"`` or ``"jax"`` for a dtype object of theirs, else
-    ``None`` (NumPy's dtypes too); imports nothing.
-
-    Example:
-        >>> import numpy as np
-        >>> dtype_library(np.float32) is None
-        True
-    """
+    ``None`` (NumPy's dtypes too); imports nothing."""
     root = _ROOTS.get(type(v).__module__.partition(".")[0])
     if root == "torch" and type(v).__name__ == "dtype":
         return root
@@ -176,10 +161,6 @@ def dtype_module(lib: Any) -> ModuleType | None:
 
     Raises:
         LookupError: for such a library not imported yet (this imports none).
-
-    Example:
-        >>> dtype_module("numpy") is None
-        True
     """
     name = _DTYPE_MODULES.get(lib) if isinstance(lib, str) else None
     if name is None:
@@ -194,12 +175,7 @@ _CARRIERS = ("torch",)  # libraries whose parameters carry their gradients (.gra
 
 
 def carries_grads(model: Any) -> str | None:
-    """carries_grads(model) -> ``"torch"`` when ``model``'s parameters carry ``.grad``.
-
-    Example:
-        >>> carries_grads({"w": 1.0}) is None
-        True
-    """
+    """carries_grads(model) -> ``"torch"`` when ``model``'s parameters carry ``.grad``."""
     for lib in _CARRIERS:
         if lib in sys.modules and ops(lib).hasmodule(model):
             return lib
@@ -211,11 +187,7 @@ _NODE_BACKENDS = {"torch": "torch", "flax": "flax", "equinox": "equinox"}  # roo
 
 def register_nodes(cls: type) -> None:
     """register_nodes(cls): the backend of each library ``cls`` (or a base) comes from
-    registers its model classes with the tree protocol (``protocol.Nodes``).
-
-    Example:
-        >>> register_nodes(dict)  # no library's class: nothing to register
-    """
+    registers its model classes with the tree protocol (``protocol.Nodes``)."""
     done = set()
     for base in cls.__mro__:
         lib = _NODE_BACKENDS.get((getattr(base, "__module__", None) or "").partition(".")[0])
@@ -229,11 +201,7 @@ _CHECKERS = ("flax",)  # libraries whose backend checks a node trained whole
 
 def check_trainable(x: Any, kids: dict) -> None:
     """check_trainable(x, kids): backends warn where training ``x`` whole is a mistake
-    (flax: a linen ``variables`` dict).
-
-    Example:
-        >>> check_trainable({"w": 1.0}, {"w": 1.0})  # nothing to warn about
-    """
+    (flax: a linen ``variables`` dict)."""
     for lib in _CHECKERS:
         if lib in sys.modules:
             ops(lib).check_trainable(x, kids)
@@ -243,11 +211,7 @@ _EAGER = ("jax",)  # backends registering this package's types (Leaf, rules) wit
 
 
 def rule_defined(cls: type) -> None:
-    """rule_defined(cls): loaded backends register the new rule class (JAX: a pytree).
-
-    Example:
-        >>> rule_defined(object)  # no such backend loaded here
-    """
+    """rule_defined(cls): loaded backends register the new rule class (JAX: a pytree)."""
     for lib in _EAGER:
         loaded = _LOADED.get(lib)
         if loaded is not None:
@@ -256,11 +220,7 @@ def rule_defined(cls: type) -> None:
 
 def load_imported() -> None:
     """Load the backends whose registrations matter before any array is seen (JAX: rules
-    and Leafs are pytrees from the start), for libraries already imported.
-
-    Example:
-        >>> load_imported()  # nothing to do for a library not imported
-    """
+    and Leafs are pytrees from the start), for libraries already imported."""
     for lib in _EAGER:
         if lib in sys.modules:
             ops(lib)

@@ -26,14 +26,7 @@ def _devices() -> int:
 def beside(state: Any, values: list) -> list:
     """beside(state, values) -> ``values`` (a Leaf's flat form) that are on one device placed
     replicated over the mesh ``state`` is sharded over, so that a jitted step gets them as
-    it gives them back and does not compile again.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> values = [jnp.ones(3), jnp.int32(0)]
-        >>> beside((jnp.zeros(3),), values) == values  # (one device: as they are)
-        True
-    """
+    it gives them back and does not compile again."""
     if _devices() == 1:
         return values
     for v in jax.tree.leaves(state):
@@ -54,14 +47,7 @@ def _replicated(mesh: Any, like: Any) -> Any:
 
 def follow(x: Any, g: Any) -> Any:
     """follow(x, g) -> the traced gradient ``g`` resharded as its parameter ``x``, so that
-    every array a step makes is sharded as the parameter (not as the gradient).
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> x = jnp.ones(4)
-        >>> jax.jit(follow)(x, 2 * x).tolist()
-        [2.0, 2.0, 2.0, 2.0]
-    """
+    every array a step makes is sharded as the parameter (not as the gradient)."""
     if _devices() == 1:
         return g
     if explicit(x):  # shardings in the types: JAX's own reshard
@@ -71,13 +57,7 @@ def follow(x: Any, g: Any) -> Any:
 
 
 def explicit(x: Any) -> bool:
-    """explicit(x) -> whether the traced ``x`` is sharded over ``Explicit`` mesh axes.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> explicit(jnp.ones(2))
-        False
-    """
+    """explicit(x) -> whether the traced ``x`` is sharded over ``Explicit`` mesh axes."""
     mesh = jax.typeof(x).sharding.mesh
     return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
 
