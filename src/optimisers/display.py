@@ -24,13 +24,7 @@ def leaf_text(rule: Rule, state: Any, frozen: bool) -> str:
 
 
 def brief(x: Any) -> str:
-    """brief(x) -> a state as text: arrays as ``f32[3, 2]``, anything else as its ``repr``.
-
-    Example:
-        >>> import numpy as np
-        >>> brief((np.zeros((3, 2), np.float32), [np.ones(4)], {"t": 2}))
-        "(f32[3, 2], [f64[4]], {'t': 2})"
-    """
+    """brief(x) -> a state as text: arrays as ``f32[3, 2]``, anything else as its ``repr``."""
     lib = backends.library(x)
     if lib is not None:
         xp = backends.ops(lib)

@@ -98,17 +98,7 @@ def gather(tree: Any, model: Any, grads: tuple) -> list[Entry]:
     """gather(tree, model, grads) -> the entries of one update: each Leaf to step once.
 
     Validates all of it (every error names its KeyPath) and sums the gradients of tied
-    Leafs; frozen Leafs and Leafs without a gradient have no entry. Nothing is written.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Descent, setup
-        >>> w = np.ones(2)
-        >>> model = {"a": w, "b": w}
-        >>> (entry,) = gather(setup(Descent(), model), model, ({"a": w, "b": 2 * w},))
-        >>> entry.grads[0], [str(p) for p in entry.paths]
-        (array([3., 3.]), ['a', 'b'])
-    """
+    Leafs; frozen Leafs and Leafs without a gradient have no entry. Nothing is written."""
     found: dict[int, Entry] = {}
     _gather(tree, model, grads, KeyPath(), found, {})
     return list(found.values())
@@ -174,14 +164,7 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict, inside: dict) ->
 def nest_dotted(g: Any, model: Any) -> Any:
     """nest_dotted(g, model) -> a gradient dict keyed by dotted paths (as
     ``named_parameters()`` names them) as nested dicts mirroring the model; any other
-    gradient as it is. A key that leads nowhere is left for the gather's error.
-
-    Example:
-        >>> import numpy as np
-        >>> model = {"enc": [np.ones(2), np.ones(3)], "b": np.ones(1)}
-        >>> nest_dotted({"enc.1": 0.5, "b": 1.0}, model)
-        {'enc': {1: 0.5}, 'b': 1.0}
-    """
+    gradient as it is. A key that leads nowhere is left for the gather's error."""
     if not isinstance(g, Mapping) or not g:
         return g
     kids = children(model)

@@ -185,14 +185,7 @@ def module_grads(model: Any) -> Any:
     """module_grads(model) -> the tree of ``.grad``s that ``update_(tree, model)`` reads.
 
     ``dict``s keyed by child names; a tied parameter's gradient (summed by autograd)
-    only at its first path, ``None`` at the others.
-
-    Example:
-        >>> lin = nn.Linear(2, 1)
-        >>> lin(torch.ones(2)).sum().backward()
-        >>> module_grads(lin)["bias"]
-        tensor([1.])
-    """
+    only at its first path, ``None`` at the others."""
     from optimisers.tree import children, trainable
 
     seen: set[int] = set()

@@ -44,16 +44,7 @@ def children(x: Any) -> dict:
     """children(x) -> a Variable's ``{"value": value}``, or a module's data attributes.
 
     A module's keys are sorted, as ``nnx.grad`` keys its ``State``; static attributes
-    are left out.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from flax import nnx
-        >>> children(nnx.BatchStat(jnp.zeros(2)))
-        {'value': Array([0., 0.], dtype=float32)}
-        >>> list(children(nnx.Linear(2, 3, rngs=nnx.Rngs(0))))
-        ['bias', 'kernel']
-    """
+    are left out."""
     if _kind(x) == "variable":
         return {_VALUE: x.get_value()}
     # sorted: nnx.grad and nnx.update re-create a module's attributes in that order
@@ -88,16 +79,7 @@ def rebuild(x: Any, new_children: Mapping) -> Any:
     """rebuild(x, new_children) -> a new Variable or module like ``x``, ``x`` untouched.
 
     A Variable is copied with its metadata; a module without running ``__init__``, with
-    a fresh nnx state (as ``jax.tree.unflatten`` makes it).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from flax import nnx
-        >>> w = nnx.Param(jnp.zeros(2))
-        >>> v = rebuild(w, {"value": jnp.ones(2)})
-        >>> type(v).__name__, v[...], w[...]
-        ('Param', Array([1., 1.], dtype=float32), Array([0., 0.], dtype=float32))
-    """
+    a fresh nnx state (as ``jax.tree.unflatten`` makes it)."""
     if _kind(x) == "variable":
         return x.copy(new_children[_VALUE]) if new_children else x
     y = copy.copy(x)  # its __dict__ copied, without nnx's __setattr__ or __init__
@@ -120,15 +102,7 @@ def assign(x: Any, new_children: Mapping) -> bool:
 
 def trainable(x: Any, kids: dict) -> tuple | None:
     """trainable(x, kids) -> the trainable keys of a flax node (``None`` for another): a
-    Variable's value when it is an ``nnx.Param``; a module's children but bare arrays.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from flax import nnx
-        >>> w, s = nnx.Param(jnp.zeros(2)), nnx.BatchStat(jnp.zeros(2))
-        >>> trainable(w, children(w)), trainable(s, children(s)), trainable([1], {0: 1})
-        (('value',), (), None)
-    """
+    Variable's value when it is an ``nnx.Param``; a module's children but bare arrays."""
     kind = _kind(x)
     if kind == "variable":
         return (_VALUE,) if isinstance(x, sys.modules["flax.nnx"].Param) else ()
