@@ -6,21 +6,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from optimisers import (
-    Adam,
-    AdamW,
-    Descent,
-    Lion,
-    Momentum,
-    Muon,
-    Nesterov,
-    setup,
-)
-from optimisers.demo.model import (
-    MLP,
-    make_model,
-)
-from optimisers.demo.training import Progress, Task, evaluate, train
+from optimisers import Adam, AdamW, Descent, Lion, Momentum, Muon, Nesterov, setup
+from optimisers.demo.model import make_model
+from optimisers.demo.tour import Task, evaluate, train
 
 #: The compared rules. An entry may be ``setup``'s mapping from paths to rules: the last
 #: one gives the hidden matrix (``block1``'s and ``block2``'s tied weight) to ``Muon`` and
@@ -43,8 +31,7 @@ def name(rule: Any) -> str:
 
 
 def described(rule: Any) -> list[str]:
-    """A compared entry in full, as lines under the table: a mapping's patterns and their
-    rules (a single rule is printed in the table itself, and gives no lines).
+    """A mapping's patterns and rules, as lines under the table (none for a single rule).
 
     Example:
         >>> described({"*.w": Muon(0.02), "*": AdamW()})[1]
@@ -55,9 +42,6 @@ def described(rule: Any) -> list[str]:
     lines = [f"{name(rule)}: setup(mapping, model) with the mapping"]
     lines += [f"  {k!r} -> {r!r}" for k, r in rule.items()]
     return lines
-
-
-# ----------------------------------------------------------------------------- comparison
 
 
 def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tuple]:
@@ -71,7 +55,7 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
         at: list[int] = []
         losses: list[float] = []
 
-        def record(i: int, tree: Any, model: MLP, bar: Progress, at: list = at,
+        def record(i: int, tree: Any, model: Any, bar: Any, at: list = at,
                    losses: list = losses) -> None:
             if i % every == 0:
                 at.append(i)
@@ -93,7 +77,8 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
     return curves
 
 
-def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple | None = None) -> None:
+def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple) -> None:
+    """Write the loss curves, and the learning rate ``lr`` on a right axis, to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,10 +93,9 @@ def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple | None = Non
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    if lr is not None:  # (steps, values): a learning rate, on its own axis at the right
-        right = ax.twinx()
-        right.plot(*lr, color="grey", ls="--", lw=1.2)
-        right.set_ylabel("the tour's learning rate (dashed)")
+    right = ax.twinx()
+    right.plot(*lr, color="grey", ls="--", lw=1.2)
+    right.set_ylabel("the tour's learning rate (dashed)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

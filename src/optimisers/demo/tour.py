@@ -1,10 +1,13 @@
-"""The demo's feature tour: one printed line for each feature the library has, each checked."""
+"""The demo's training loop, and the run that shows every feature, one checked line each."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,9 +21,13 @@ from optimisers import (
     Warmup,
     adjust_,
     destructure,
+    fleaves,
+    fmap_with_path,
     freeze_,
+    isnumeric,
     load,
     save,
+    select,
     setup,
     summary,
     thaw_,
@@ -29,38 +36,122 @@ from optimisers import (
 )
 from optimisers.demo.model import (
     MLP,
+    MOMENTUM,
+    Backend,
+    init_arrays,
+    logistic_loss,
     make_model,
-)
-from optimisers.demo.training import (
-    Progress,
-    Task,
-    arrays_of,
-    identical,
-    load_model,
-    save_model,
-    train,
+    spirals,
 )
 from optimisers.schedules import at
 
+BATCH = 64
+
 TOUR_RULE = OptimiserChain(AccumGrad(2), ClipGlobalNorm(1.0),
                            AdamW(Warmup(Cosine(0.01, 0.001, 100), 10, 0.001), lambd=0.01))
-"""The tour's rule: one step per two micro-batches, all gradients clipped together to
-norm 1, and AdamW whose learning rate warms up from 0.001 over 10 real steps, then decays on a half
-cosine over 100 (the clock counts AccumGrad's real steps)."""
+"""The tour's rule: a step per two micro-batches, clipped, and AdamW warmed up then decayed."""
 
 
+class Progress:
+    """tqdm when installed and stdout is a terminal, else a line half-way and at the end."""
+
+    def __init__(self, label: str, start: int, stop: int) -> None:
+        self.label, self.stop, self.bar = label, stop, None
+        self.marks = {(start + stop) // 2, stop}
+        if sys.stdout.isatty():
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            width = shutil.get_terminal_size().columns
+            self.bar = tqdm(total=stop - start, desc=f"{label:>10}", file=sys.stdout,
+                            ncols=min(width, 120), unit="step")
+
+    def step(self, i: int, loss: float) -> None:
+        """Step ``i`` (counting from 1) is done, with this training loss."""
+        if self.bar is not None:
+            self.bar.update(1)
+            if i % 20 == 0 or i == self.stop:
+                self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        elif i in self.marks:
+            print(f"  {self.label:>10}  step {i:>5}/{self.stop}  loss {loss:.4f}", flush=True)
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+
+
+@dataclass
+class Task:
+    """What every run shares: backend, data, initial weights, and each step's minibatch."""
+
+    bk: Backend
+    points: np.ndarray
+    labels: np.ndarray
+    test_points: np.ndarray
+    test_labels: np.ndarray
+    batches: np.ndarray
+    init: dict[str, np.ndarray]
+
+    def __post_init__(self) -> None:
+        self.x, self.x_test = self.bk.array(self.points), self.bk.array(self.test_points)
+
+
+def make_task(bk: Backend, steps: int, seed: int, n: int = 512) -> Task:
+    batches = np.random.default_rng([seed, 1]).integers(0, n, (steps, BATCH))
+    return Task(bk, *spirals(n, seed), *spirals(n, seed + 10_000), batches, init_arrays(seed))
+
+
+def train(task: Task, tree: Any, model: MLP, start: int, stop: int, label: str,
+          hook: Callable | None = None) -> tuple[Any, MLP]:
+    """Steps ``start`` to ``stop``; ``hook(i, tree, model, bar)`` runs before step ``i``."""
+    bk, bar = task.bk, Progress(label, start, stop)
+    try:
+        for i in range(start, stop):
+            if hook is not None:
+                hook(i, tree, model, bar)
+            idx = task.batches[i]
+            tree, model, loss, (mean, var) = bk.step(
+                tree, model, bk.array(task.points[idx]), bk.array(task.labels[idx]))
+            bn = model.norm
+            bn.mu = (1 - MOMENTUM) * bn.mu + MOMENTUM * mean
+            bn.var = (1 - MOMENTUM) * bn.var + MOMENTUM * var
+            bar.step(i + 1, loss)
+    finally:
+        if bar.bar is not None:
+            bar.bar.close()
+    return tree, model
+
+
+def evaluate(task: Task, model: MLP) -> tuple[float, float, float]:
+    """Loss and accuracy on the training points, accuracy on the test points."""
+    z = task.bk.logits(model, task.x).astype(np.float64)
+    zt = task.bk.logits(model, task.x_test)
+    return (float(logistic_loss(z, task.labels, np)), float(np.mean(z * task.labels > 0)),
+            float(np.mean(zt * task.test_labels > 0)))
+
+
+def arrays_of(bk: Backend, tree: Any, model: MLP) -> list[np.ndarray]:
+    """Every array of the model and of the optimiser state, as NumPy, in walk order."""
+    states = [leaf.state for leaf in select(tree)]
+    return [bk.numpy(a) for a in fleaves((model, states)) if isnumeric(a)]
+
+
+def identical(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and x.shape == y.shape
+                                    and x.tobytes() == y.tobytes() for x, y in zip(a, b))
 
 
 class Tour:
     """The run that shows every feature: what happens at which step, and its lines."""
 
     def __init__(self, task: Task, steps: int, folder: str, out: Callable[[str], None]):
-        self.task, self.steps, self.out = task, steps, out
+        self.task, self.steps, self.out, self.eta = task, steps, out, 0.003
         self.freeze_at, self.adjust_at, self.thaw_at = steps // 4, steps // 2, 3 * steps // 4
         self.save_at = self.adjust_at | 1  # odd: half-way through an AccumGrad(2) cycle
-        self.eta = 0.003
-        self.ckpt = os.path.join(folder, "state.ckpt")
-        self.weights = os.path.join(folder, "model.npz")
+        self.ckpt, self.weights = (os.path.join(folder, f) for f in ("state.ckpt", "model.npz"))
         self.seen: dict[Any, Any] = {}
 
     def snap(self, model: MLP, *layers: str) -> list[np.ndarray]:
@@ -90,7 +181,10 @@ class Tour:
                 f"keeping the optimiser state")
         if i == self.save_at and not quiet:
             save(self.ckpt, tree)
-            save_model(self.weights, self.task.bk, model)
+            found: dict[str, np.ndarray] = {}  # the model's arrays by path, a tie once
+            fmap_with_path(lambda kp, a: isnumeric(a) and found.setdefault(
+                str(kp), self.task.bk.numpy(a)), model)
+            np.savez(self.weights, **found)
         if i == self.thaw_at:
             thaw_(tree["encoder"])
             if not quiet:
@@ -101,7 +195,9 @@ class Tour:
     def resume(self, tree: Any, model: MLP) -> None:
         """Train again from the checkpoint, in fresh objects; compare with the run."""
         bk = self.task.bk
-        m2 = load_model(self.weights, bk, make_model(bk, self.task.init))
+        with np.load(self.weights, allow_pickle=False) as f:
+            m2 = bk.prepare(fmap_with_path(lambda kp, a: bk.array(f[str(kp)]) if isnumeric(a)
+                                           else a, make_model(bk, self.task.init)))
         t2 = load(self.ckpt, like=setup(TOUR_RULE, m2))
         t2, m2 = train(self.task, t2, m2, self.save_at, self.steps, "resumed",
                        lambda i, *a: i > self.save_at and self.hook(i, *a, quiet=True))
@@ -114,6 +210,7 @@ class Tour:
 
 
 def tour(task: Task, steps: int, out: Callable[[str], None]) -> None:
+    """Train once with :data:`TOUR_RULE`, printing a checked line per feature."""
     bk = task.bk
     model = make_model(bk, task.init)
     tree = setup(TOUR_RULE, model)
@@ -147,8 +244,7 @@ def tour(task: Task, steps: int, out: Callable[[str], None]) -> None:
         out(f"tied weight: block1.weight is block2.weight, with one shared Leaf ({shared}) "
             f"that gets the sum of both paths' gradients; still one array after {steps} "
             f"steps: {tied}")
-    flat, re = destructure(model)
-    out(f"destructure(model): {len(re)} trainable numbers in one vector (the tied weight "
-        f"once, the running statistics not at all)")
+    out(f"destructure(model): {len(destructure(model)[1])} trainable numbers in one vector "
+        f"(the tied weight once, the running statistics not at all)")
     out("summary(tree, model):")
     out(summary(tree, model))
