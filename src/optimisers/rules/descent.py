@@ -32,28 +32,18 @@ class Descent(Rule):
 
 @dataclass(frozen=True)
 class Momentum(Rule):
-    """Momentum(eta=0.01, rho=0.9, eta_outside=False): ``v = rho*v + eta*g``; ``d = v``.
+    """Momentum(eta=0.01, rho=0.9, eta_outside=False): ``v = rho*v + eta*g``; ``d = v``
+    (Polyak 1964, "Some methods of speeding up the convergence of iteration methods").
 
-    Classical momentum (Polyak 1964) with the learning rate inside the velocity: after a
-    change of ``eta`` (``adjust``, a schedule) ``v`` still carries the old rate, and the
-    pace changes smoothly. With ``eta_outside``, the rate is applied after the velocity,
-    ``v = rho*v + g``; ``d = eta*v``, as ``torch.optim.SGD(lr=eta, momentum=rho)`` and
-    ``optax.sgd(eta, momentum=rho)`` do, so that a run under a schedule (``StepLR``,
-    ``OneCycleLR``) follows theirs; a change of ``eta`` then takes effect at once. With
-    a constant ``eta`` the two forms take the same steps. ``rho`` is in ``[0, 1]``:
-    ``rho = 1`` is allowed, as ``torch.optim.SGD`` allows ``momentum=1`` (it checks only
-    ``momentum >= 0``): the velocity then sums every gradient, never forgetting one, which
-    is well defined (no division by ``1 - rho``); a ``rho`` above 1 grows the velocity
-    without bound.
+    The rate inside the velocity: a change of ``eta`` takes effect smoothly. With
+    ``eta_outside``, ``v = rho*v + g``; ``d = eta*v``, as ``torch.optim.SGD(lr=eta,
+    momentum=rho)`` and ``optax.sgd``; with a constant ``eta`` the two are the same.
 
     Example:
         >>> import numpy as np
         >>> r, x = Momentum(0.1, 0.5), np.zeros(1)
         >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); d
         array([0.15])
-        >>> r = Momentum(0.1, 0.5, eta_outside=True)
-        >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); s, d
-        (array([1.5]), array([0.15]))
     """
 
     elementwise = True
@@ -78,22 +68,16 @@ class Momentum(Rule):
 @dataclass(frozen=True)
 class Nesterov(Rule):
     """Nesterov(eta=0.001, rho=0.9, eta_outside=False): Nesterov's accelerated gradient
-    (Sutskever et al. 2013).
+    (Sutskever et al. 2013, "On the importance of initialization and momentum").
 
-    ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``, the rate inside the
-    velocity; with ``eta_outside``, ``v = rho*v + g``; ``d = eta*(g + rho*v)``, as
-    ``torch.optim.SGD(lr=eta, momentum=rho, nesterov=True)`` and ``optax.sgd(eta, rho,
-    nesterov=True)`` (see :class:`Momentum`). With a constant ``eta`` the two forms take
-    the same steps. ``rho = 1`` is allowed, as for :class:`Momentum` (and
-    ``torch.optim.SGD``'s ``momentum=1``).
+    ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``; with ``eta_outside``,
+    ``v = rho*v + g``; ``d = eta*(g + rho*v)``, as ``torch.optim.SGD(..., nesterov=True)``.
 
     Example:
         >>> import numpy as np
         >>> r, x = Nesterov(0.1, 0.5), np.zeros(1)
         >>> r.apply(r.init(x), x, np.ones(1))[1]
         array([0.15])
-        >>> Nesterov(0.1, 0.5, eta_outside=True).apply(np.zeros(1), x, np.ones(1))
-        (array([1.]), array([0.15]))
     """
 
     elementwise = True
@@ -119,13 +103,11 @@ class Nesterov(Rule):
 @dataclass(frozen=True)
 class Rprop(Rule):
     """Rprop(eta=0.001, ell=(0.5, 1.2), gamma=(1e-6, 50.0)): resilient backprop
-    (Riedmiller & Braun 1993).
+    (Riedmiller & Braun 1993, "A direct adaptive method for faster backpropagation learning").
 
-    Per element, the step size grows by ``ell[1]`` while the gradient keeps its sign and
-    shrinks by ``ell[0]`` when it flips (then that gradient is forgotten), clamped to
-    ``gamma``; ``d = s * sign(g)``. As ``torch.optim.Rprop(etas=ell, step_sizes=gamma)``.
-    A complex element steps as two real ones: its real and imaginary parts, each with its
-    own step size (the real and imaginary parts of ``s``).
+    Per element, the step size ``s`` grows by ``ell[1]`` while the gradient keeps its sign and
+    shrinks by ``ell[0]`` when it flips (that gradient then forgotten), within ``gamma``;
+    ``d = s * sign(g)``. As ``torch.optim.Rprop``; complex parts step apart.
 
     Example:
         >>> import numpy as np
@@ -161,7 +143,7 @@ def _iscomplex(xp, x) -> bool:
 
 
 def _rprop(xp, gp, s, dx, lo, hi, gmin, gmax):
-    """Rprop's step on real arrays: the new (previous gradient, step sizes), and ``d``."""
+    """Rprop's step on real arrays: ``((previous gradient, step sizes), d)``."""
     sgn = xp.sign(gp * dx)
     s = xp.assign(s, xp.where(sgn > 0, xp.minimum(s * hi, gmax),
                               xp.where(sgn < 0, xp.maximum(s * lo, gmin), s)))
