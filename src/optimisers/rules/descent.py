@@ -38,6 +38,7 @@ class Momentum(Rule):
     The rate inside the velocity: a change of ``eta`` takes effect smoothly. With
     ``eta_outside``, ``v = rho*v + g``; ``d = eta*v``, as ``torch.optim.SGD(lr=eta,
     momentum=rho)`` and ``optax.sgd``; with a constant ``eta`` the two are the same.
+    ``rho = 1`` is allowed, as ``torch.optim.SGD`` allows ``momentum=1``.
 
     Example:
         >>> import numpy as np
@@ -72,6 +73,7 @@ class Nesterov(Rule):
 
     ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``; with ``eta_outside``,
     ``v = rho*v + g``; ``d = eta*(g + rho*v)``, as ``torch.optim.SGD(..., nesterov=True)``.
+    ``rho = 1`` is allowed, as for :class:`Momentum`.
 
     Example:
         >>> import numpy as np

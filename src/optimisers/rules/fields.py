@@ -143,14 +143,16 @@ class Allowed:
             if not _fits(self.kind, value):
                 self._refuse(rule, name, value, within, index)
             return value
-        if backends.istraced(value) or _isschedule(value):
+        from optimisers.schedules import Schedule, as_schedule  # (it imports this module)
+
+        if backends.istraced(value) or isinstance(value, Schedule):
             return value  # unknown here (a schedule's is checked where evaluated: schedules.at)
-        if callable(value) and (scheduled := _as_schedule(value)) is not value:
+        if callable(value) and (scheduled := as_schedule(value)) is not value:
             return scheduled  # a plain function step -> value: a schedule
         number = _number(value)
         if number is None or (self.kind == "whole" and type(number) is not int):
             self._refuse(rule, name, value, within, index)
-        if type(number) is int and not _float_holds(number):
+        if type(number) is int and abs(number) >= _TOO_LARGE:
             digits = f"an int of {len(str(abs(number)))} digits, too large for a float"
             raise ValueError(f"{_invalid(name, digits, index, shown=True)}; "
                              f"{_subject(rule, name, index)} must be {within}")
@@ -193,19 +195,7 @@ def _number(value: Any) -> int | float | None:
     return number if type(number) is int else None
 
 
-def _float_holds(number: int) -> bool:
-    """Whether the ``int`` ``number`` converts to a float (the arithmetic of every step)."""
-    try:
-        float(number)
-    except OverflowError:
-        return False
-    return True
-
-
-def _isschedule(value: Any) -> bool:
-    from optimisers.schedules import Schedule  # (schedules imports this module)
-
-    return isinstance(value, Schedule)
+_TOO_LARGE = int(np.finfo(float).max) + 2**970  # the least int that float() overflows on
 
 
 RULE: tuple[type, ...] = ()  # (Rule,), set by rules/base.py
@@ -242,13 +232,10 @@ def dtype_name(value: Any) -> str | None:
         return str(value).rpartition(".")[2]
 
 
-def _noun(name: str) -> str:
-    return "learning rate eta" if name == "eta" else name
-
-
 def _subject(rule: str, name: str, index: int | str = "") -> str:
     """``Adam's beta[0]``: the rule, the field, and the element of a tuple."""
-    return f"{rule}'s {_noun(name)}{f'[{index}]' if index != '' else ''}"
+    noun = "learning rate eta" if name == "eta" else name
+    return f"{rule}'s {noun}{f'[{index}]' if index != '' else ''}"
 
 
 def _invalid(name: str, value: Any, index: int | str = "", shown: bool = False) -> str:
@@ -346,10 +333,3 @@ def check(rule: Any) -> None:
             stored[name] = new
     for name, new in stored.items():  # once every field passed: nothing written on error
         object.__setattr__(rule, name, new)
-
-
-def _as_schedule(value: Any) -> Any:
-    from optimisers.schedules import as_schedule  # (schedules imports this module)
-
-    return as_schedule(value)
-
