@@ -9,7 +9,7 @@ for biases with ``where=``, ``AccumGrad``, a checkpoint resumed bit for bit, and
 ``summary``. Then it trains the same network with several rules and prints a table.
 """
 
-from optimisers.demo.cli import add_arguments, make_parser, run
+from optimisers.demo.cli import add_arguments, run
 from optimisers.demo.model import (
     HIDDEN,
     Backend,
@@ -22,4 +22,4 @@ from optimisers.demo.model import (
 )
 
 __all__ = ["HIDDEN", "Backend", "add_arguments", "forward", "init_arrays", "logistic_loss",
-           "make_model", "make_parser", "numpy_grads", "run", "spirals"]
+           "make_model", "numpy_grads", "run", "spirals"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -41,29 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              '(needs matplotlib: pip install "optimisers[plot]")')
 
 
-def make_parser(prog: str = "optimisers demo") -> argparse.ArgumentParser:
-    """The demo's parser; its description is the demo package's second paragraph."""
-    about = importlib.import_module("optimisers.demo").__doc__.split("\n\n")[1]
-    about = " ".join(about.replace("``", "").split())
-    parser = argparse.ArgumentParser(prog=prog, description=about)
-    add_arguments(parser)
-    return parser
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the demo with parsed ``args``; returns the exit status."""
-    err = sys.stderr
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             print('optimisers demo: --plot needs matplotlib, which is not installed; '
-                  'install it with: pip install "optimisers[plot]"', file=err)
+                  'install it with: pip install "optimisers[plot]"', file=sys.stderr)
             return 1
         folder = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(folder):
             print(f"optimisers demo: --plot {args.plot}: there is no folder {folder}",
-                  file=err)
+                  file=sys.stderr)
             return 2
     cls, pretty = BACKENDS[args.backend]
     try:
@@ -71,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"optimisers demo: --backend {args.backend} needs {pretty}, which is not "
               f'installed; install it with: pip install "optimisers[{args.backend}]"',
-              file=err)
+              file=sys.stderr)
         return 1
     with bk:
         return _run(bk, args)

@@ -174,7 +174,6 @@ class TorchBackend(Backend):
 
         self.xp = self.torch = torch
         self.threads = torch.get_num_threads()
-        self.params: tuple[Any, list] = (None, [])
 
     def array(self, a: np.ndarray) -> Any:
         return self.torch.tensor(a, dtype=self.torch.float32)
@@ -188,16 +187,15 @@ class TorchBackend(Backend):
         return model
 
     def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
-        if self.params[0] is not model:  # update_ writes in place: the same tensors
-            self.params = (model, trainables(model, path=True))
-        for _, p in self.params[1]:
+        params = trainables(model, path=True)
+        for _, p in params:
             p.grad = None
         z, (mean, var) = forward(model, x, self.torch, train=True)
         loss = logistic_loss(z, s, self.torch)
         loss.backward()
         # autograd summed the tie's gradient: give it once, at block1.weight
         grads: dict = {}
-        for kp, p in self.params[1]:
+        for kp, p in params:
             grads.setdefault(kp[0], {})[kp[1]] = p.grad
         tree, model = update_(tree, model, grads)
         return tree, model, float(loss.detach()), (mean.detach(), var.detach())

@@ -12,28 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from optimisers import (
-    AccumGrad,
-    AdamW,
-    ClipGlobalNorm,
-    Cosine,
-    OptimiserChain,
-    Warmup,
-    adjust_,
-    destructure,
-    fleaves,
-    fmap_with_path,
-    freeze_,
-    isnumeric,
-    load,
-    save,
-    select,
-    setup,
-    summary,
-    thaw_,
-    trainable,
-    trainables,
-)
+import optimisers as opt
 from optimisers.demo.model import (
     MLP,
     MOMENTUM,
@@ -47,8 +26,9 @@ from optimisers.schedules import at
 
 BATCH = 64
 
-TOUR_RULE = OptimiserChain(AccumGrad(2), ClipGlobalNorm(1.0),
-                           AdamW(Warmup(Cosine(0.01, 0.001, 100), 10, 0.001), lambd=0.01))
+TOUR_RULE = opt.OptimiserChain(
+    opt.AccumGrad(2), opt.ClipGlobalNorm(1.0),
+    opt.AdamW(opt.Warmup(opt.Cosine(0.01, 0.001, 100), 10, 0.001), lambd=0.01))
 """The tour's rule: a step per two micro-batches, clipped, and AdamW warmed up then decayed."""
 
 
@@ -135,8 +115,8 @@ def evaluate(task: Task, model: MLP) -> tuple[float, float, float]:
 
 def arrays_of(bk: Backend, tree: Any, model: MLP) -> list[np.ndarray]:
     """Every array of the model and of the optimiser state, as NumPy, in walk order."""
-    states = [leaf.state for leaf in select(tree)]
-    return [bk.numpy(a) for a in fleaves((model, states)) if isnumeric(a)]
+    states = [leaf.state for leaf in opt.select(tree)]
+    return [bk.numpy(a) for a in opt.fleaves((model, states)) if opt.isnumeric(a)]
 
 
 def identical(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -168,25 +148,25 @@ class Tour:
             say(f"AccumGrad(2): after micro-batch 1 the weights are unchanged ({same}); "
                 f"after micro-batch 2 they took one step with the mean gradient ({moved})")
         if i == self.freeze_at:
-            freeze_(tree["encoder"])
+            opt.freeze_(tree["encoder"])
             self.seen["encoder"] = self.snap(model, "encoder")
             say(f"freeze_: step {i}: freeze_(tree['encoder']) marks the encoder's Leafs "
                 f"frozen; updates skip them")
         if i == self.adjust_at:
             leaf = tree["head"]["weight"]
             old = at(leaf.rule, leaf.clock).rules[2].eta
-            adjust_(tree, self.eta)
+            opt.adjust_(tree, self.eta)
             say(f"adjust_: step {i}: adjust_(tree, {self.eta}) puts a number in place of "
                 f"the schedule, at {old:.4g} after {leaf.clock} real steps, in every rule, "
                 f"keeping the optimiser state")
         if i == self.save_at and not quiet:
-            save(self.ckpt, tree)
+            opt.save(self.ckpt, tree)
             found: dict[str, np.ndarray] = {}  # the model's arrays by path, a tie once
-            fmap_with_path(lambda kp, a: isnumeric(a) and found.setdefault(
+            opt.fmap_with_path(lambda kp, a: opt.isnumeric(a) and found.setdefault(
                 str(kp), self.task.bk.numpy(a)), model)
             np.savez(self.weights, **found)
         if i == self.thaw_at:
-            thaw_(tree["encoder"])
+            opt.thaw_(tree["encoder"])
             if not quiet:
                 still = identical(self.seen["encoder"], self.snap(model, "encoder"))
                 say(f"thaw_: step {i}: thaw_(tree['encoder']): the encoder trains again; it "
@@ -196,9 +176,10 @@ class Tour:
         """Train again from the checkpoint, in fresh objects; compare with the run."""
         bk = self.task.bk
         with np.load(self.weights, allow_pickle=False) as f:
-            m2 = bk.prepare(fmap_with_path(lambda kp, a: bk.array(f[str(kp)]) if isnumeric(a)
-                                           else a, make_model(bk, self.task.init)))
-        t2 = load(self.ckpt, like=setup(TOUR_RULE, m2))
+            m2 = bk.prepare(opt.fmap_with_path(
+                lambda kp, a: bk.array(f[str(kp)]) if opt.isnumeric(a) else a,
+                make_model(bk, self.task.init)))
+        t2 = opt.load(self.ckpt, like=opt.setup(TOUR_RULE, m2))
         t2, m2 = train(self.task, t2, m2, self.save_at, self.steps, "resumed",
                        lambda i, *a: i > self.save_at and self.hook(i, *a, quiet=True))
         a, b = arrays_of(bk, tree, model), arrays_of(bk, t2, m2)
@@ -213,14 +194,14 @@ def tour(task: Task, steps: int, out: Callable[[str], None]) -> None:
     """Train once with :data:`TOUR_RULE`, printing a checked line per feature."""
     bk = task.bk
     model = make_model(bk, task.init)
-    tree = setup(TOUR_RULE, model)
+    tree = opt.setup(TOUR_RULE, model)
     out(f"rule: {TOUR_RULE!r}")
     eta = TOUR_RULE.rules[2].eta
     out(f"schedule: eta = {eta!r} at each Leaf's clock (AccumGrad's real steps): "
         f"{eta(0):g} at 0, {eta(10):g} at 10, {eta(60):.4g} at 60; ClipGlobalNorm(1.0) "
         f"rescales all gradients of a step together")
-    adjust_(tree, where="*.bias", lambd=0.0)
-    biases = [str(kp) for kp, _ in trainables(model, path=True) if kp[-1] == "bias"]
+    opt.adjust_(tree, where="*.bias", lambd=0.0)
+    biases = [str(kp) for kp, _ in opt.trainables(model, path=True) if kp[-1] == "bias"]
     out(f"weight decay: adjust_(tree, where='*.bias', lambd=0.0) switches it off for "
         f"{', '.join(biases)}; the other Leafs keep lambd="
         f"{tree['head']['weight'].rule.rules[2].lambd}")
@@ -231,7 +212,7 @@ def tour(task: Task, steps: int, out: Callable[[str], None]) -> None:
         t.resume(tree, model)
     bn, nt = model.norm, tree["norm"]
     mu1, var1 = (float(np.abs(bk.numpy(v)).mean()) for v in (bn.mu, bn.var))
-    out(f"BatchNorm: trainable(model.norm) = {trainable(bn)}; the state tree has mu: "
+    out(f"BatchNorm: trainable(model.norm) = {opt.trainable(bn)}; the state tree has mu: "
         f"{nt['mu']}, var: {nt['var']}, so no rule trains them, yet the forward pass moved "
         f"them: mean |mu| {mu0:.3f} -> {mu1:.3f}, mean var {var0:.3f} -> {var1:.3f}")
     if bk.name == "jax":
@@ -244,7 +225,7 @@ def tour(task: Task, steps: int, out: Callable[[str], None]) -> None:
         out(f"tied weight: block1.weight is block2.weight, with one shared Leaf ({shared}) "
             f"that gets the sum of both paths' gradients; still one array after {steps} "
             f"steps: {tied}")
-    out(f"destructure(model): {len(destructure(model)[1])} trainable numbers in one vector "
+    out(f"destructure(model): {len(opt.destructure(model)[1])} trainable numbers in one vector "
         f"(the tied weight once, the running statistics not at all)")
     out("summary(tree, model):")
-    out(summary(tree, model))
+    out(opt.summary(tree, model))
