@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sys
@@ -131,7 +132,7 @@ class Tour:
         self.task, self.steps, self.out, self.eta = task, steps, out, 0.003
         self.freeze_at, self.adjust_at, self.thaw_at = steps // 4, steps // 2, 3 * steps // 4
         self.save_at = self.adjust_at | 1  # odd: half-way through an AccumGrad(2) cycle
-        self.ckpt, self.weights = (os.path.join(folder, f) for f in ("state.ckpt", "model.npz"))
+        self.ckpt, self.saved_model = os.path.join(folder, "state.ckpt"), None
         self.seen: dict[Any, Any] = {}
 
     def snap(self, model: MLP, *layers: str) -> list[np.ndarray]:
@@ -161,10 +162,7 @@ class Tour:
                 f"keeping the optimiser state")
         if i == self.save_at and not quiet:
             opt.save(self.ckpt, tree)
-            found: dict[str, np.ndarray] = {}  # the model's arrays by path, a tie once
-            opt.fmap_with_path(lambda kp, a: opt.isnumeric(a) and found.setdefault(
-                str(kp), self.task.bk.numpy(a)), model)
-            np.savez(self.weights, **found)
+            self.saved_model = copy.deepcopy(model)  # ties kept
         if i == self.thaw_at:
             opt.thaw_(tree["encoder"])
             if not quiet:
@@ -174,11 +172,7 @@ class Tour:
 
     def resume(self, tree: Any, model: MLP) -> None:
         """Train again from the checkpoint, in fresh objects; compare with the run."""
-        bk = self.task.bk
-        with np.load(self.weights, allow_pickle=False) as f:
-            m2 = bk.prepare(opt.fmap_with_path(
-                lambda kp, a: bk.array(f[str(kp)]) if opt.isnumeric(a) else a,
-                make_model(bk, self.task.init)))
+        bk, m2 = self.task.bk, self.saved_model
         t2 = opt.load(self.ckpt, like=opt.setup(TOUR_RULE, m2))
         t2, m2 = train(self.task, t2, m2, self.save_at, self.steps, "resumed",
                        lambda i, *a: i > self.save_at and self.hook(i, *a, quiet=True))
