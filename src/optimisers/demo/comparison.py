@@ -10,9 +10,7 @@ from optimisers import Adam, AdamW, Descent, Lion, Momentum, Muon, Nesterov, set
 from optimisers.demo.model import make_model
 from optimisers.demo.tour import Task, evaluate, train
 
-#: The compared rules. An entry may be ``setup``'s mapping from paths to rules: the last
-#: one gives the hidden matrix (``block1``'s and ``block2``'s tied weight) to ``Muon`` and
-#: the rest (the input and output layers, biases, the BatchNorm) to ``AdamW``.
+#: The compared rules; the last, a mapping for ``setup``, gives the hidden matrix to ``Muon``.
 COMPARED = [Descent(0.2), Momentum(0.02, 0.9), Nesterov(0.02, 0.9), Adam(0.005),
             AdamW(0.005, lambd=0.01), Lion(0.001),
             {"block*.weight": Muon(0.02, lambd=0.01), "*": AdamW(0.005, lambd=0.01)}]
@@ -28,20 +26,6 @@ def name(rule: Any) -> str:
     if isinstance(rule, dict):
         return "+".join(dict.fromkeys(type(r).__name__ for r in rule.values()))
     return type(rule).__name__
-
-
-def described(rule: Any) -> list[str]:
-    """A mapping's patterns and rules, as lines under the table (none for a single rule).
-
-    Example:
-        >>> described({"*.w": Muon(0.02), "*": AdamW()})[1]
-        "  '*.w' -> Muon(eta=0.02, rho=0.95, lambd=0.1, nesterov=True, ns_steps=5, ..."
-    """
-    if not isinstance(rule, dict):
-        return []
-    lines = [f"{name(rule)}: setup(mapping, model) with the mapping"]
-    lines += [f"  {k!r} -> {r!r}" for k, r in rule.items()]
-    return lines
 
 
 def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tuple]:
@@ -71,9 +55,10 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
     out(f"{'rule':<{width}}  final loss  train acc  test acc  time")
     for rule, loss, acc, test, seconds in rows:
         out(f"{rule:<{width}}  {loss:>10.4f}  {acc:>9.1%}  {test:>8.1%}  {seconds:4.1f} s")
-    for rule in COMPARED:
-        for line in described(rule):
-            out(line)
+    for rule in (r for r in COMPARED if isinstance(r, dict)):  # a mapping, in full
+        out(f"{name(rule)}: setup(mapping, model) with the mapping")
+        for k, r in rule.items():
+            out(f"  {k!r} -> {r!r}")
     return curves
 
 
