@@ -17,11 +17,19 @@ from optimisers.rules.adaptive import (
 )
 from optimisers.rules.base import RULES, NewValue, Rule, call, ngrads
 from optimisers.rules.composite import EMA, AccumGrad, MixedPrecision, OptimiserChain
-from optimisers.rules.descent import Descent, Momentum, Nesterov, Rprop
+from optimisers.rules.descent import (
+    ClipGrad,
+    ClipNorm,
+    Descent,
+    Momentum,
+    Nesterov,
+    Rprop,
+    SignDecay,
+    WeightDecay,
+)
 from optimisers.rules.layerwise import LAMB, LARS
 from optimisers.rules.matrix import Adafactor, Muon
 from optimisers.rules.schedulefree import ScheduleFreeAdamW
-from optimisers.rules.transforms import ClipGrad, ClipNorm, SignDecay, WeightDecay
 from optimisers.rules.tree import ClipGlobalNorm, SkipNonFinite, TreeRule
 
 __all__ = [
