@@ -3,6 +3,7 @@ array libraries that train it: NumPy by a hand-written backward pass, PyTorch, J
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -247,16 +248,14 @@ class JaxBackend(Backend):
         return self.numpy(self._logits(model, x))
 
 
+@functools.cache
 def _register_pytrees(jax: Any) -> None:
     """Make the demo's classes JAX pytrees, once (jax.grad then returns an MLP)."""
-    if getattr(_register_pytrees, "done", False):
-        return
     for cls, names in ((Dense, ("weight", "bias")), (MLP, tuple(MLP.__dataclass_fields__)),
                        (BatchNorm, ("beta", "gamma", "mu", "var"))):
         jax.tree_util.register_pytree_node(
             cls, lambda x, names=names: (tuple(getattr(x, n) for n in names), None),
             lambda _, kids, cls=cls: cls(*kids))
-    _register_pytrees.done = True
 
 
 BACKENDS: dict[str, tuple[type[Backend], str]] = {
