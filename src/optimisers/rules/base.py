@@ -1,4 +1,4 @@
-"""What every rule shares: the base class :class:`Rule`, the registry :data:`RULES`, `call`."""
+"""What every rule shares: :class:`Rule`, the registry :data:`RULES`, :func:`call`."""
 
 from __future__ import annotations
 

@@ -10,29 +10,12 @@ from optimisers.rules.adaptive import Adam
 from optimisers.rules.base import Rule
 from optimisers.rules.fields import hyperparameter
 
-__all__ = ["LAMB", "LARS", "trust_ratio"]
+__all__ = ["LAMB", "LARS"]
 
 
-def trust_ratio(xp: Any, x: Any, u: Any, coefficient: Any = 1.0, eps: Any = 0.0) -> Any:
-    """trust_ratio(xp, x, u, coefficient=1.0, eps=0.0) -> ``coefficient*|x| / (|u| + eps)``,
-    or 1 where ``|x|`` or ``|u|`` is zero (2-norms of the whole arrays, as optax's).
-
-    Args:
-        xp: the backend.
-        x: the parameter.
-        u: the step.
-        coefficient: the trust coefficient.
-        eps: added to ``|u|``.
-
-    Returns:
-        A 0-d value of ``x``'s real dtype.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers.backends import numpy as xp
-        >>> x, u = np.array([3.0, 4.0]), np.array([0.0, 0.5])
-        >>> float(trust_ratio(xp, x, u)), float(trust_ratio(xp, np.zeros(2), u))
-        (10.0, 1.0)
+def _trust_ratio(xp: Any, x: Any, u: Any, coefficient: Any = 1.0, eps: Any = 0.0) -> Any:
+    """``coefficient*|x| / (|u| + eps)``, or 1 where ``|x|`` or ``|u|`` is zero (whole-array
+    2-norms, as optax's).
     """
     nx, nu = xp.norm(x, 2.0), xp.norm(u, 2.0)
     zero = (nx == 0) | (nu == 0)
@@ -75,7 +58,7 @@ class LAMB(Rule):
         xp = backends.of(x)
         eta, lambd = xp.hyper(x, self.eta, self.lambd)
         u = a + lambd * x
-        return eta * trust_ratio(xp, x, u) * u
+        return eta * _trust_ratio(xp, x, u) * u
 
     def apply(self, state, x, dx):
         state, a = self.direction().apply(state, x, dx)
@@ -116,6 +99,6 @@ class LARS(Rule):
         eta, lambd, trust, rho = xp.hyper(x, self.eta, self.lambd, self.trust, self.rho)
         eps = xp.eps(x, self.epsilon)
         u = dx + lambd * x
-        u = eta * (trust_ratio(xp, x, u, trust, eps) * u)
+        u = eta * (_trust_ratio(xp, x, u, trust, eps) * u)
         v = xp.assign(state, rho * state + u)
         return v, (rho * v + u if self.nesterov else v)

@@ -13,31 +13,17 @@ from optimisers import backends
 from optimisers.rules.base import Rule
 from optimisers.rules.fields import hyperparameter
 
-__all__ = ["ScheduleFreeAdamW", "select"]
+__all__ = ["ScheduleFreeAdamW"]
 
 
-def select(cond: Any, a: Any, b: Any) -> Any:
-    """select(cond, a, b) -> ``a`` where ``cond`` holds, else ``b``, as arithmetic (so that
-    Python and traced scalars alike work).
-
-    Args:
-        cond: a truth value.
-        a: the value where it holds.
-        b: the value where not.
-
-    Returns:
-        ``cond*a + (1 - cond)*b``.
-
-    Example:
-        >>> select(2 > 1, 0.5, 3.0), select(2 < 1, 0.5, 3.0)
-        (0.5, 3.0)
-    """
+def _select(cond: Any, a: Any, b: Any) -> Any:
+    """``a`` where ``cond`` holds, else ``b``, as arithmetic (Python or traced scalars alike)."""
     return cond * a + (1 - cond) * b
 
 
 def _ramp(t: Any, warmup: Any) -> Any:
     """``min(t/warmup, 1)``, 1 when ``warmup`` is 0 (no division by it)."""
-    return select(t < warmup, t / (warmup + (warmup == 0)), 1)
+    return _select(t < warmup, t / (warmup + (warmup == 0)), 1)
 
 
 @dataclass(frozen=True)
@@ -81,7 +67,7 @@ class ScheduleFreeAdamW(Rule):
         xp = backends.of(x)
         z, v, t, total, top = state
         now = self.eta * _ramp(t + 1, self.warmup)  # the rate of this step, for the weights
-        top = select(now > top, now, top)
+        top = _select(now > top, now, top)
         weight = top**self.weight_lr_power
         total = total + weight
         eta, c, k2, lambd = xp.hyper(x, self.eta * _ramp(t, self.warmup),
