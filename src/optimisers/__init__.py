@@ -82,20 +82,15 @@ from optimisers.walk import fleaves, fmap, fmap_with_path, fmapstructure
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AccumGrad", "AdaBelief", "AdaDelta", "Adafactor", "AdaGrad", "Adam", "AdaMax", "AdamW",
-    "AMSGrad", "ClipGrad", "ClipNorm", "Descent", "EMA", "averaged", "KeyPath", "Leaf", "Lion",
-    "MixedPrecision", "Momentum", "Muon",
-    "NAdam", "Nesterov", "NewValue", "OAdam", "OptimiserChain", "RAdam", "Restructure",
-    "RMSProp", "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
-    "ClipGlobalNorm", "SkipNonFinite", "TreeRule",
-    "ADOPT", "LAMB", "LARS", "ScheduleFreeAdamW",
-    # schedules
-    "Constant", "Cosine", "Exponential", "Function", "Join", "Linear", "OneCycle",
-    "Polynomial", "Scaled", "Schedule", "SCHEDULES", "Step", "Warmup",
-    "children", "destructure", "fleaves", "fmap", "fmap_with_path", "fmapstructure", "freeze_",
-    "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric", "load",
-    "maywrite", "rebuild", "register", "reinit", "save", "select", "setup", "summary", "thaw_",
-    "state_dict", "load_state_dict",
-    "trainable", "trainables", "update", "update_",
-]
+__all__ = ["AccumGrad", "AdaBelief", "AdaDelta", "Adafactor", "AdaGrad", "Adam", "AdaMax", "AdamW",
+           "AMSGrad", "ClipGrad", "ClipNorm", "Descent", "EMA", "averaged", "KeyPath", "Leaf",
+           "Lion", "MixedPrecision", "Momentum", "Muon", "NAdam", "Nesterov", "NewValue", "OAdam",
+           "OptimiserChain", "RAdam", "Restructure", "RMSProp", "Rprop", "Rule", "RULES",
+           "SignDecay", "WeightDecay", "adjust", "adjust_", "ClipGlobalNorm", "SkipNonFinite",
+           "TreeRule", "ADOPT", "LAMB", "LARS", "ScheduleFreeAdamW", "Constant", "Cosine",
+           "Exponential", "Function", "Join", "Linear", "OneCycle", "Polynomial", "Scaled",
+           "Schedule", "SCHEDULES", "Step", "Warmup", "children", "destructure", "fleaves", "fmap",
+           "fmap_with_path", "fmapstructure", "freeze_", "functor", "getkeypath", "haskeypath",
+           "isleaf", "ismutable", "isnumeric", "load", "maywrite", "rebuild", "register", "reinit",
+           "save", "select", "setup", "summary", "thaw_", "state_dict", "load_state_dict",
+           "trainable", "trainables", "update", "update_"]

@@ -21,8 +21,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=optimisers.__version__)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    about = " ".join(demo.__doc__.split("\n\n")[1].replace("``", "").split())
     sub = commands.add_parser("demo", help="train a small network, showing every feature",
-                              description=demo.make_parser().description)
+                              description=about)
     demo.add_arguments(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":

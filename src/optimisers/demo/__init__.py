@@ -9,14 +9,10 @@ for biases with ``where=``, ``AccumGrad``, a checkpoint resumed bit for bit, and
 ``summary``. Then it trains the same network with several rules and prints a table.
 """
 
-from optimisers.demo.backends import BACKENDS, Backend
-from optimisers.demo.cli import add_arguments, main, make_parser, run
-from optimisers.demo.comparison import COMPARED, compare, plot
-from optimisers.demo.feature_tour import TOUR_RULE, Tour, tour
+from optimisers.demo.cli import add_arguments, run
 from optimisers.demo.model import (
     HIDDEN,
-    MLP,
-    MOMENTUM,
+    Backend,
     forward,
     init_arrays,
     logistic_loss,
@@ -24,9 +20,6 @@ from optimisers.demo.model import (
     numpy_grads,
     spirals,
 )
-from optimisers.demo.training import BATCH, Progress, Task, evaluate, make_task, train
 
-__all__ = ["BACKENDS", "BATCH", "COMPARED", "HIDDEN", "MLP", "MOMENTUM", "TOUR_RULE", "Backend",
-           "Progress", "Task", "Tour", "add_arguments", "compare", "evaluate", "forward",
-           "init_arrays", "logistic_loss", "main", "make_model", "make_parser", "make_task",
-           "numpy_grads", "plot", "run", "spirals", "tour", "train"]
+__all__ = ["HIDDEN", "Backend", "add_arguments", "forward", "init_arrays", "logistic_loss",
+           "make_model", "numpy_grads", "run", "spirals"]

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
 
 import optimisers
 from optimisers.demo import comparison
-from optimisers.demo.backends import BACKENDS, Backend
-from optimisers.demo.feature_tour import TOUR_RULE, tour
-from optimisers.demo.model import (
-    HIDDEN,
-)
-from optimisers.demo.training import BATCH, make_task
-
-# ----------------------------------------------------------------------------- command line
+from optimisers.demo.model import BACKENDS, HIDDEN, Backend
+from optimisers.demo.tour import BATCH, TOUR_RULE, make_task, tour
 
 
 def _steps(text: str) -> int:
@@ -47,32 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              '(needs matplotlib: pip install "optimisers[plot]")')
 
 
-def _about() -> str:
-    """The demo's description: the second paragraph of its package's docstring."""
-    return importlib.import_module("optimisers.demo").__doc__.split("\n\n")[1]
-
-
-def make_parser(prog: str = "optimisers demo") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description=" ".join(_about().replace("``", "").split()))
-    add_arguments(parser)
-    return parser
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the demo with parsed ``args``; returns the exit status."""
-    err = sys.stderr
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             print('optimisers demo: --plot needs matplotlib, which is not installed; '
-                  'install it with: pip install "optimisers[plot]"', file=err)
+                  'install it with: pip install "optimisers[plot]"', file=sys.stderr)
             return 1
         folder = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(folder):
             print(f"optimisers demo: --plot {args.plot}: there is no folder {folder}",
-                  file=err)
+                  file=sys.stderr)
             return 2
     cls, pretty = BACKENDS[args.backend]
     try:
@@ -80,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"optimisers demo: --backend {args.backend} needs {pretty}, which is not "
               f'installed; install it with: pip install "optimisers[{args.backend}]"',
-              file=err)
+              file=sys.stderr)
         return 1
     with bk:
         return _run(bk, args)
@@ -97,11 +77,9 @@ def _run(bk: Backend, args: argparse.Namespace) -> int:
     out(f"data: two interleaved spirals, {len(task.labels)} training and "
         f"{len(task.test_labels)} test points; model: an MLP 2-{h}-BatchNorm-{h}-{h}-1 with a "
         f"tied weight; {args.steps} steps of {BATCH} points; seed {args.seed}")
-    out("")
-    out("== one run that shows every feature ==")
+    out("\n== one run that shows every feature ==")
     tour(task, args.steps, out)
-    out("")
-    out(f"== {len(comparison.COMPARED)} rules on the same task: the same initial weights "
+    out(f"\n== {len(comparison.COMPARED)} rules on the same task: the same initial weights "
         f"and batches ==")
     curves = comparison.compare(task, args.steps, out)
     if args.plot is not None:
@@ -113,12 +91,3 @@ def _run(bk: Backend, args: argparse.Namespace) -> int:
             f"rate to {args.plot}")
     out(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """main(argv) -> exit status: ``optimisers demo`` with the options in ``argv``."""
-    return run(make_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,25 +6,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from optimisers import (
-    Adam,
-    AdamW,
-    Descent,
-    Lion,
-    Momentum,
-    Muon,
-    Nesterov,
-    setup,
-)
-from optimisers.demo.model import (
-    MLP,
-    make_model,
-)
-from optimisers.demo.training import Progress, Task, evaluate, train
+from optimisers import Adam, AdamW, Descent, Lion, Momentum, Muon, Nesterov, setup
+from optimisers.demo.model import make_model
+from optimisers.demo.tour import Task, evaluate, train
 
-#: The compared rules. An entry may be ``setup``'s mapping from paths to rules: the last
-#: one gives the hidden matrix (``block1``'s and ``block2``'s tied weight) to ``Muon`` and
-#: the rest (the input and output layers, biases, the BatchNorm) to ``AdamW``.
+#: The compared rules; the last, a mapping for ``setup``, gives the hidden matrix to ``Muon``.
 COMPARED = [Descent(0.2), Momentum(0.02, 0.9), Nesterov(0.02, 0.9), Adam(0.005),
             AdamW(0.005, lambd=0.01), Lion(0.001),
             {"block*.weight": Muon(0.02, lambd=0.01), "*": AdamW(0.005, lambd=0.01)}]
@@ -42,24 +28,6 @@ def name(rule: Any) -> str:
     return type(rule).__name__
 
 
-def described(rule: Any) -> list[str]:
-    """A compared entry in full, as lines under the table: a mapping's patterns and their
-    rules (a single rule is printed in the table itself, and gives no lines).
-
-    Example:
-        >>> described({"*.w": Muon(0.02), "*": AdamW()})[1]
-        "  '*.w' -> Muon(eta=0.02, rho=0.95, lambd=0.1, nesterov=True, ns_steps=5, ..."
-    """
-    if not isinstance(rule, dict):
-        return []
-    lines = [f"{name(rule)}: setup(mapping, model) with the mapping"]
-    lines += [f"  {k!r} -> {r!r}" for k, r in rule.items()]
-    return lines
-
-
-# ----------------------------------------------------------------------------- comparison
-
-
 def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tuple]:
     """Train a fresh copy of the network with each rule; print the table; return each
     rule's loss curve (the loss on all training points, every 1% of the run)."""
@@ -71,7 +39,7 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
         at: list[int] = []
         losses: list[float] = []
 
-        def record(i: int, tree: Any, model: MLP, bar: Progress, at: list = at,
+        def record(i: int, tree: Any, model: Any, bar: Any, at: list = at,
                    losses: list = losses) -> None:
             if i % every == 0:
                 at.append(i)
@@ -87,13 +55,15 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
     out(f"{'rule':<{width}}  final loss  train acc  test acc  time")
     for rule, loss, acc, test, seconds in rows:
         out(f"{rule:<{width}}  {loss:>10.4f}  {acc:>9.1%}  {test:>8.1%}  {seconds:4.1f} s")
-    for rule in COMPARED:
-        for line in described(rule):
-            out(line)
+    for rule in (r for r in COMPARED if isinstance(r, dict)):  # a mapping, in full
+        out(f"{name(rule)}: setup(mapping, model) with the mapping")
+        for k, r in rule.items():
+            out(f"  {k!r} -> {r!r}")
     return curves
 
 
-def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple | None = None) -> None:
+def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple) -> None:
+    """Write the loss curves, and the learning rate ``lr`` on a right axis, to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,10 +78,9 @@ def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple | None = Non
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    if lr is not None:  # (steps, values): a learning rate, on its own axis at the right
-        right = ax.twinx()
-        right.plot(*lr, color="grey", ls="--", lw=1.2)
-        right.set_ylabel("the tour's learning rate (dashed)")
+    right = ax.twinx()
+    right.plot(*lr, color="grey", ls="--", lw=1.2)
+    right.set_ylabel("the tour's learning rate (dashed)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -1,18 +1,16 @@
-"""The demo's network: an MLP with a BatchNorm layer and a tied weight, its data, and
-its hand-written backward pass in NumPy."""
+"""The demo's network (an MLP with a BatchNorm layer and a tied weight), its data, and the
+array libraries that train it: NumPy by a hand-written backward pass, PyTorch, JAX."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from optimisers import functor
-
-if TYPE_CHECKING:
-    from optimisers.demo.backends import Backend
+from optimisers import functor, trainables, update, update_
 
 HIDDEN = 32
 MOMENTUM = 0.1  # of the BatchNorm running statistics
@@ -21,8 +19,7 @@ EPS = 1e-5
 
 @dataclass
 class Dense:
-    """A fully connected layer, ``x @ weight + bias``. A dataclass: its fields are its
-    children, and all of them are trainable (the default)."""
+    """A fully connected layer, ``x @ weight + bias``; all its fields are trainable."""
 
     weight: Any
     bias: Any
@@ -30,9 +27,8 @@ class Dense:
 
 @functor(trainable=("beta", "gamma"))
 class BatchNorm:
-    """Batch normalisation. Only ``beta`` and ``gamma`` are trainable, declared by name
-    above; the running statistics ``mu`` and ``var`` are children too, but no rule
-    touches them: the forward pass keeps them up to date."""
+    """Batch normalisation: ``beta`` and ``gamma`` trainable; ``mu`` and ``var`` follow the
+    forward pass."""
 
     def __init__(self, beta: Any, gamma: Any, mu: Any, var: Any) -> None:
         self.beta, self.gamma, self.mu, self.var = beta, gamma, mu, var
@@ -76,9 +72,8 @@ def init_arrays(seed: int) -> dict[str, np.ndarray]:
 
 
 def make_model(bk: Backend, a: dict[str, np.ndarray]) -> MLP:
-    """The model. ``block1`` and ``block2`` hold the very same weight array: a tie. Not
-    with JAX, whose immutable arrays are never tied by identity: there ``block2`` has no
-    weight of its own and the forward pass reuses ``block1``'s."""
+    """The model, ``block1`` and ``block2`` tied (with JAX, ``block2.weight`` is ``None``
+    and the forward pass reuses ``block1``'s)."""
     w = bk.array(a["w"])
     return bk.prepare(MLP(
         encoder=Dense(bk.array(a["w1"]), bk.array(a["b1"])),
@@ -89,8 +84,7 @@ def make_model(bk: Backend, a: dict[str, np.ndarray]) -> MLP:
 
 
 def forward(m: MLP, x: Any, xp: Any, train: bool) -> tuple[Any, tuple]:
-    """The network, written once for NumPy, PyTorch and JAX (``xp`` is the library):
-    the logits, and the batch statistics that the running ones follow."""
+    """The logits and the batch statistics, for any array library ``xp``."""
     a = x @ m.encoder.weight + m.encoder.bias
     if train:
         mean = xp.mean(a, 0)
@@ -111,9 +105,8 @@ def logistic_loss(z: Any, s: Any, xp: Any) -> Any:
 
 
 def numpy_grads(m: MLP, x: np.ndarray, s: np.ndarray) -> tuple[float, dict, tuple]:
-    """Loss, gradients and batch statistics by a hand-written forward and backward pass.
-    The gradients are dicts keyed by child names; the running statistics get none. The
-    tied weight gets one gradient per path, and ``update`` adds them up."""
+    """Loss, gradients (dicts by child name, one per path of the tie) and batch statistics
+    by a hand-written backward pass."""
     n = len(s)
     a = x @ m.encoder.weight + m.encoder.bias
     mean = a.mean(0)
@@ -143,3 +136,127 @@ def numpy_grads(m: MLP, x: np.ndarray, s: np.ndarray) -> tuple[float, dict, tupl
     grads = {"encoder": encoder, "norm": norm, "block1": block1, "block2": block2,
              "head": head}
     return float(logistic_loss(z, s, np)), grads, (mean, var)
+class Backend:
+    """NumPy, with the hand-written backward pass; also the base of the others."""
+
+    name, how, xp = "numpy", "hand-written forward and backward passes", np
+
+    def array(self, a: np.ndarray) -> Any:
+        return np.array(a, np.float32)
+
+    def numpy(self, a: Any) -> np.ndarray:
+        return np.asarray(a)
+
+    def prepare(self, model: MLP) -> MLP:
+        return model
+
+    def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
+        """One training step: ``(tree, model, loss, batch statistics)``."""
+        loss, grads, stats = numpy_grads(model, x, s)
+        return *update_(tree, model, grads), loss, stats
+
+    def logits(self, model: MLP, x: Any) -> np.ndarray:
+        return self.numpy(forward(model, x, self.xp, train=False)[0])
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+class TorchBackend(Backend):
+    """PyTorch: gradients by ``torch.autograd``, updates in place."""
+
+    name, how = "torch", "gradients by torch.autograd"
+
+    def __init__(self) -> None:
+        import torch
+
+        self.xp = self.torch = torch
+        self.threads = torch.get_num_threads()
+
+    def array(self, a: np.ndarray) -> Any:
+        return self.torch.tensor(a, dtype=self.torch.float32)
+
+    def numpy(self, a: Any) -> np.ndarray:
+        return a.detach().cpu().numpy()
+
+    def prepare(self, model: MLP) -> MLP:
+        for p in trainables(model):
+            p.requires_grad_()
+        return model
+
+    def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
+        params = trainables(model, path=True)
+        for _, p in params:
+            p.grad = None
+        z, (mean, var) = forward(model, x, self.torch, train=True)
+        loss = logistic_loss(z, s, self.torch)
+        loss.backward()
+        # autograd summed the tie's gradient: give it once, at block1.weight
+        grads: dict = {}
+        for kp, p in params:
+            grads.setdefault(kp[0], {})[kp[1]] = p.grad
+        tree, model = update_(tree, model, grads)
+        return tree, model, float(loss.detach()), (mean.detach(), var.detach())
+
+    def logits(self, model: MLP, x: Any) -> np.ndarray:
+        with self.torch.no_grad():
+            return super().logits(model, x)
+
+    def __enter__(self) -> Backend:
+        self.torch.set_num_threads(1)  # arrays this small: threads cost more than they save
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.torch.set_num_threads(self.threads)
+
+
+class JaxBackend(Backend):
+    """JAX: gradients by ``jax.grad``; the pure ``update``; the whole step under ``jax.jit``."""
+
+    name, how = "jax", "gradients by jax.grad, each step under jax.jit"
+
+    def __init__(self) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        self.xp = jnp
+        _register_pytrees(jax)
+
+        def loss(model: MLP, x: Any, s: Any) -> tuple[Any, tuple]:
+            z, stats = forward(model, x, jnp, train=True)
+            return logistic_loss(z, s, jnp), stats
+
+        def step(tree: Any, model: MLP, x: Any, s: Any) -> tuple:
+            (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(model, x, s)
+            tree, model = update(tree, model, grads)  # grads: an MLP, as jax.grad gives
+            return tree, model, value, stats
+
+        self._step = jax.jit(step)
+        self._logits = jax.jit(lambda m, x: forward(m, x, jnp, train=False)[0])
+
+    def array(self, a: np.ndarray) -> Any:
+        return self.xp.asarray(a, dtype=self.xp.float32)
+
+    def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
+        tree, model, loss, stats = self._step(tree, model, x, s)
+        return tree, model, float(loss), stats
+
+    def logits(self, model: MLP, x: Any) -> np.ndarray:
+        return self.numpy(self._logits(model, x))
+
+
+@functools.cache
+def _register_pytrees(jax: Any) -> None:
+    """Make the demo's classes JAX pytrees, once (jax.grad then returns an MLP)."""
+    for cls, names in ((Dense, ("weight", "bias")), (MLP, tuple(MLP.__dataclass_fields__)),
+                       (BatchNorm, ("beta", "gamma", "mu", "var"))):
+        jax.tree_util.register_pytree_node(
+            cls, lambda x, names=names: (tuple(getattr(x, n) for n in names), None),
+            lambda _, kids, cls=cls: cls(*kids))
+
+
+BACKENDS: dict[str, tuple[type[Backend], str]] = {
+    "numpy": (Backend, "NumPy"), "torch": (TorchBackend, "PyTorch"), "jax": (JaxBackend, "JAX")}

@@ -1,11 +1,4 @@
-"""The optimisation rules: each a small frozen dataclass with ``init`` and ``apply``.
-
-A rule sees one array at a time and never walks a tree: ``apply(state, x, dx)`` returns
-the new state and the step ``d``, and the parameter becomes ``x - d``. The rules live by
-family: :mod:`.descent`, :mod:`.adaptive`, :mod:`.layerwise`, :mod:`.schedulefree`,
-:mod:`.matrix`, :mod:`.transforms` and :mod:`.composite`, all on the base in
-:mod:`.base`; this package gathers them.
-"""
+"""The optimisation rules, by family, on the base in :mod:`.base`: one array at a time."""
 
 from optimisers.rules.adaptive import (
     ADOPT,
@@ -24,11 +17,19 @@ from optimisers.rules.adaptive import (
 )
 from optimisers.rules.base import RULES, NewValue, Rule, call, ngrads
 from optimisers.rules.composite import EMA, AccumGrad, MixedPrecision, OptimiserChain
-from optimisers.rules.descent import Descent, Momentum, Nesterov, Rprop
+from optimisers.rules.descent import (
+    ClipGrad,
+    ClipNorm,
+    Descent,
+    Momentum,
+    Nesterov,
+    Rprop,
+    SignDecay,
+    WeightDecay,
+)
 from optimisers.rules.layerwise import LAMB, LARS
 from optimisers.rules.matrix import Adafactor, Muon
 from optimisers.rules.schedulefree import ScheduleFreeAdamW
-from optimisers.rules.transforms import ClipGrad, ClipNorm, SignDecay, WeightDecay
 from optimisers.rules.tree import ClipGlobalNorm, SkipNonFinite, TreeRule
 
 __all__ = [

@@ -1,13 +1,4 @@
-"""The optimisation rules: each a small frozen dataclass with ``init`` and ``apply``.
-
-A rule sees one array at a time and never walks a tree. ``apply(state, x, dx)`` returns
-the new state and the step ``d``; the parameter then becomes ``x - d`` (a step of
-``None`` means "no step"). Arithmetic goes through the array's backend, so one rule
-serves NumPy, PyTorch and JAX, and hyper-parameters are used in the array's own dtype.
-
-This module holds what every rule shares: the base class :class:`Rule`, the registry
-:data:`RULES` and :func:`call`; the rules themselves live beside it, by family.
-"""
+"""What every rule shares: :class:`Rule`, the registry :data:`RULES`, :func:`call`."""
 
 from __future__ import annotations
 
@@ -31,11 +22,9 @@ Example:
 class Rule:
     """Rule: the base class of every optimisation rule.
 
-    Subclass it as a frozen dataclass whose fields are the hyper-parameters, define
-    ``init(x) -> state`` and ``apply(state, x, dx) -> (state, d)``, and the new rule
-    works everywhere a built-in one does (setup, update, adjust, checkpoints). Write
-    state arrays through ``backends.of(x).assign`` so that they update in place where
-    the array may be written.
+    Subclass it as a frozen dataclass of hyper-parameters with ``init(x) -> state`` and
+    ``apply(state, x, dx) -> (state, d)``; the parameter becomes ``x - d`` (``d = None``:
+    no step). Write state through ``backends.of(x).assign`` to update in place.
 
     Example:
         >>> import numpy as np
@@ -49,16 +38,9 @@ class Rule:
         (None, array([-0.01,  0.01]))
     """
 
-    elementwise = False
-    """Whether each element's step depends only on that element (and on scalars equal
-    across arrays): such rules may run fused over many arrays at once (fast/fused.py)."""
-    reads_x = False
-    """Whether ``apply`` reads the parameter's values (else only its dtype)."""
-    stacks = False
-    """Whether ``apply``, given the parameter, gradient and state arrays of several Leafs
-    of one shape stacked along a new first axis, steps each as it would alone (it works on
-    the last axes, as ``Muon`` on matrices): such rules may run over a stack of like
-    Leafs at once (``fused.Stack``), or, in JAX, vectorised by ``jax.vmap``."""
+    elementwise = False  # each element's step depends on that element alone: fusable
+    reads_x = False  # apply reads the parameter's values (else only its dtype)
+    stacks = False  # apply steps a stack of like arrays (on its last axes) as each alone
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -66,11 +48,8 @@ class Rule:
         backends.rule_defined(cls)  # JAX seen already: the new rule is a pytree too
 
     def direction(self) -> Rule | None:
-        """direction() -> an ``elementwise`` rule of the same state whose step ``a`` this
-        rule's step is made of, per array, by :meth:`scaled`: ``apply(state, x, g)`` is
-        ``(s, scaled(x, a))`` for ``(s, a) = direction().apply(state, x, g)``; or ``None``
-        (most rules). ``LAMB``'s is Adam's direction, and a fused group runs it over
-        its flat buffers (``fused.Directed``) before each array's trust ratio.
+        """direction() -> an ``elementwise`` rule of the same state whose step ``a`` gives
+        this rule's as :meth:`scaled` ``(x, a)``, or ``None`` (most rules).
 
         Example:
             >>> from optimisers import LAMB
@@ -84,15 +63,8 @@ class Rule:
         raise NotImplementedError(f"{type(self).__name__} has no direction")
 
     def raises(self) -> bool:
-        """Whether ``apply`` may raise (as ``ClipNorm`` does on a non-finite norm).
-
-        ``update_`` runs such a rule first, on a copy of its state, and writes nothing
-        until every rule has returned, so that an error leaves the model and the tree as
-        they were; it is never fused. The library's own rules say exactly which may; a
-        rule defined elsewhere is assumed to, since ``update_`` cannot know: override
-        this to return ``False`` once yours cannot raise, to skip the copy and let an
-        ``elementwise`` rule run fused.
-        """
+        """Whether ``apply`` may raise (``ClipNorm``): ``update_`` then runs it on a copy of
+        its state first, never fused. Assumed of rules defined outside the library."""
         return not type(self).__module__.startswith("optimisers.")
 
     def init(self, x: Any) -> Any:
@@ -104,33 +76,18 @@ class Rule:
         raise NotImplementedError(f"{type(self).__name__} must define apply(state, x, dx)")
 
     def stepped(self, state: Any) -> Any:
-        """Whether the step that gave ``state`` was a real one: ``True`` for most rules;
-        :class:`~optimisers.AccumGrad` says ``False`` while it only accumulates (under
-        ``jax.jit``, a traced truth value). A Leaf's clock counts the real steps (see
-        :meth:`~optimisers.Leaf.advance`), and a schedule in a field is evaluated at it.
-        Reads only the non-array parts of ``state``: a fused group asks it of its state's
-        signature, where arrays are marks.
-
-        Example:
-            >>> from optimisers import Adam
-            >>> Adam().stepped(None)
-            True
-        """
+        """Whether the step that gave ``state`` was real (``AccumGrad``: not while it only
+        accumulates; traced under ``jax.jit``): the Leaf's clock counts real steps. Reads
+        only the non-array parts of ``state``."""
         return True
 
     def refuses(self, x: Any) -> str | None:
-        """refuses(x) -> why this rule cannot train the array ``x`` (a sentence saying what
-        it needs), or ``None`` when it can.
-
-        ``setup`` asks this of every array it makes a Leaf for, and refuses an array with
-        a ``ValueError`` naming its path (``Muon`` trains real matrices only). By default
-        a rule takes every array that the rules in its fields take (a chain's, say).
+        """refuses(x) -> why this rule cannot train ``x`` (``setup`` raises it with the
+        path), or ``None``. By default, what the rules in its fields refuse.
 
         Example:
             >>> import numpy as np
             >>> from optimisers import Adam, Muon, OptimiserChain
-            >>> Adam().refuses(np.zeros(3)) is None
-            True
             >>> OptimiserChain(Muon()).refuses(np.zeros(3))
             'Muon trains matrices (2-D arrays), not arrays of shape (3,)'
         """
@@ -142,37 +99,20 @@ class Rule:
         return None
 
     def averaged(self, state: Any, x: Any) -> Any:
-        """The parameter to evaluate with, kept in ``state`` (an average of ``x``, say), or
-        ``None`` for ``x`` itself: what :func:`~optimisers.averaged` puts in the model.
-
-        Example:
-            >>> import numpy as np
-            >>> from optimisers import Adam
-            >>> Adam().averaged(None, np.ones(1)) is None
-            True
-        """
+        """The parameter to evaluate with, kept in ``state`` (an average), or ``None`` for
+        ``x`` itself: what :func:`~optimisers.averaged` puts in the model."""
         return None
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
-        """misfit(state, x) -> None when ``state`` can be this rule's state for ``x``, else
-        what was found and what is needed, ``(found, needed)``: two shapes (tuples), or
-        two dtype names (strings).
-
-        ``update`` and :func:`~optimisers.averaged` ask this of every Leaf they have not
-        seen step its array before, so that a parameter resized, or cast to another dtype,
-        after ``setup`` is an error, never a step over the wrong memory or with state of
-        another precision. By default every array in the state must have ``x``'s shape,
-        and ``x``'s dtype or, for a complex ``x``, its real part's (:func:`dtype_misfit`);
-        a rule whose state holds arrays of other shapes (factored moments) or dtypes (a
-        master copy) overrides it.
+        """misfit(state, x) -> ``None`` when ``state`` fits ``x``, else ``(found, needed)``:
+        two shapes or two dtype names. By default every state array has ``x``'s shape and
+        dtype (:func:`dtype_misfit`). ``update`` asks it of Leafs it has not seen step.
 
         Example:
             >>> import numpy as np
             >>> from optimisers import Adam
             >>> Adam().misfit(Adam().init(np.zeros(3)), np.zeros(4))
             ((3,), (4,))
-            >>> Adam().misfit(Adam().init(np.zeros(3, np.float32)), np.zeros(3, np.float16))
-            ('float32', 'float16')
         """
         need = tuple(x.shape)
         for a in _arrays(state):
@@ -181,17 +121,11 @@ class Rule:
         return dtype_misfit(state, x)
 
     def __post_init__(self) -> None:
-        """Check every hyper-parameter against what its field allows (see
-        :func:`~optimisers.rules.fields.hyperparameter`); a field that declares nothing is
-        not checked, except a learning rate ``eta``, which is never negative. Runs for the
-        constructor, ``dataclasses.replace`` (``adjust``) and checkpoints alike. Values
-        traced under ``jax.jit`` are checked for their kind only."""
+        """Check every hyper-parameter (:func:`~optimisers.rules.fields.check`)."""
         fields.check(self)
 
 
 _NGRADS: dict[type, float] = {}
-
-
 fields.RULE = (Rule,)  # what a field of kind "rule" must hold
 
 
@@ -212,10 +146,7 @@ def call(rule: Rule, state: Any, x: Any, grads: tuple) -> tuple[Any, Any]:
 
 
 class NewValue:
-    """NewValue(value): a step that sets the parameter to ``value`` instead of subtracting.
-
-    For rules that compute the new parameter themselves (:class:`MixedPrecision` rounds
-    its master copy), so that no rounding of ``x - (x - new)`` creeps in.
+    """NewValue(value): a step that sets the parameter to ``value`` (``MixedPrecision``).
 
     Example:
         >>> NewValue(3.0).value
@@ -228,22 +159,25 @@ class NewValue:
         self.value = value
 
 
-
 def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
-    """dtype_misfit(state, x) -> ``(found, needed)`` dtype names for the first array of
-    ``state`` whose dtype is neither ``x``'s nor, for a complex ``x``, its real part's
-    (``float32`` for ``complex64``), or ``None`` when all fit.
+    """dtype_misfit(state, x) -> ``(found, needed)`` for the first state array whose dtype
+    is neither ``x``'s nor its real part's, or ``None``.
+
+    Args:
+        state: a rule's state.
+        x: the parameter.
+
+    Returns:
+        ``(found, needed)`` dtype names, or ``None``.
 
     Example:
         >>> import numpy as np
-        >>> dtype_misfit((np.zeros(2, np.float32), None), np.zeros(2, np.complex64)) is None
-        True
         >>> dtype_misfit((np.zeros(2, np.float32),), np.zeros(2, np.float64))
         ('float32', 'float64')
     """
     same, need = x.dtype, ""
     for a in _arrays(state):
-        if a.dtype is same:  # (the usual case, at every step: no names made)
+        if a.dtype is same:
             continue
         need = need or backends.of(x).dtype_name(x)
         real = f"float{int(need[7:]) // 2}" if need.startswith("complex") else need
@@ -263,9 +197,8 @@ def _inner_values(rule: Rule) -> list:
 
 
 def _arrays(state: Any) -> list:
-    """The arrays in a state, its tuple, list and dict parts walked. A weakly typed 0-d
-    array is a number (JAX carries bias corrections and counters so under ``jit``); any
-    other array, 0-d too, is state that must fit its parameter."""
+    """The arrays in a state's tuples, lists and dicts; a weakly typed 0-d one (JAX's
+    counters under ``jit``) is a number."""
     stack, found = [state], []
     while stack:
         s = stack.pop()

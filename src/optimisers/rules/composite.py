@@ -1,7 +1,4 @@
-"""Composite rules: chains, gradient accumulation, and mixed precision.
-
-They are ordinary rules whose state is a tuple, built from other rules' states.
-"""
+"""Composite rules (chains, accumulation, mixed precision, averaging): their state is a tuple."""
 
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ __all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision", "EMA"]
 class OptimiserChain(Rule):
     """OptimiserChain(*rules): apply the rules in order, each one's step the next one's gradient.
 
-    The state is the tuple of the rules' states. A rule that yields no step (``None``,
-    as :class:`AccumGrad` between accumulations) ends the chain for that update. An
-    empty chain passes the gradient through.
+    The state is the tuple of the rules' states; a step of ``None`` (``AccumGrad`` between
+    accumulations) ends the chain for that update.
 
     Example:
         >>> import numpy as np
@@ -60,13 +56,12 @@ class OptimiserChain(Rule):
         return tuple(r.init(x) for r in self.rules)
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
-        """The first misfit of a rule's state against ``x`` (each rule's own test: an
-        ``Adafactor``'s factored moments fit)."""
+        """The first misfit of a rule's state against ``x``."""
         found = (r.misfit(s, x) for r, s in zip(self.rules, state))
         return next((f for f in found if f is not None), None)
 
     def stepped(self, state: Any) -> Any:
-        """Real when every rule's step was (an :class:`AccumGrad` in it decides)."""
+        """Real when every rule's step was."""
         real: Any = True
         for r, s in zip(self.rules, state):
             now = r.stepped(s)
@@ -92,8 +87,7 @@ class OptimiserChain(Rule):
         return tuple(states), dx
 
     def averaged(self, state: Any, x: Any) -> Any:
-        """The point to evaluate at of the last rule in the chain that keeps one (a
-        :class:`~optimisers.ScheduleFreeAdamW` after a clip, say), else ``None``."""
+        """The point to evaluate at of the last rule that keeps one, else ``None``."""
         found = None
         for r, s in zip(self.rules, state):
             point = r.averaged(s, x)
@@ -113,11 +107,8 @@ class AccumGrad(Rule):
     """AccumGrad(n): average the gradients of ``n`` calls, then take one step with them.
 
     The first ``n-1`` updates change nothing but the accumulator; the ``n``-th passes the
-    mean on (as the gradient of the next rule in a chain). Put it first in a chain.
-
-    Under ``jax.jit`` the count is traced, so "no step" (``None``) cannot be returned:
-    the step is zero instead, and an :class:`OptimiserChain` keeps the states of the
-    rules after this one unchanged on those calls, so the result is the same.
+    mean on. Put it first in a chain. Under ``jax.jit`` the step is zero instead of ``None``,
+    and a chain keeps the later rules' states unchanged.
 
     Example:
         >>> import numpy as np
@@ -136,7 +127,7 @@ class AccumGrad(Rule):
         return backends.of(x).zeros_like(x), 1
 
     def stepped(self, state: Any) -> Any:
-        """Real when the counter came back to 1: the mean went on as the step."""
+        """Real when the counter came back to 1."""
         return state[1] == 1
 
     def apply(self, state, x, dx):
@@ -158,14 +149,9 @@ class MixedPrecision(Rule):
     """MixedPrecision(rule, dtype=float32): train a low-precision parameter through a
     higher-precision master copy.
 
-    The state is ``(xT, rule_state)``: ``xT`` the parameter in ``dtype``, updated by
-    ``rule``, then written back (rounded) to the parameter: the step is a
-    :class:`NewValue`, so the parameter is exactly ``xT`` cast to its dtype. A complex
-    parameter's master copy is complex, of ``dtype``'s precision (``complex64`` for
-    ``float32``), so that no imaginary part is dropped. A parameter cast to another dtype
-    after ``setup`` trains on through the master copy, written back in its new dtype
-    (other rules refuse it: :meth:`Rule.misfit`). Must be outermost: wrap a chain, never
-    put it inside one.
+    The state is ``(xT, rule_state)``: ``rule`` steps ``xT`` (in ``dtype``; complex of that
+    precision for a complex parameter), and the parameter becomes ``xT`` rounded to its own
+    dtype (a :class:`NewValue`). Outermost only: wrap a chain, never put it inside one.
 
     Example:
         >>> import numpy as np
@@ -187,8 +173,7 @@ class MixedPrecision(Rule):
                              "higher dtype")
 
     def __repr__(self) -> str:
-        """The dtype by its name (``dtype='float32'``), so that the text is code that makes
-        this rule again, as every rule's ``repr`` is (an error's suggested fix quotes it)."""
+        """The dtype by its name, so that the text is code that makes this rule again."""
         return f"MixedPrecision(rule={self.rule!r}, dtype={dtype_name(self.dtype)!r})"
 
     def raises(self) -> bool:
@@ -199,9 +184,7 @@ class MixedPrecision(Rule):
         return xT, self.rule.init(xT)
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
-        """The master copy's shape against ``x``'s (its dtype is its own: a parameter cast
-        to another dtype after ``setup`` trains on, written back in its new dtype), then
-        the rule's own test against the master copy, the parameter it steps."""
+        """The master copy's shape against ``x``'s (its dtype is its own), then the rule's test."""
         master, need = state[0], tuple(x.shape)
         if tuple(master.shape) != need:
             return tuple(master.shape), need
@@ -211,8 +194,7 @@ class MixedPrecision(Rule):
         return self.rule.stepped(state[1])
 
     def held(self, state: Any, x: Any, dx: Any) -> tuple:
-        """``(state, x, dx)`` as the rule it runs sees them: its state, the master copy,
-        the gradient in the master's dtype."""
+        """``(state, x, dx)`` as the rule it runs sees them: its state, the master copy, ``dx``."""
         xT, st = state
         return st, xT, dx if dx is None else backends.of(xT).cast(dx, xT)
 
@@ -226,7 +208,7 @@ class MixedPrecision(Rule):
         return (xT, st), NewValue(xp.astype(xT, x.dtype))  # a copy, never xT itself
 
     def averaged(self, state: Any, x: Any) -> Any:
-        """The inner rule's point to evaluate at, from the master copy, in ``x``'s dtype."""
+        """The inner rule's point to evaluate at, in ``x``'s dtype."""
         xT, st = state
         found = self.rule.averaged(st, xT)
         return None if found is None else backends.of(x).astype(found, x.dtype)
@@ -235,14 +217,10 @@ class MixedPrecision(Rule):
 @dataclass(frozen=True)
 class EMA(Rule):
     """EMA(rule, decay=0.999): run ``rule``, and keep an exponential moving average of the
-    parameter in the state, for evaluation (:func:`~optimisers.averaged` reads it).
+    parameter in the state for :func:`~optimisers.averaged`.
 
-    The state is ``(rule_state, avg)``. ``avg`` starts as a copy of the parameter at
-    ``setup``, and after each step that moves the parameter becomes
-    ``decay*avg + (1-decay)*x``, ``x`` the parameter after the step (as
-    ``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn`` and
-    ``optax.ema`` of the parameters do, without debiasing). Elementwise, and so fused,
-    when ``rule`` is.
+    The state is ``(rule_state, avg)``: ``avg`` starts as the parameter, and after each step
+    becomes ``decay*avg + (1-decay)*x`` (``optax.ema`` of the parameters, without debiasing).
 
     Example:
         >>> import numpy as np
@@ -290,5 +268,5 @@ class EMA(Rule):
         return (inner, xp.assign(avg, b * avg + c * new)), d
 
     def averaged(self, state: Any, x: Any) -> Any:
-        """The average, for :func:`~optimisers.averaged`."""
+        """The average."""
         return state[1]

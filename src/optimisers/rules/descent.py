@@ -1,4 +1,4 @@
-"""Gradient descent and its momentum variants, and Rprop."""
+"""Gradient descent, its momentum variants and Rprop; gradient decay terms and clipping."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from optimisers import backends
 from optimisers.rules.base import Rule
 from optimisers.rules.fields import hyperparameter
 
-__all__ = ["Descent", "Momentum", "Nesterov", "Rprop"]
+__all__ = ["Descent", "Momentum", "Nesterov", "Rprop", "WeightDecay", "SignDecay", "ClipGrad",
+           "ClipNorm"]
 
 
 @dataclass(frozen=True)
@@ -32,28 +33,19 @@ class Descent(Rule):
 
 @dataclass(frozen=True)
 class Momentum(Rule):
-    """Momentum(eta=0.01, rho=0.9, eta_outside=False): ``v = rho*v + eta*g``; ``d = v``.
+    """Momentum(eta=0.01, rho=0.9, eta_outside=False): ``v = rho*v + eta*g``; ``d = v``
+    (Polyak 1964, "Some methods of speeding up the convergence of iteration methods").
 
-    Classical momentum (Polyak 1964) with the learning rate inside the velocity: after a
-    change of ``eta`` (``adjust``, a schedule) ``v`` still carries the old rate, and the
-    pace changes smoothly. With ``eta_outside``, the rate is applied after the velocity,
-    ``v = rho*v + g``; ``d = eta*v``, as ``torch.optim.SGD(lr=eta, momentum=rho)`` and
-    ``optax.sgd(eta, momentum=rho)`` do, so that a run under a schedule (``StepLR``,
-    ``OneCycleLR``) follows theirs; a change of ``eta`` then takes effect at once. With
-    a constant ``eta`` the two forms take the same steps. ``rho`` is in ``[0, 1]``:
-    ``rho = 1`` is allowed, as ``torch.optim.SGD`` allows ``momentum=1`` (it checks only
-    ``momentum >= 0``): the velocity then sums every gradient, never forgetting one, which
-    is well defined (no division by ``1 - rho``); a ``rho`` above 1 grows the velocity
-    without bound.
+    The rate inside the velocity: a change of ``eta`` takes effect smoothly. With
+    ``eta_outside``, ``v = rho*v + g``; ``d = eta*v``, as ``torch.optim.SGD(lr=eta,
+    momentum=rho)`` and ``optax.sgd``; with a constant ``eta`` the two are the same.
+    ``rho = 1`` is allowed, as ``torch.optim.SGD`` allows ``momentum=1``.
 
     Example:
         >>> import numpy as np
         >>> r, x = Momentum(0.1, 0.5), np.zeros(1)
         >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); d
         array([0.15])
-        >>> r = Momentum(0.1, 0.5, eta_outside=True)
-        >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); s, d
-        (array([1.5]), array([0.15]))
     """
 
     elementwise = True
@@ -78,22 +70,17 @@ class Momentum(Rule):
 @dataclass(frozen=True)
 class Nesterov(Rule):
     """Nesterov(eta=0.001, rho=0.9, eta_outside=False): Nesterov's accelerated gradient
-    (Sutskever et al. 2013).
+    (Sutskever et al. 2013, "On the importance of initialization and momentum").
 
-    ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``, the rate inside the
-    velocity; with ``eta_outside``, ``v = rho*v + g``; ``d = eta*(g + rho*v)``, as
-    ``torch.optim.SGD(lr=eta, momentum=rho, nesterov=True)`` and ``optax.sgd(eta, rho,
-    nesterov=True)`` (see :class:`Momentum`). With a constant ``eta`` the two forms take
-    the same steps. ``rho = 1`` is allowed, as for :class:`Momentum` (and
-    ``torch.optim.SGD``'s ``momentum=1``).
+    ``d = -rho^2*v + (1+rho)*eta*g``, then ``v = rho*v - eta*g``; with ``eta_outside``,
+    ``v = rho*v + g``; ``d = eta*(g + rho*v)``, as ``torch.optim.SGD(..., nesterov=True)``.
+    ``rho = 1`` is allowed, as for :class:`Momentum`.
 
     Example:
         >>> import numpy as np
         >>> r, x = Nesterov(0.1, 0.5), np.zeros(1)
         >>> r.apply(r.init(x), x, np.ones(1))[1]
         array([0.15])
-        >>> Nesterov(0.1, 0.5, eta_outside=True).apply(np.zeros(1), x, np.ones(1))
-        (array([1.]), array([0.15]))
     """
 
     elementwise = True
@@ -119,13 +106,11 @@ class Nesterov(Rule):
 @dataclass(frozen=True)
 class Rprop(Rule):
     """Rprop(eta=0.001, ell=(0.5, 1.2), gamma=(1e-6, 50.0)): resilient backprop
-    (Riedmiller & Braun 1993).
+    (Riedmiller & Braun 1993, "A direct adaptive method for faster backpropagation learning").
 
-    Per element, the step size grows by ``ell[1]`` while the gradient keeps its sign and
-    shrinks by ``ell[0]`` when it flips (then that gradient is forgotten), clamped to
-    ``gamma``; ``d = s * sign(g)``. As ``torch.optim.Rprop(etas=ell, step_sizes=gamma)``.
-    A complex element steps as two real ones: its real and imaginary parts, each with its
-    own step size (the real and imaginary parts of ``s``).
+    Per element, the step size ``s`` grows by ``ell[1]`` while the gradient keeps its sign and
+    shrinks by ``ell[0]`` when it flips (that gradient then forgotten), within ``gamma``;
+    ``d = s * sign(g)``. As ``torch.optim.Rprop``; complex parts step apart.
 
     Example:
         >>> import numpy as np
@@ -161,9 +146,103 @@ def _iscomplex(xp, x) -> bool:
 
 
 def _rprop(xp, gp, s, dx, lo, hi, gmin, gmax):
-    """Rprop's step on real arrays: the new (previous gradient, step sizes), and ``d``."""
+    """Rprop's step on real arrays: ``((previous gradient, step sizes), d)``."""
     sgn = xp.sign(gp * dx)
     s = xp.assign(s, xp.where(sgn > 0, xp.minimum(s * hi, gmax),
                               xp.where(sgn < 0, xp.maximum(s * lo, gmin), s)))
     gp = xp.assign(gp, xp.where(sgn < 0, 0 * dx, dx))
     return (gp, s), s * xp.sign(gp)
+
+
+@dataclass(frozen=True)
+class WeightDecay(Rule):
+    """WeightDecay(lambd=5e-4): L2 decay added to the gradient, ``d = g + lambd*x``; put it
+    before the optimiser in a chain.
+
+    Example:
+        >>> import numpy as np
+        >>> WeightDecay(0.1).apply(None, np.array([2.0]), np.array([1.0]))[1]
+        array([1.2])
+    """
+
+    elementwise = True
+    reads_x = True
+
+    lambd: float = hyperparameter(5e-4, "[0, inf)")
+
+    def apply(self, state, x, dx):
+        (lambd,) = backends.of(x).hyper(x, self.lambd)
+        return state, dx + lambd * x
+
+
+@dataclass(frozen=True)
+class SignDecay(Rule):
+    """SignDecay(lambd=1e-3): L1 decay added to the gradient, ``d = g + lambd*sign(x)``.
+
+    Example:
+        >>> import numpy as np
+        >>> SignDecay(0.1).apply(None, np.array([-2.0]), np.array([1.0]))[1]
+        array([0.9])
+    """
+
+    elementwise = True
+    reads_x = True
+
+    lambd: float = hyperparameter(1e-3, "[0, inf)")
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        (lambd,) = xp.hyper(x, self.lambd)
+        return state, dx + lambd * xp.sign(x)
+
+
+@dataclass(frozen=True)
+class ClipGrad(Rule):
+    """ClipGrad(delta=10.0): clamp each gradient element to ``[-delta, delta]`` (a complex
+    element's parts each).
+
+    Example:
+        >>> import numpy as np
+        >>> ClipGrad(1.0).apply(None, np.zeros(2), np.array([-3.0, 0.5]))[1]
+        array([-1. ,  0.5])
+    """
+
+    elementwise = True
+
+    delta: float = hyperparameter(10.0, "[0, inf)")
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        (delta,) = xp.hyper(x, self.delta)
+        return state, xp.clip(dx, -delta, delta)
+
+
+@dataclass(frozen=True)
+class ClipNorm(Rule):
+    """ClipNorm(omega=10.0, p=2.0, throw=True): rescale the gradient to norm at most ``omega``.
+
+    ``d = g * min(omega/n, 1)``, ``n = norm(g, p)``, ``p`` in ``(0, inf]``. A non-finite
+    norm raises ``FloatingPointError`` when ``throw`` (not under ``jax.jit``).
+
+    Example:
+        >>> import numpy as np
+        >>> ClipNorm(1.0).apply(None, np.zeros(2), np.array([3.0, 4.0]))[1]
+        array([0.6, 0.8])
+    """
+
+    omega: float = hyperparameter(10.0, "[0, inf)")
+    p: float = hyperparameter(2.0, "(0, inf]", static=True)  # not traced by JAX
+    throw: bool = hyperparameter(True, kind="flag")
+
+    def raises(self) -> bool:
+        return bool(self.throw)
+
+    def apply(self, state, x, dx):
+        xp = backends.of(x)
+        n = xp.norm(dx, self.p)
+        if self.throw and xp.isfinite(n) is False:
+            raise FloatingPointError(f"ClipNorm: the gradient's {self.p}-norm is {n}; "
+                                     f"pass throw=False to clip anyway")
+        (omega,) = xp.hyper(x, self.omega)
+        big = n > omega
+        return state, dx * xp.where(big, omega / xp.where(big, n, 1), 1)

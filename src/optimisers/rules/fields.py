@@ -1,23 +1,10 @@
 """Hyper-parameter fields: each declares, beside its default, the values it allows.
 
-A rule's field is written ``eta: float = hyperparameter(0.001, "[0, inf)")``: a dataclass
-field whose metadata holds an :class:`Allowed`. :meth:`Rule.__post_init__` calls
-:func:`check`, so every path that constructs a rule validates all of its fields, once, in
-one place: the constructor, ``dataclasses.replace`` (what ``adjust`` and ``adjust_`` do),
-and checkpoints (``load`` constructs the rules it reads). The messages follow
-``torch.optim``'s (``Invalid beta parameter at index 0: 1.5``), then name the rule, the
-field and what it allows.
-
-A number may be a Python ``int`` or ``float``, a NumPy scalar of any real dtype, or a 0-d
-array of NumPy, PyTorch or JAX; it is stored as the Python number it holds, so that a rule's
-fields stay plain data (``Adam(np.float64(0.1)) == Adam(0.1)``, and its ``repr``, hash and
-checkpoint are those of the number). ``bool`` and complex numbers are never numbers here
-(``AccumGrad(True)`` is refused), nor is an array of any other shape (an ``eta`` of shape
-``(n,)`` would step each element at its own rate), nor an ``int`` too large for a float.
-Values traced under ``jax.jit`` (or ``jax.vmap``) cannot be read: they are kept as they are
-and their value is not checked, but the rest is (a tuple's length, the other fields). A
-rule rebuilt by JAX from its flat form never runs ``__post_init__`` (see
-``backends/jax.py``), so neither traced nor packed numbers reach this check by that path.
+``eta: float = hyperparameter(0.001, "[0, inf)")``; :meth:`Rule.__post_init__` calls
+:func:`check`, so the constructor, ``dataclasses.replace`` (``adjust``) and ``load`` all
+validate, with ``torch.optim``'s messages. A number (a Python number, a NumPy scalar, a
+0-d array) is stored as the Python number it holds; ``bool`` and complex are refused.
+Values traced under ``jax.jit`` are kept unchecked.
 """
 
 from __future__ import annotations
@@ -36,10 +23,7 @@ __all__ = ["Allowed", "Interval", "hyperparameter", "check", "InvalidKind", "dty
 
 
 class InvalidKind(TypeError, ValueError):
-    """A hyper-parameter of the wrong kind (a string, ``None``, ``True`` for a count).
-
-    A ``TypeError``, and a ``ValueError`` too: ``torch.optim`` refuses bad hyper-parameters
-    with ``ValueError`` and so did this library, so code catching either keeps working.
+    """A hyper-parameter of the wrong kind: a ``TypeError`` and (as torch.optim's) a ``ValueError``.
 
     Example:
         >>> issubclass(InvalidKind, TypeError) and issubclass(InvalidKind, ValueError)
@@ -55,20 +39,14 @@ class Interval:
     """Interval(low, high, closed_low, closed_high, none=False): the numbers a
     hyper-parameter allows, and whether it may also be ``None``.
 
-    Made from its usual notation by :meth:`parse`; an infinite end is allowed only when
-    closed (``"[-inf, inf]"`` allows both infinities, ``"[0, inf)"`` neither). NaN is
-    never allowed. ``"[0, inf) or None"`` also allows ``None``, for a value that a rule
-    chooses itself when not given (``Adafactor``'s ``epsilon[0]``: the dtype's epsilon).
+    Made by :meth:`parse`; an infinite end only when closed; never NaN.
 
     Example:
         >>> i = Interval.parse("[0, 1)")
         >>> 0.0 in i, 1.0 in i, float("nan") in i, None in i, str(i)
         (True, False, False, False, 'in [0, 1)')
-        >>> str(Interval.parse("[0, inf)"))
-        '>= 0 and finite'
-        >>> j = Interval.parse("[0, inf) or None")
-        >>> None in j, str(j)
-        (True, '>= 0 and finite, or None')
+        >>> str(Interval.parse("[0, inf) or None"))
+        '>= 0 and finite, or None'
     """
 
     low: float
@@ -108,23 +86,17 @@ def _short(v: float) -> str:
     return str(int(v)) if v.is_integer() else str(v)
 
 
-_KINDS = {
-    "number": "a number",
-    "whole": "a whole number",
-    "flag": "True or False",
-    "dtype": "a floating dtype (such as np.float32, torch.bfloat16, jnp.float16)",
-    "rule": "a Rule (such as Adam())",
-}
+_KINDS = {"number": "a number", "whole": "a whole number", "flag": "True or False",
+          "dtype": "a floating dtype (such as np.float32, torch.bfloat16, jnp.float16)",
+          "rule": "a Rule (such as Adam())"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Allowed:
     """Allowed(kind, within): what one field of a rule allows.
 
-    ``kind`` is ``"number"``, ``"whole"`` (an ``int``, never a ``bool``), ``"flag"`` (a
-    ``bool``), ``"dtype"`` (a floating dtype of any library) or ``"rule"``. ``within``
-    is ``None`` (any value of the kind), one :class:`Interval` (the value is one number),
-    or a tuple of them (the value is a tuple of that many numbers, each in its interval).
+    ``kind``: ``"number"``, ``"whole"``, ``"flag"``, ``"dtype"`` or ``"rule"``; ``within``:
+    ``None``, an :class:`Interval`, or a tuple of them (one per element of a tuple value).
 
     Example:
         >>> Allowed("number", (Interval.parse("[0, 1)"),) * 2).requirement("beta")
@@ -143,9 +115,8 @@ class Allowed:
         return what if self.within is None else f"{what} {self.within}"
 
     def check(self, rule: str, name: str, value: Any) -> Any:
-        """The value to store for the field ``name`` of the rule ``rule``: ``value``, or the
-        Python number a NumPy scalar or a 0-d array holds (a tuple's elements each); raises
-        unless ``value`` is allowed."""
+        """The value to store for ``rule``'s field ``name`` (a 0-d array as its Python
+        number); raises unless ``value`` is allowed."""
         if not isinstance(self.within, tuple):
             return self._one(rule, name, value, self.within, "")
         if type(value) is not tuple or len(value) != len(self.within):
@@ -158,21 +129,23 @@ class Allowed:
     def _one(self, rule: str, name: str, value: Any, within: Interval | None,
              index: int | str) -> Any:
         if type(value) is float and self.kind == "number" and value in within:
-            return value  # the common case, kept fast: a rule is made at every adjust
+            return value  # the common case, kept fast
         if value is None and within is not None and within.none:
             return value
         if self.kind not in ("number", "whole"):
             if not _fits(self.kind, value):
                 self._refuse(rule, name, value, within, index)
             return value
-        if backends.istraced(value) or _isschedule(value):
+        from optimisers.schedules import Schedule, as_schedule  # (it imports this module)
+
+        if backends.istraced(value) or isinstance(value, Schedule):
             return value  # unknown here (a schedule's is checked where evaluated: schedules.at)
-        if callable(value) and (scheduled := _as_schedule(value)) is not value:
+        if callable(value) and (scheduled := as_schedule(value)) is not value:
             return scheduled  # a plain function step -> value: a schedule
         number = _number(value)
         if number is None or (self.kind == "whole" and type(number) is not int):
             self._refuse(rule, name, value, within, index)
-        if type(number) is int and not _float_holds(number):
+        if type(number) is int and abs(number) >= _TOO_LARGE:
             digits = f"an int of {len(str(abs(number)))} digits, too large for a float"
             raise ValueError(f"{_invalid(name, digits, index, shown=True)}; "
                              f"{_subject(rule, name, index)} must be {within}")
@@ -195,9 +168,7 @@ class Allowed:
 
 
 def _number(value: Any) -> int | float | None:
-    """The Python ``int`` or ``float`` that ``value`` is or holds (a real 0-d array or
-    scalar of a supported library, never a ``bool``); ``None`` otherwise. A float16 or
-    float32 reads as its ``repr`` shows it: ``np.float32(0.01)`` is ``0.01``."""
+    """The Python ``int`` or ``float`` that ``value`` is or holds, else ``None``."""
     if type(value) is int or type(value) is float:
         return value
     if not (isinstance(value, np.generic) or backends.library(value) is not None):
@@ -217,24 +188,10 @@ def _number(value: Any) -> int | float | None:
     return number if type(number) is int else None
 
 
-def _float_holds(number: int) -> bool:
-    """Whether the ``int`` ``number`` converts to a float (the arithmetic of every step)."""
-    try:
-        float(number)
-    except OverflowError:
-        return False
-    return True
+_TOO_LARGE = int(np.finfo(float).max) + 2**970  # the least int that float() overflows on
 
 
-def _isschedule(value: Any) -> bool:
-    from optimisers.schedules import Schedule  # (schedules imports this module)
-
-    return isinstance(value, Schedule)
-
-
-RULE: tuple[type, ...] = ()
-"""The class of rules, ``rules.base.Rule``, which sets it here when it is defined (it
-imports this module, so this one does not import it)."""
+RULE: tuple[type, ...] = ()  # (Rule,), set by rules/base.py
 
 
 def _fits(kind: str, value: Any) -> bool:
@@ -248,17 +205,13 @@ def _fits(kind: str, value: Any) -> bool:
 
 
 def dtype_name(value: Any) -> str | None:
-    """The name of a NumPy, PyTorch or JAX dtype (or of a dtype's name); ``None`` if none.
-
-    NumPy reads its own and JAX's dtypes and names; another library's dtype prints as
-    ``<library>.<name>`` (``torch.bfloat16``), read by its last part.
+    """dtype_name(value) -> the name of a NumPy, PyTorch or JAX dtype, or ``None``.
 
     Args:
         value: a dtype, a scalar type (``np.float32``) or a dtype's name.
 
     Returns:
-        The dtype's name (``"float32"``), which every backend takes as that dtype, or
-        ``None`` for a value that names no dtype.
+        The dtype's name (``"float32"``), or ``None`` for a value that names no dtype.
 
     Example:
         >>> dtype_name(np.float32), dtype_name("bfloat16"), dtype_name(0.5)
@@ -272,13 +225,10 @@ def dtype_name(value: Any) -> str | None:
         return str(value).rpartition(".")[2]
 
 
-def _noun(name: str) -> str:
-    return "learning rate eta" if name == "eta" else name
-
-
 def _subject(rule: str, name: str, index: int | str = "") -> str:
     """``Adam's beta[0]``: the rule, the field, and the element of a tuple."""
-    return f"{rule}'s {_noun(name)}{f'[{index}]' if index != '' else ''}"
+    noun = "learning rate eta" if name == "eta" else name
+    return f"{rule}'s {noun}{f'[{index}]' if index != '' else ''}"
 
 
 def _invalid(name: str, value: Any, index: int | str = "", shown: bool = False) -> str:
@@ -288,9 +238,7 @@ def _invalid(name: str, value: Any, index: int | str = "", shown: bool = False) 
     return f"Invalid {what}{at}: {value if shown else repr(value)}"
 
 
-_BY_NAME = {"eta": Allowed("number", Interval.parse("[0, inf)"))}
-"""What a field allows when its rule does not declare it (a user's rule): a learning rate
-is never negative."""
+_BY_NAME = {"eta": Allowed("number", Interval.parse("[0, inf)"))}  # a user's rule's eta
 
 
 def hyperparameter(default: Any = dataclasses.MISSING, *within: str, kind: str = "number",
@@ -346,11 +294,11 @@ def _declared(cls: type) -> tuple[tuple[str, Allowed], ...]:
 
 
 def check(rule: Any) -> None:
-    """check(rule) -> None, or raises: every declared field of ``rule`` against what it allows.
+    """check(rule) -> None: every declared field of ``rule`` against what it allows; then
+    stores 0-d arrays as numbers and functions as :class:`~optimisers.schedules.Function`.
 
-    A NumPy scalar or a 0-d array given for a number is then stored in the (frozen) rule
-    as the Python number it holds, and a plain function ``step -> value`` as the schedule
-    :class:`~optimisers.schedules.Function` ``(f)``, once every field has passed.
+    Args:
+        rule: a rule (or schedule) whose fields to check.
 
     Raises:
         ValueError: a number outside its interval (NaN and infinities included).
@@ -358,14 +306,8 @@ def check(rule: Any) -> None:
             ``TypeError`` and a ``ValueError``).
 
     Example:
-        >>> import dataclasses
-        >>> from optimisers import Adam
-        >>> check(Adam())
-        >>> dataclasses.replace(Adam(), epsilon=-1.0)   # as adjust does: checked again
-        Traceback (most recent call last):
-        ...
-        ValueError: Invalid epsilon parameter: -1.0; Adam's epsilon must be >= 0 and finite
         >>> import numpy as np
+        >>> from optimisers import Adam
         >>> Adam(np.float64(0.1), beta=(np.float32(0.5), np.array(0.999)))
         Adam(eta=0.1, beta=(0.5, 0.999), epsilon=1e-08)
     """
@@ -378,10 +320,3 @@ def check(rule: Any) -> None:
             stored[name] = new
     for name, new in stored.items():  # once every field passed: nothing written on error
         object.__setattr__(rule, name, new)
-
-
-def _as_schedule(value: Any) -> Any:
-    from optimisers.schedules import as_schedule  # (schedules imports this module)
-
-    return as_schedule(value)
-

@@ -1,10 +1,4 @@
-"""Matrix rules: steps shaped by each parameter's matrix structure, not element by element.
-
-``Muon`` orthogonalises its momentum (a few matrix products per step); ``Adafactor`` keeps
-Adam's second moment factored into a row and a column mean. Neither is elementwise, so
-neither is fused by concatenation; ``Muon`` is stepped over stacks of same-shape matrices
-instead (``Rule.stacks``).
-"""
+"""Matrix rules: ``Muon`` orthogonalises its momentum, ``Adafactor`` factors the second moment."""
 
 from __future__ import annotations
 
@@ -20,10 +14,9 @@ __all__ = ["Muon", "Adafactor"]
 
 
 def _orthogonalised(xp: Any, u: Any, coefficients: tuple, steps: int, epsilon: Any) -> Any:
-    """Newton–Schulz on each matrix of ``u`` (its last two axes), in bfloat16, as
-    ``torch.optim.Muon`` runs it: ``X = u / max(|u|_F, eps)`` in its wide orientation,
-    then ``steps`` times ``A = X X^T``, ``X = a X + (b A + c A A) X``. Every intermediate
-    is rounded to bfloat16 (a no-op where the arrays are bfloat16; NumPy's are float32)."""
+    """Newton–Schulz on each matrix of ``u`` (its last two axes), every intermediate rounded
+    to bfloat16 as ``torch.optim.Muon`` runs it.
+    """
     low = xp.to_bfloat16
     a, b, c = coefficients
     rows, cols = xp.shape(u)[-2:]
@@ -43,26 +36,11 @@ class Muon(Rule):
     ns_coefficients=(3.4445, -4.775, 2.0315), epsilon=1e-7): momentum orthogonalised by
     Newton–Schulz iterations, for the weight matrices of hidden layers (Jordan et al. 2024).
 
-    ``b = rho*b + (1-rho)*g`` (the momentum, from 0); ``u = rho*b + (1-rho)*g`` when
-    ``nesterov``, else ``u = b``; ``O = NS(u)``; then
-    ``d = eta*lambd*x + eta*sqrt(max(1, rows/cols))*O``. ``NS`` is ``ns_steps`` iterations
-    of the quintic ``X <- a X + (b X X^T + c (X X^T)^2) X`` (``(a, b, c) =
-    ns_coefficients``) from ``X = u / max(|u|_F, epsilon)``, taken on the wide orientation
-    of ``u``: it pushes every singular value of ``u`` towards 1 (to roughly 0.7..1.2 with
-    the default coefficients), so that ``O`` is close to ``U V^T`` for ``u = U S V^T``.
-
-    As ``torch.optim.Muon`` with its defaults: the learning rate scaled by
-    ``sqrt(max(1, rows/cols))`` (its ``adjust_lr_fn="original"``), the weight decay
-    decoupled (``x*(1 - eta*lambd)``), and Newton–Schulz run in bfloat16 whatever the
-    parameter's dtype, each product accumulated in float32 and rounded once to bfloat16
-    (``torch.addmm``'s arithmetic), the result cast back. NumPy, which has no bfloat16,
-    rounds float32 results to bfloat16's values after each operation.
-
-    Only real matrices: :func:`~optimisers.setup` refuses another rank, or a complex
-    matrix, naming its path (:meth:`refuses`); give those arrays another rule, as
-    ``setup({"*.weight": Muon(), "*": AdamW()}, model)``. Leafs of one shape are stepped
-    together, each Newton–Schulz product one batched product over their stack
-    (:attr:`stacks`).
+    ``b = rho*b + (1-rho)*g``; ``u = rho*b + (1-rho)*g`` when ``nesterov``, else ``b``;
+    ``d = eta*lambd*x + eta*sqrt(max(1, rows/cols))*NS(u)``, ``NS`` being ``ns_steps`` of
+    ``X <- a X + (b X X^T + c (X X^T)^2) X`` from ``X = u / max(|u|_F, epsilon)`` on the wide
+    orientation, in bfloat16. As ``torch.optim.Muon`` with its defaults. Real matrices only:
+    ``setup`` refuses other arrays (:meth:`refuses`).
 
     Args:
         eta: the learning rate.
@@ -74,8 +52,7 @@ class Muon(Rule):
         epsilon: the floor of the norm that ``u`` is divided by.
 
     Reference:
-        K. Jordan, Y. Jin, V. Boza, J. You, F. Cesista, L. Newhouse, J. Bernstein, "Muon: An
-        optimizer for hidden layers in neural networks", 2024,
+        K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks", 2024,
         https://kellerjordan.github.io/posts/muon/
 
     Example:
@@ -100,7 +77,7 @@ class Muon(Rule):
     epsilon: float = hyperparameter(1e-7, "[0, inf)")
 
     def refuses(self, x: Any) -> str | None:
-        """Why ``x`` is no real matrix, or ``None`` (see :meth:`Rule.refuses`)."""
+        """Why ``x`` is no real matrix, or ``None``."""
         xp = backends.of(x)
         shape = xp.shape(x)
         if len(shape) != 2:
@@ -129,13 +106,12 @@ class Muon(Rule):
 
 
 def _factored(xp: Any, x: Any) -> bool:
-    """Whether Adafactor keeps ``x``'s second moment as a row and a column mean: a matrix
-    (or a stack of them) with elements to take means of."""
+    """Whether Adafactor factors ``x``'s second moment: a non-empty matrix (or stack)."""
     return len(xp.shape(x)) >= 2 and xp.size(x) > 0
 
 
 def _least(xp: Any, a: Any, b: Any) -> Any:
-    """``min(a, b)`` of two scalars, either perhaps traced under ``jax.jit``."""
+    """``min(a, b)`` of two scalars, either perhaps traced."""
     if backends.istraced(a) or backends.istraced(b):
         return xp.minimum(a, b)
     return min(a, b)
@@ -144,32 +120,20 @@ def _least(xp: Any, a: Any, b: Any) -> Any:
 @dataclass(frozen=True)
 class Adafactor(Rule):
     """Adafactor(eta=1e-2, beta2_decay=-0.8, epsilon=(None, 1e-3), d=1.0, lambd=0.0):
-    Adam's second moment kept factored, a row and a column mean per matrix, and a step
+    Adam's second moment factored into a row and a column mean per matrix, and a step
     relative to the parameter's size (Shazeer & Stern 2018).
 
-    ``t`` counts steps from 1 and ``w = t^beta2_decay`` (one minus the second moment's
-    decay). An array of two or more dimensions keeps, per matrix of its last two axes,
-    ``R = (1-w)*R + w*mean(|g|^2 over its last axis)`` and
-    ``C = (1-w)*C + w*mean(|g|^2 over the one before)``, and estimates
-    ``v = R*C / max(mean(R over the one before), eps1)``; another keeps
-    ``v = (1-w)*v + w*|g|^2``. Then ``u = g / sqrt(max(v, eps1^2))``,
-    ``alpha = max(eps2, rms(x)) * min(eta, 1/sqrt(t))`` and
-    ``step = eta*lambd*x + alpha * u / max(1, rms(u)/d)``, ``rms`` over the whole array.
-    With ``epsilon[0] = None``, ``eps1`` is the machine epsilon of ``x``'s dtype.
-
-    As ``torch.optim.Adafactor`` (to float32 rounding), which differs from the paper:
-    ``eta`` caps the relative step size (the paper's 0.01) and scales the decoupled weight
-    decay; ``eps1`` floors ``v`` and the row mean, not each squared gradient; means replace
-    sums. Unlike torch, complex parameters train (``|g|^2 = g*conj(g)``) and an array of no
-    elements takes an empty step. The state is ``(R, C, t)``, or ``(v, None, t)`` for an
-    array of fewer than 2 dimensions or no elements.
+    ``t`` from 1, ``w = t^beta2_decay``; a matrix keeps ``R = (1-w)*R + w*mean(|g|^2, -1)``,
+    ``C = (1-w)*C + w*mean(|g|^2, -2)`` and ``v = R*C / max(mean(R, -2), eps1)``, another
+    array ``v = (1-w)*v + w*|g|^2``; ``u = g / sqrt(max(v, eps1^2))``,
+    ``alpha = max(eps2, rms(x)) * min(eta, 1/sqrt(t))``,
+    ``d = eta*lambd*x + alpha * u / max(1, rms(u)/d)``; ``eps1 = None`` is the dtype's
+    epsilon. As ``torch.optim.Adafactor``; complex parameters train too.
 
     Args:
-        eta: the cap of the relative step size ``min(eta, 1/sqrt(t))``, and the weight
-            decay's factor.
+        eta: the cap of the relative step size, and the weight decay's factor.
         beta2_decay: the exponent of the second moment's decay (``<= 0``).
-        epsilon: ``(eps1, eps2)``: the floor of the second moment (``None``: the dtype's
-            epsilon), and of the parameter's RMS in the step size.
+        epsilon: ``(eps1, eps2)``: the floors of the second moment and of ``rms(x)``.
         d: the RMS a step direction is clipped to.
         lambd: the decoupled weight decay, times ``eta``.
 
@@ -181,11 +145,8 @@ class Adafactor(Rule):
         >>> import numpy as np
         >>> r, x = Adafactor(), np.ones((2, 3), np.float32)
         >>> state, d = r.apply(r.init(x), x, np.full((2, 3), 5.0, np.float32))
-        >>> d          # rms(x) = 1 times min(eta, 1) times sign: u is 1 everywhere here
-        array([[0.01, 0.01, 0.01],
-               [0.01, 0.01, 0.01]], dtype=float32)
-        >>> [a.shape for a in state[:2]], state[2]    # a row and a column mean
-        ([(2, 1), (1, 3)], 1)
+        >>> d[0], [a.shape for a in state[:2]]
+        (array([0.01, 0.01, 0.01], dtype=float32), [(2, 1), (1, 3)])
     """
 
     reads_x = True
@@ -203,8 +164,7 @@ class Adafactor(Rule):
         return xp.zeros_like(x[..., :1], real_=True), xp.zeros_like(x[..., :1, :], real_=True), 0
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
-        """The factored moments' shapes against ``x``'s, then their dtype (see
-        :meth:`Rule.misfit`)."""
+        """The factored moments' shapes against ``x``'s, then their dtype."""
         xp = backends.of(x)
         shape = tuple(xp.shape(x))
         need = ((shape,) if not _factored(xp, x) else
@@ -232,8 +192,7 @@ class Adafactor(Rule):
             c = xp.lerp(c, xp.vector_norm(dx, (-2,)) ** 2 / rows, w, inplace=True)
             v = r / xp.maximum(xp.mean(r, (-2,)), eps1) * c  # (one array-sized product)
             v = xp.maximum(v, eps1 * eps1, out=v)
-        # v is now an array of this step's own: u and the step are written into it (where
-        # they have its dtype: a complex g's do not)
+        # v is this step's own array: u and the step go into it where dtypes agree
         own = v if xp.dtype_name(dx) == xp.dtype_name(v) else None
         u = xp.multiply(dx, xp.rsqrt(v, out=v), out=own)
         every = tuple(range(len(xp.shape(x))))

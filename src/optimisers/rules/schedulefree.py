@@ -1,10 +1,7 @@
 """Schedule-Free rules: no learning-rate decay, an average of the iterates instead.
 
-Schedule-Free training keeps two sequences beside the parameter: ``z``, which the base
-optimiser steps, and ``x``, the running (weighted) average of ``z`` at which the model is
-evaluated. The parameter the gradient is taken at is ``y``, a mix of the two. The rule's
-parameter holds ``y``; its state holds ``z``; ``x`` is read from both, by
-:func:`~optimisers.averaged`.
+The parameter holds the training point ``y``, the state ``z``; the evaluation point ``x``
+comes from both, by :func:`~optimisers.averaged`.
 """
 
 from __future__ import annotations
@@ -16,25 +13,17 @@ from optimisers import backends
 from optimisers.rules.base import Rule
 from optimisers.rules.fields import hyperparameter
 
-__all__ = ["ScheduleFreeAdamW", "select"]
+__all__ = ["ScheduleFreeAdamW"]
 
 
-def select(cond: Any, a: Any, b: Any) -> Any:
-    """select(cond, a, b) -> ``a`` where ``cond`` holds, else ``b``: for scalars that may
-    be Python numbers, JAX values traced under ``jax.jit``, or the code generator's
-    symbols alike, written as arithmetic, ``cond*a + (1 - cond)*b``, exact for finite
-    ``a`` and ``b``.
-
-    Example:
-        >>> select(2 > 1, 0.5, 3.0), select(2 < 1, 0.5, 3.0)
-        (0.5, 3.0)
-    """
+def _select(cond: Any, a: Any, b: Any) -> Any:
+    """``a`` where ``cond`` holds, else ``b``, as arithmetic (Python or traced scalars alike)."""
     return cond * a + (1 - cond) * b
 
 
 def _ramp(t: Any, warmup: Any) -> Any:
     """``min(t/warmup, 1)``, 1 when ``warmup`` is 0 (no division by it)."""
-    return select(t < warmup, t / (warmup + (warmup == 0)), 1)
+    return _select(t < warmup, t / (warmup + (warmup == 0)), 1)
 
 
 @dataclass(frozen=True)
@@ -43,21 +32,11 @@ class ScheduleFreeAdamW(Rule):
     weight_lr_power=2.0): AdamW without a learning-rate schedule, averaging its iterates
     instead (Defazio et al. 2024, "The Road Less Scheduled").
 
-    The parameter is the training point ``y``; the state holds ``z``, Adam's second
-    moment ``v`` (no first moment) and the counters. Step ``t`` (from 1), with the rate
-    ``eta_t = eta * min(t/warmup, 1)``: ``v = b2*v + (1-b2)*|g|^2``;
+    Step ``t`` from 1, ``eta_t = eta * min(t/warmup, 1)``: ``v = b2*v + (1-b2)*|g|^2``;
     ``u = g / (sqrt(v/(1-b2^t)) + eps) + lambd*y``; ``x = (y - (1-b1)*z) / b1``;
-    ``z = z - eta_(t-1)*u``; the weight ``w = max(eta_1..eta_t)^weight_lr_power`` and
-    ``c = w / (sum of the weights so far)``; ``x = (1-c)*x + c*z``;
-    ``y = b1*x + (1-b1)*z``, so ``d = y_old - y``. :func:`~optimisers.averaged` gives
-    ``x = (y - (1-b1)*z) / b1``, the point to evaluate at.
-
-    The steps of ``optax.contrib.schedule_free_adamw(eta, warmup_steps=warmup, b1, b2,
-    eps, weight_decay=lambd, weight_lr_power)`` and its ``schedule_free_eval_params``, to
-    rounding (optax's scalars are in the parameter's dtype, here float64 on NumPy and
-    PyTorch). ``warmup=0`` is optax's ``warmup_steps=None``; as in optax, ``z`` steps with
-    the previous step's rate during warmup. ``b1`` must be positive. ``warmup`` is a
-    static field under ``jax.jit``; the other numbers are data.
+    ``z = z - eta_(t-1)*u``; ``c = w / sum(w)`` for ``w = max(eta_1..eta_t)^weight_lr_power``;
+    ``x = (1-c)*x + c*z``; ``y = b1*x + (1-b1)*z``. As
+    ``optax.contrib.schedule_free_adamw`` and its ``schedule_free_eval_params``.
 
     Example:
         >>> import numpy as np
@@ -88,7 +67,7 @@ class ScheduleFreeAdamW(Rule):
         xp = backends.of(x)
         z, v, t, total, top = state
         now = self.eta * _ramp(t + 1, self.warmup)  # the rate of this step, for the weights
-        top = select(now > top, now, top)
+        top = _select(now > top, now, top)
         weight = top**self.weight_lr_power
         total = total + weight
         eta, c, k2, lambd = xp.hyper(x, self.eta * _ramp(t, self.warmup),
@@ -104,8 +83,7 @@ class ScheduleFreeAdamW(Rule):
         return (z, v, t + 1, total, top), x - y
 
     def averaged(self, state: Any, x: Any) -> Any:
-        """The evaluation point ``x = (y - (1-b1)*z) / b1``, from the parameter ``y``
-        (``optax.contrib.schedule_free_eval_params``)."""
+        """The evaluation point ``x = (y - (1-b1)*z) / b1``."""
         xp = backends.of(x)
         b1, q1 = xp.hyper(x, self.beta[0], xp.complement(self.beta[0]))
         return (x - q1 * state[0]) / b1

@@ -1,13 +1,8 @@
 """Tree-level rules: rules that see every gradient of one update at once.
 
-A tree-level rule sits in a Leaf's rule like any other (alone, or in an
-:class:`~optimisers.OptimiserChain`), but its step depends on all the Leafs in its scope:
-``update`` reduces over them between gathering the gradients and stepping
-(``optimisers/reduce.py``). Each Leaf gives its part (:meth:`TreeRule.part`, from the
-gradient as it reaches the rule), the parts make one total (:meth:`TreeRule.total`), and
-the Leafs then step with :meth:`TreeRule.given`, an ordinary per-array rule holding the
-total as a number: so the fused paths and ``jax.jit`` take it as they take any rule. A new
-tree-level rule (a global estimate, a sharded norm) is one more subclass.
+``update`` reduces over the Leafs in scope (``reduce.py``): each gives its :meth:`part`,
+the parts make a :meth:`total`, and each Leaf steps with :meth:`given`, an ordinary rule
+holding the total as a number.
 """
 
 from __future__ import annotations
@@ -28,10 +23,9 @@ __all__ = ["TreeRule", "ClipGlobalNorm", "SkipNonFinite"]
 class TreeRule(Rule):
     """TreeRule: the base of rules that reduce over all the Leafs of an update.
 
-    Its scope is every Leaf stepped in one update whose rule holds an equal tree-level
-    rule at the same place; a tied Leaf counts once, frozen Leafs and Leafs without a
-    gradient are left out. Called on one array alone (``apply``), it treats that array
-    as the whole tree.
+    Its scope: the Leafs stepped in one update whose rule holds an equal tree-level rule at
+    the same place; ties once, frozen Leafs and Leafs without a gradient left out. Alone
+    (``apply``), it treats its one array as the whole tree.
 
     Example:
         >>> import numpy as np
@@ -79,12 +73,10 @@ class _Scaled(Rule):
 @dataclass(frozen=True)
 class ClipGlobalNorm(TreeRule):
     """ClipGlobalNorm(omega=1.0, p=2.0): rescale all gradients by ``min(1, omega / n)``,
-    ``n`` the ``p``-norm of all of them together (the norm of the arrays' norms).
+    ``n`` the ``p``-norm of all of them together.
 
-    As ``torch.nn.utils.clip_grad_norm_(parameters, omega, p)`` (which divides by
-    ``n + 1e-6``: the two differ by that, relatively) and ``optax.clip_by_global_norm``.
-    Put it first in a chain (after :class:`~optimisers.AccumGrad`, it clips the
-    accumulated gradient).
+    As ``torch.nn.utils.clip_grad_norm_`` (which divides by ``n + 1e-6``) and
+    ``optax.clip_by_global_norm``. Put it first in a chain (after ``AccumGrad``).
 
     Example:
         >>> import numpy as np
@@ -129,8 +121,7 @@ def _larger(a: Any, b: Any) -> Any:
 
 
 class _Counting:
-    """What :class:`SkipNonFinite` and its per-array forms share: the state is the count
-    of consecutive skips, and a step is real when it is 0."""
+    """The state of :class:`SkipNonFinite` and its per-array forms: the count of skips."""
 
     def raises(self) -> bool:
         return False
@@ -177,13 +168,10 @@ class _Skipping(_Counting, Rule):
 @dataclass(frozen=True)
 class SkipNonFinite(_Counting, TreeRule):
     """SkipNonFinite(limit=None): when any gradient in scope is NaN or infinite, skip the
-    whole step: no parameter, no state of the rules after it and no clock changes, and the
-    state counts the skip. After ``limit`` consecutive skips, the next non-finite step
-    raises ``FloatingPointError`` (nothing written). As ``optax.apply_if_finite``, and
-    ``torch.amp.GradScaler``'s skipped steps. The state is the count of consecutive skips.
-    ``limit=0`` is allowed: no step is ever skipped, the first non-finite gradient raises
-    with nothing written (as ``torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True)``
-    raises), and ``limit=None`` (no limit) is the way to skip without end.
+    whole step (parameters, later rules' states, clocks) and count the skip in the state.
+
+    After ``limit`` consecutive skips the next non-finite step raises ``FloatingPointError``
+    with nothing written (``limit=0``: always raise). As ``optax.apply_if_finite``.
 
     Example:
         >>> import numpy as np

@@ -1,7 +1,5 @@
-"""The schedules' protocol: the base class :class:`Schedule` and its registry, a rule at
-its Leaf's clock (:func:`at`, :func:`timed`), and the schedules made of what users write: a
-plain function (:class:`Function`) and a schedule times a number (:class:`Scaled`). The
-package's docstring (:mod:`optimisers.schedules`) says what a schedule is.
+"""The schedules' protocol: :class:`Schedule` and its registry, a rule at its Leaf's clock
+(:func:`at`, :func:`timed`), :class:`Function` and :class:`Scaled`.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ __all__ = ["Schedule", "SCHEDULES", "at", "timed", "as_schedule", "check_schedul
            "importable_name", "Function", "Scaled"]
 
 SCHEDULES: dict[str, type] = {}
-"""SCHEDULES: every subclass of :class:`Schedule` by name, as :data:`~optimisers.RULES` is
-for rules (what a checkpoint loads a schedule from).
+"""SCHEDULES: every subclass of :class:`Schedule` by name (what checkpoints load from).
 
 Example:
     >>> SCHEDULES["Cosine"].__name__, "OneCycle" in SCHEDULES
@@ -34,11 +31,9 @@ Example:
 class Schedule:
     """Schedule: the base class of the schedules; ``schedule(t) -> value`` at step ``t``.
 
-    Subclass it as a frozen dataclass whose fields are numbers (declared with
-    :func:`~optimisers.rules.fields.hyperparameter`), tuples and other schedules, and
-    define ``__call__(t)`` for ``t`` a Python int or a 0-d array, with no Python ``if`` on
-    ``t`` (choose with the backend's ``where``). The new class registers itself in
-    :data:`SCHEDULES` and, once JAX is in use, as a pytree.
+    Subclass it as a frozen dataclass of :func:`~optimisers.rules.fields.hyperparameter`
+    fields and define ``__call__(t)`` with no Python ``if`` on ``t`` (the backend's ``where``).
+    It registers itself in :data:`SCHEDULES` (and as a JAX pytree).
 
     Example:
         >>> from dataclasses import dataclass
@@ -77,8 +72,7 @@ class Schedule:
     __rmul__ = __mul__
 
     def __post_init__(self) -> None:
-        """Check every declared field (as a rule's are); a Python ``int`` given for a
-        number becomes a ``float``, so that a Python int ``t`` always gives a float."""
+        """Check every declared field; an ``int`` given for a number becomes a ``float``."""
         fields.check(self)
         for f in dataclasses.fields(self):
             allowed = f.metadata.get("allowed")
@@ -89,8 +83,13 @@ class Schedule:
 
 
 def timed(rule: Any) -> bool:
-    """timed(rule) -> whether a schedule sits in any field of ``rule`` (in a tuple, or in a
-    rule it holds): whether its steps depend on the Leaf's clock.
+    """timed(rule) -> whether a schedule sits in any field of ``rule`` (or of a rule it holds).
+
+    Args:
+        rule: a rule.
+
+    Returns:
+        ``True`` when the rule's steps depend on the Leaf's clock.
 
     Example:
         >>> from optimisers import Adam, ClipGrad, Cosine, OptimiserChain
@@ -124,10 +123,15 @@ def _holds_schedule(v: Any) -> bool:
 
 
 def at(rule: Rule, t: Any) -> Rule:
-    """at(rule, t) -> ``rule`` with each schedule in its fields replaced by its value at
-    step ``t`` (the Leaf's clock); ``rule`` itself when it holds none. What every path of
-    ``update`` steps with. The new rule is checked as ``adjust`` checks one: a schedule
-    that reaches a value its field does not allow raises here.
+    """at(rule, t) -> ``rule`` with each schedule in its fields replaced by its value at step
+    ``t``, checked as ``adjust`` checks; ``rule`` itself when it holds none.
+
+    Args:
+        rule: a rule.
+        t: the Leaf's clock.
+
+    Returns:
+        The rule to step with.
 
     Example:
         >>> from optimisers import AdamW, Constant, Warmup
@@ -156,9 +160,14 @@ def _resolved(v: Any, t: Any) -> Any:
 
 
 def as_schedule(value: Any) -> Any:
-    """as_schedule(value) -> ``value``, with a plain function ``step -> value`` (in a tuple
-    too) made the schedule :class:`Function` ``(value)``: what a rule's number field and
-    a schedule's schedule field do with what they are given.
+    """as_schedule(value) -> ``value``, a plain function ``step -> value`` (in a tuple too) made
+    :class:`Function` ``(value)``.
+
+    Args:
+        value: a field's value.
+
+    Returns:
+        The value to store.
 
     Example:
         >>> def halving(t):
@@ -172,15 +181,13 @@ def as_schedule(value: Any) -> Any:
 
 
 def _isfunction(value: Any) -> bool:
-    """Whether ``value`` is a plain function to call on a step (not a schedule, a rule, a
-    class or an array)."""
+    """Whether ``value`` is a plain function (no schedule, rule, class or array)."""
     return (callable(value) and not isinstance(value, (Schedule, Rule, type))
             and backends.library(value) is None)
 
 
 def check_schedule(owner: str, name: str, value: Any) -> None:
-    """Raise unless ``value`` (in the field ``name`` of the schedule ``owner``) is a
-    :class:`Schedule`."""
+    """Raise unless ``value``, ``owner``'s field ``name``, is a :class:`Schedule`."""
     if not isinstance(value, Schedule):
         raise InvalidKind(f"Invalid {name} parameter: {value!r} ({type(value).__name__}); "
                           f"{owner}'s {name} must be a Schedule, such as Cosine(1e-3, "
@@ -189,21 +196,12 @@ def check_schedule(owner: str, name: str, value: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Function(Schedule):
-    """Function(function): a plain Python function ``step -> value`` as a schedule.
+    """Function(function): a plain Python function ``step -> value`` as a schedule (what
+    ``Adam(eta=f)`` holds): optax's schedules and ``LambdaLR``'s ``lr_lambda`` work as they are.
 
-    What a rule's number field makes of a function given in a number's place
-    (``Adam(eta=f)`` holds ``Function(f)``), so that optax's schedules and the
-    ``lr_lambda`` of torch's ``LambdaLR`` (a factor of the base rate: ``eta=lr *
-    Function(lr_lambda)``) work as they are. It is called with the Leaf's clock: a Python
-    ``int`` on NumPy and PyTorch, whose value it gives as a Python ``float``; under
-    ``jax.jit`` a traced integer, so there ``function`` must compute with ``jnp``
-    (``jnp.where``, never a Python ``if`` on the step), as optax's schedules do.
-
-    It compares equal for the same function object, prints the function's name, and
-    is static under ``jax.jit`` (another function traces anew). A checkpoint stores it
-    by its importable name (:attr:`reference`), never its code, and ``load`` takes the
-    function again from ``like``; :func:`~optimisers.save` refuses a function without
-    such a name (a ``lambda``, one defined inside another function, optax's).
+    Called with the Leaf's clock: a Python ``int`` (the value then a ``float``), or traced
+    under ``jax.jit``, where ``function`` must compute with ``jnp``. Static under ``jit``; a
+    checkpoint stores its importable name (:attr:`reference`), and ``save`` refuses one without.
 
     Args:
         function: a callable taking a step count (from 0) and returning a number.
@@ -212,9 +210,6 @@ class Function(Schedule):
         >>> s = Function(lambda step: 0.1 * 0.5 ** step)
         >>> s(2), s, s.reference
         (0.025, Function(<lambda>), None)
-        >>> import math
-        >>> Function(math.exp).reference    # a function that its name imports again
-        'math:exp'
     """
 
     function: Any = dataclasses.field(metadata={"static": True})
@@ -245,9 +240,14 @@ class Function(Schedule):
 
 
 def importable_name(f: Any) -> str | None:
-    """importable_name(f) -> ``"module:qualified.name"``, the name under which ``f`` itself
-    is found in its module (as a checkpoint stores a :class:`Function`), or ``None`` when
-    there is none (a ``lambda``, a function made inside another, a callable object).
+    """importable_name(f) -> ``"module:qualified.name"`` under which ``f`` itself is found, or
+    ``None`` (a ``lambda``, a nested function, a callable object).
+
+    Args:
+        f: a function.
+
+    Returns:
+        The name, or ``None``.
 
     Example:
         >>> import math
@@ -265,20 +265,16 @@ def importable_name(f: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Scaled(Schedule):
-    """Scaled(schedule, factor): ``factor * schedule(t)``, what ``factor * schedule`` (or
-    ``schedule * factor``) makes: one schedule shared by groups at different rates.
+    """Scaled(schedule, factor): ``factor * schedule(t)``, what ``factor * schedule`` makes.
 
     Args:
-        schedule: the schedule to scale, a :class:`Schedule` (or a plain function).
+        schedule: the schedule to scale (or a plain function).
         factor: the number it is multiplied by.
 
     Example:
         >>> from optimisers import Cosine
-        >>> lr = Cosine(1e-3, steps=100)
-        >>> 0.1 * lr
+        >>> 0.1 * Cosine(1e-3, steps=100)
         Scaled(schedule=Cosine(start=0.001, end=0.0, steps=100), factor=0.1)
-        >>> (0.1 * lr)(0) == 0.1 * lr(0)
-        True
     """
 
     schedule: Schedule

@@ -1,7 +1,5 @@
-"""The schedules of closed form (:class:`Constant`, :class:`Linear`, :class:`Cosine`,
-:class:`Exponential`, :class:`Step`, :class:`Polynomial`, :class:`OneCycle`) and the ones
-that join schedules in time (:class:`Warmup`, :class:`Join`): the values of optax's and
-``torch.optim.lr_scheduler``'s (the table in :mod:`optimisers.schedules`).
+"""The schedules of closed form and the ones that join schedules in time, with the values of
+optax's and ``torch.optim.lr_scheduler``'s.
 """
 
 from __future__ import annotations
@@ -20,12 +18,10 @@ __all__ = ["Constant", "Linear", "Cosine", "Exponential", "Step", "Polynomial", 
 
 
 def _number(default: Any = dataclasses.MISSING, within: str = "(-inf, inf)") -> Any:
-    """A number field: any finite number unless ``within`` says otherwise."""
     return hyperparameter(default, within)
 
 
 def _count(default: Any = dataclasses.MISSING) -> Any:
-    """A step-count field: a whole number >= 1."""
     return hyperparameter(default, "[1, inf)", kind="whole")
 
 
@@ -42,10 +38,9 @@ class _Numbers:
 
 
 def _maths(t: Any, *counts: Any) -> Any:
-    """The functions to compute with: the backend of the first array among the step count
-    ``t`` and the schedule's step counts (traced under ``jit`` when the schedule is an
-    argument), else Python's. Only these decide: the other numbers enter by arithmetic
-    alone, which any mix of numbers and arrays of one library allows."""
+    """The backend of the first array among ``t`` and the step counts (traced under ``jit``),
+    else Python's numbers.
+    """
     for v in (t, *counts):
         if type(v) not in (int, float) and backends.library(v) is not None:
             return backends.of(v)
@@ -53,20 +48,17 @@ def _maths(t: Any, *counts: Any) -> Any:
 
 
 def _left(xp: Any, t: Any, steps: Any) -> Any:
-    """The fraction of ``steps`` left at step ``t``, 0 from ``steps`` on: optax's
-    ``1 - min(t, steps) / steps``, with the subtraction done first, on whole numbers, so
-    that it is exact at the end even where XLA divides by multiplying with ``1/steps``."""
+    """The fraction of ``steps`` left at ``t``, 0 from ``steps`` on, exact at the end."""
     return (steps - xp.minimum(t, steps)) / steps
 
 
 def _line(xp: Any, t: Any, start: Any, end: Any, steps: Any) -> Any:
-    """From ``start`` to ``end`` over ``steps``, then ``end`` (optax's order of operations)."""
+    """From ``start`` to ``end`` over ``steps``, then ``end``."""
     return (start - end) * _left(xp, t, steps) + end
 
 
 def _half_cosine(xp: Any, start: Any, end: Any, angle: Any) -> Any:
-    """From ``start`` at angle 0 to ``end`` at angle pi along a half cosine (torch's
-    ``_annealing_cos``; optax's ``cosine_decay_schedule`` rounds alike in float32)."""
+    """From ``start`` at angle 0 to ``end`` at angle pi along a half cosine."""
     return end + (start - end) / 2.0 * (xp.cos(angle) + 1)
 
 
@@ -87,18 +79,15 @@ class Constant(Schedule):
 
 @dataclass(frozen=True, slots=True)
 class Linear(Schedule):
-    """Linear(start, end, steps): from ``start`` to ``end`` in a straight line over ``steps``
-    steps, then ``end``.
+    """Linear(start, end, steps): from ``start`` to ``end`` in a straight line, then ``end``.
 
-    ``(start - end) * (steps - min(t, steps)) / steps + end``, as optax's
-    ``linear_schedule(start, end, steps)``; torch's ``LinearLR(start_factor, end_factor,
-    total_iters)`` on a base rate ``lr`` is ``Linear(lr * start_factor, lr * end_factor,
-    total_iters)``.
+    ``(start - end) * (steps - min(t, steps)) / steps + end``: optax's ``linear_schedule``;
+    torch's ``LinearLR(f0, f1, n)`` on a rate ``lr`` is ``Linear(lr*f0, lr*f1, n)``.
 
     Args:
         start: the value at step 0.
         end: the value from step ``steps`` on.
-        steps: how many steps the line lasts, a whole number >= 1.
+        steps: how many steps the line lasts (>= 1).
 
     Example:
         >>> s = Linear(1.0, 0.0, 4)
@@ -116,18 +105,17 @@ class Linear(Schedule):
 
 @dataclass(frozen=True, slots=True)
 class Cosine(Schedule):
-    """Cosine(start, end=0.0, steps=...): from ``start`` to ``end`` along a half cosine over
-    ``steps`` steps, then ``end`` (Loshchilov & Hutter 2017, without restarts).
+    """Cosine(start, end=0.0, steps=...): from ``start`` to ``end`` along a half cosine, then
+    ``end`` (Loshchilov & Hutter 2017, "SGDR", without restarts).
 
     ``end + (start - end) * (1 + cos(pi * min(t, steps) / steps)) / 2``: optax's
-    ``cosine_decay_schedule(start, steps, alpha=end / start)``, and torch's
-    ``CosineAnnealingLR(T_max=steps, eta_min=end)`` up to step ``steps`` (after it, torch's
-    rises again; this one stays at ``end``).
+    ``cosine_decay_schedule(start, steps, alpha=end / start)``; torch's
+    ``CosineAnnealingLR(T_max=steps, eta_min=end)`` up to ``steps``.
 
     Args:
         start: the value at step 0.
         end: the value from step ``steps`` on.
-        steps: how many steps the decay lasts, a whole number >= 1 (required).
+        steps: how many steps the decay lasts (>= 1; required).
 
     Example:
         >>> s = Cosine(1.0, steps=4)
@@ -157,16 +145,14 @@ class Cosine(Schedule):
 
 @dataclass(frozen=True, slots=True)
 class Exponential(Schedule):
-    """Exponential(start, decay, steps=1, staircase=False): ``start * decay ** (t / steps)``,
-    with ``t // steps`` in place of ``t / steps`` for ``staircase``.
-
-    optax's ``exponential_decay(start, steps, decay, staircase=staircase)``; torch's
+    """Exponential(start, decay, steps=1, staircase=False): ``start * decay ** (t / steps)``
+    (``t // steps`` when ``staircase``): optax's ``exponential_decay``; torch's
     ``ExponentialLR(gamma)`` is ``Exponential(lr, gamma)``.
 
     Args:
         start: the value at step 0.
-        decay: the factor per ``steps`` steps, > 0 (above 1 it grows).
-        steps: how many steps one factor of ``decay`` takes, a whole number >= 1.
+        decay: the factor per ``steps`` steps (> 0).
+        steps: how many steps one factor of ``decay`` takes (>= 1).
         staircase: whether the value changes only at multiples of ``steps``.
 
     Example:
@@ -186,15 +172,12 @@ class Exponential(Schedule):
 
 @dataclass(frozen=True, slots=True)
 class Step(Schedule):
-    """Step(start, decay, every): ``start``, multiplied by ``decay`` every ``every`` steps.
-
-    ``start * decay ** (t // every)``: torch's ``StepLR(step_size=every, gamma=decay)``,
-    and ``Exponential(start, decay, every, staircase=True)``.
+    """Step(start, decay, every): ``start * decay ** (t // every)``, torch's ``StepLR``.
 
     Args:
         start: the value at step 0.
-        decay: the factor applied every ``every`` steps, > 0.
-        every: how many steps between two changes, a whole number >= 1.
+        decay: the factor applied every ``every`` steps (> 0).
+        every: how many steps between two changes (>= 1).
 
     Example:
         >>> s = Step(1.0, 0.1, every=2)
@@ -212,18 +195,15 @@ class Step(Schedule):
 
 @dataclass(frozen=True, slots=True)
 class Polynomial(Schedule):
-    """Polynomial(start, end, steps, power=1.0): from ``start`` to ``end`` along a polynomial
-    over ``steps`` steps, then ``end``.
-
-    ``(start - end) * ((steps - min(t, steps)) / steps) ** power + end``: optax's
-    ``polynomial_schedule(start, end, power, steps)``; torch's ``PolynomialLR(total_iters,
-    power)`` is ``Polynomial(lr, 0.0, total_iters, power)``.
+    """Polynomial(start, end, steps, power=1.0): from ``start`` to ``end`` along a polynomial,
+    then ``end``: ``(start - end) * ((steps - min(t, steps)) / steps) ** power + end``
+    (optax's ``polynomial_schedule``; torch's ``PolynomialLR`` ends at 0).
 
     Args:
         start: the value at step 0.
         end: the value from step ``steps`` on.
-        steps: how many steps the change lasts, a whole number >= 1.
-        power: the polynomial's degree, > 0 (1 is :class:`Linear`).
+        steps: how many steps the change lasts (>= 1).
+        power: the polynomial's degree (> 0).
 
     Example:
         >>> s = Polynomial(1.0, 0.0, 4, power=2.0)
@@ -243,17 +223,13 @@ class Polynomial(Schedule):
 
 @dataclass(frozen=True, slots=True)
 class Warmup(Schedule):
-    """Warmup(schedule, steps, start=0.0): a straight line from ``start`` to ``schedule(0)``
-    over ``steps`` steps, then ``schedule(t - steps)``.
-
-    optax's ``warmup_cosine_decay_schedule(start, peak, steps, total, end)`` is
-    ``Warmup(Cosine(peak, end, total - steps), steps, start)``, and its
-    ``warmup_exponential_decay_schedule`` is a ``Warmup`` of an :class:`Exponential`;
-    torch's ``LinearLR`` then another scheduler in a ``SequentialLR`` is alike.
+    """Warmup(schedule, steps, start=0.0): a line from ``start`` to ``schedule(0)`` over
+    ``steps`` steps, then ``schedule(t - steps)``. optax's ``warmup_cosine_decay_schedule(
+    start, peak, steps, total, end)`` is ``Warmup(Cosine(peak, end, total - steps), steps, start)``.
 
     Args:
-        schedule: the schedule that follows the warmup, a :class:`Schedule`.
-        steps: how many steps the warmup lasts, a whole number >= 1.
+        schedule: the schedule that follows the warmup.
+        steps: how many steps the warmup lasts (>= 1).
         start: the value at step 0.
 
     Example:
@@ -283,20 +259,16 @@ _BOUNDARY = Interval.parse("[0, inf)")
 @dataclass(frozen=True, slots=True)
 class Join(Schedule):
     """Join(schedules, boundaries): ``schedules[0]`` until step ``boundaries[0]``, then
-    ``schedules[1]``, and so on; each schedule sees ``t`` minus its boundary, so it starts
-    from its own step 0 (optax's ``join_schedules``).
+    ``schedules[1]``, and so on, each from its own step 0 (optax's ``join_schedules``).
 
     Args:
-        schedules: a tuple (or list) of one or more :class:`Schedule`.
-        boundaries: a tuple (or list) of increasing whole numbers >= 0, one fewer than
-            the schedules: the step at which each schedule after the first takes over.
+        schedules: one or more schedules (a tuple or list).
+        boundaries: increasing whole numbers >= 0, one fewer than the schedules.
 
     Example:
         >>> s = Join([Constant(1.0), Linear(1.0, 0.0, 2), Constant(0.5)], [2, 4])
         >>> [s(t) for t in range(6)]
         [1.0, 1.0, 1.0, 0.5, 0.5, 0.5]
-        >>> s.boundaries
-        (2, 4)
     """
 
     schedules: tuple
@@ -345,32 +317,23 @@ _RISE, _DIV, _FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCycleLR: pct_start and th
 @dataclass(frozen=True, slots=True)
 class OneCycle(Schedule):
     """OneCycle(peak, steps, start=None, end=None): from ``start`` to ``peak`` over the first
-    30% of ``steps``, then on to ``end``, both along half cosines (Smith & Topin 2018,
-    "super-convergence").
+    30% of ``steps``, then to ``end``, along half cosines (Smith & Topin 2018,
+    "Super-Convergence").
 
-    torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults
-    (``pct_start=0.3``, ``anneal_strategy="cos"``, ``div_factor=25``,
-    ``final_div_factor=1e4``, ``three_phase=False``): ``start`` is ``peak / 25`` and
-    ``end`` is ``start / 1e4`` unless given; the rise ends at step ``0.3 * steps - 1`` and
-    the fall at step ``steps - 1``. From there on the value stays ``end`` (torch's goes
-    on along the cosine for one step, then raises).
-
-    ``OneCycleLR``'s cycled momentum (``Momentum.rho``, ``Adam.beta[0]``) is by default
-    ``OneCycle(0.85, steps, start=0.95, end=0.95)``, down while the rate rises, then up.
+    torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults: ``start`` is
+    ``peak / 25`` and ``end`` is ``start / 1e4`` unless given; ``end`` from ``steps - 1`` on.
+    Its cycled momentum is ``OneCycle(0.85, steps, start=0.95, end=0.95)``.
 
     Args:
-        peak: the value at the end of the rise (the highest rate; the lowest momentum).
-        steps: the length of the cycle, a whole number >= 1.
-        start: the value at step 0; ``None``: ``peak / 25``.
-        end: the value from step ``steps - 1`` on; ``None``: ``start / 1e4``.
+        peak: the value at the end of the rise.
+        steps: the length of the cycle (>= 1).
+        start: the value at step 0 (``None``: ``peak / 25``).
+        end: the final value (``None``: ``start / 1e4``).
 
     Example:
         >>> s = OneCycle(1.0, steps=10)
         >>> [round(s(t), 4) for t in (0, 1, 2, 5, 9, 10)]
         [0.04, 0.52, 1.0, 0.6113, 0.0, 0.0]
-        >>> rho = OneCycle(0.85, steps=10, start=0.95, end=0.95)
-        >>> [round(rho(t), 4) for t in (0, 1, 2, 5, 9)]
-        [0.95, 0.9, 0.85, 0.8889, 0.95]
     """
 
     peak: float = _number()
