@@ -24,6 +24,8 @@ STANDARD = {np.dtype(c).name: np.dtype(c) for c in np.typecodes["All"]
             if np.dtype(c).kind in "biufc"}  # NumPy's dtypes of numbers, by name
 BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 SEQUENCES = {"tuple": tuple, "list": list}
+VALUES = ("array", "tuple", "list", "dict", "float", "complex", "rule", "schedule",
+          "function", "dtype")
 FREE = object()  # the ``like`` of keys and hyper-parameters: nothing to compare with
 _BUILD = object()  # the work item that builds a container once its children are read
 _NAMES: dict = {}  # (library, dtype) -> the dtype's name
@@ -43,11 +45,9 @@ def params(cls: type) -> tuple[inspect.Parameter, ...]:
 def dtype_name(a: Any) -> str:
     """The name of the dtype of an array of any library, or of a NumPy scalar."""
     lib = backends.library(a)
-    name = _NAMES.get((lib, a.dtype))
-    if name is None:
-        name = backends.ops(lib).dtype_name(a) if lib is not None else str(a.dtype)
-        _NAMES[lib, a.dtype] = name
-    return name
+    if (lib, a.dtype) not in _NAMES:
+        _NAMES[lib, a.dtype] = backends.ops(lib or "numpy").dtype_name(a)
+    return _NAMES[lib, a.dtype]
 
 
 def encode_dtype(v: Any) -> dict | None:
@@ -68,8 +68,8 @@ class Writer:
         self.keep: list[Any] = []  # the arrays of those ids, alive so that ids stay unique
 
     def document(self, tree: Any) -> str:
-        """The JSON document of ``tree``: nodes flat, parents before children, each container
-        holding its children's indices, so that no depth limits either side."""
+        """The JSON document: nodes flat, parents first, containers holding their children's
+        indices (no depth limit on either side)."""
         out: list = []
         pending: list[tuple[Any, int]] = [([None], 0)]  # where each next node's index goes
         for kp, t in nodes(tree):
@@ -83,22 +83,22 @@ class Writer:
                 items: list = [None] * len(t)
                 out.append({"tuple" if isinstance(t, tuple) else "list": items})
                 pending.extend((items, i) for i in reversed(range(len(t))))
+            elif t is None:
+                out.append(None)
             else:
-                out.append(None if t is None else {"leaf": self.leaf(t, kp)})
+                if id(t) not in self.ids:
+                    self.ids[id(t)] = len(self.leaves)
+                    self.leaves.append({
+                        "path": str(kp), "rule": self.value(t.rule, kp, "the rule"),
+                        "frozen": bool(t.frozen), "clock": int(t.clock),
+                        "state": self.value(t.state, kp, "the state")})
+                out.append({"leaf": self.ids[id(t)]})
         doc = {"format": FORMAT, "version": VERSION, "nodes": out, "leaves": self.leaves,
                "arrays": len(self.arrays)}
         return json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 
-    def leaf(self, t: Leaf, kp: KeyPath) -> int:
-        if id(t) not in self.ids:
-            self.ids[id(t)] = len(self.leaves)
-            self.leaves.append({"path": str(kp), "rule": self.value(t.rule, kp, "the rule"),
-                                "frozen": bool(t.frozen), "clock": int(t.clock),
-                                "state": self.value(t.state, kp, "the state")})
-        return self.ids[id(t)]
-
     def value(self, v: Any, kp: KeyPath, where: str, depth: int = 0) -> Any:
-        """A value of a rule or a state as JSON, or a TypeError naming what it cannot store."""
+        """A value of a rule or a state as JSON; what needs pickling is a TypeError."""
         if depth > MAX_DEPTH:
             raise ValueError(f"cannot save {where} at {kp!r}: it nests tuples, lists, dicts "
                              f"and rules more than {MAX_DEPTH} levels deep, which load would "
@@ -107,11 +107,9 @@ class Writer:
             return v
         if isinstance(v, (np.generic, np.ndarray)) or backends.library(v) is not None:
             return self.array(v, kp, where)
-        if isinstance(v, int):
-            return int(v)
-        if isinstance(v, (float, complex)):
-            return {"float": repr(float(v))} if isinstance(v, float) else {
-                "complex": [repr(v.real), repr(v.imag)]}
+        if isinstance(v, (int, float, complex)):
+            return int(v) if isinstance(v, int) else {"float": repr(float(v))} if isinstance(
+                v, float) else {"complex": [repr(v.real), repr(v.imag)]}
         if isinstance(v, (tuple, list)):
             return {"tuple" if isinstance(v, tuple) else "list":
                     [self.value(x, kp, where, depth + 1) for x in v]}
@@ -127,8 +125,8 @@ class Writer:
                         f"numbers, strings, tuples, lists, dicts, dtypes, arrays and rules")
 
     def rule(self, rule: Rule | Schedule, kp: KeyPath, depth: int = 0) -> dict:
-        """A rule, or a schedule in a rule's field: by the name its registry builds it from
-        and its fields; a :class:`Function`'s function by the name that imports it."""
+        """A rule or a schedule by its registered name and its fields; a :class:`Function`'s
+        function by the name that imports it."""
         cls, name = type(rule), type(rule).__name__
         tag, registry = ("rule", RULES) if issubclass(cls, Rule) else ("schedule", SCHEDULES)
         if registry.get(name) is not cls:
@@ -143,10 +141,16 @@ class Writer:
                                 f"takes {p.name!r} but the rule has no attribute of that "
                                 f"name; make the rule a dataclass")
             v = getattr(rule, p.name)
-            if isinstance(rule, Function):
-                fields[p.name] = {"function": importable_name(v) or _unnamed(v, kp, name)}
-            else:
-                fields[p.name] = self.value(v, kp, f"{name}.{p.name}", depth + 1)
+            if isinstance(rule, Function) and importable_name(v) is None:
+                raise TypeError(
+                    f"cannot save {name}.{p.name} at {kp!r}: the function "
+                    f"{getattr(v, '__qualname__', v)!s:.60} has no name that imports it again "
+                    f"(a lambda, a function defined inside another, a schedule an optax "
+                    f"factory made), and a checkpoint stores a function by that name only; "
+                    f"define it with def at the top level of a module, and pass it again "
+                    f"through load(path, like=setup(<the rule with it>, model))")
+            fields[p.name] = {"function": importable_name(v)} if isinstance(
+                rule, Function) else self.value(v, kp, f"{name}.{p.name}", depth + 1)
         return {tag: name, "fields": fields}
 
     def array(self, a: Any, kp: KeyPath, where: str) -> dict:
@@ -175,18 +179,9 @@ class Writer:
         return rec
 
 
-def _unnamed(f: Any, kp: KeyPath, where: str) -> Any:
-    raise TypeError(f"cannot save {where}.function at {kp!r}: the function "
-                    f"{getattr(f, '__qualname__', f)!s:.60} has no name that imports it again "
-                    f"(a lambda, a function defined inside another, a schedule an optax "
-                    f"factory made), and a checkpoint stores a function by that name only, "
-                    f"never its code; define it with def at the top level of a module, and "
-                    f"pass it again through load(path, like=setup(<the rule with it>, model))")
-
-
 def size_bound(like: Any) -> int:
-    """At least the length of ``like``'s own document (its arrays' records at their longest),
-    without writing it: each rule measured once."""
+    """At least the length of ``like``'s own document (arrays' records at their longest),
+    without writing it; each rule measured once. A TypeError if ``like`` is no state tree."""
     rules: dict[int, int] = {}
 
     def size(v: Any) -> int:
@@ -194,18 +189,13 @@ def size_bound(like: Any) -> int:
             return len(json.encoder.encode_basestring_ascii(v))
         if isinstance(v, (np.generic, np.ndarray)) or backends.library(v) is not None:
             return 160 + 12 * len(v.shape)
-        if isinstance(v, (tuple, list)):
-            return 16 + sum(size(x) + 1 for x in v)
-        if isinstance(v, dict):
-            return 16 + sum(size(k) + size(x) + 4 for k, x in v.items())
-        if isinstance(v, (Rule, Schedule)):
-            if id(v) not in rules:
-                rules[id(v)] = 32 + sum(len(p.name) + 4 + size(getattr(v, p.name, None))
-                                        for p in params(type(v))) + len(type(v).__name__)
-            return rules[id(v)]
-        if isinstance(v, int) and not isinstance(v, bool):
-            return 8 + len(str(v))
-        return 64 + len(getattr(v, "__module__", "") or "") + len(getattr(v, "__qualname__", ""))
+        if isinstance(v, (tuple, list, dict)):
+            return 16 + sum(size(x) + 4 + (size(v[x]) if isinstance(v, dict) else 0) for x in v)
+        if isinstance(v, (Rule, Schedule)) and id(v) not in rules:
+            rules[id(v)] = 32 + len(type(v).__name__) + sum(
+                len(p.name) + 4 + size(getattr(v, p.name, None)) for p in params(type(v)))
+        return rules[id(v)] if id(v) in rules else 64 + len(str(getattr(
+            v, "__qualname__", v if isinstance(v, int) else "")))
 
     total = 64
     for kp, t in nodes(like):
@@ -229,6 +219,10 @@ class Reader:
         self.here: Any = None  # the state of like's Leaf being read: where arrays go
         self.arrays: dict[int, tuple] = {}  # index -> record, owner, path, item, array
         self.kinds: dict[Any, str] = {}  # a file's rule form, or id of like's -> its classes
+        self.used: set[int] = set()  # the nodes read
+        self.built: dict[int, tuple[Leaf, KeyPath, int]] = {}  # index -> Leaf, path, like's id
+        self.seen: dict[int, tuple[int, KeyPath]] = {}  # id of like's Leaf -> index, path
+        self.rules: list[tuple] = []  # Leaf, form, its text, path, like's state: built last
         if doc is None:
             return
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -238,17 +232,13 @@ class Reader:
         if self.version not in READS:
             raise Invalid(f"the checkpoint has format version {self.version!r}; this version "
                           f"of optimisers reads versions {READS}: upgrade it")
-        self.records = _list(doc["leaves"])
-        self.nodes = _list(doc["nodes"]) if self.version >= 2 else []
+        self.records = doc["leaves"]
+        self.nodes = doc["nodes"] if self.version >= 2 else []
         self.root = 0 if self.version >= 2 else doc["tree"]
-        self.used: set[int] = set()
-        self.built: dict[int, tuple[Leaf, KeyPath, int]] = {}  # index -> Leaf, path, like's id
-        self.seen: dict[int, tuple[int, KeyPath]] = {}  # id of like's Leaf -> index, path
-        self.rules: list[tuple] = []  # Leaf, form, its text, path, like's state: built last
 
     def tree(self) -> Any:
         """The loaded tree, walked with a stack (any depth that ``save`` wrote loads); then
-        the rules are built."""
+        the rules, those of optimisers' own classes built once per distinct form."""
         out: list = [None]
         work: list = [(self.root, self.like, KeyPath(), out, 0)]
         while work:
@@ -260,41 +250,28 @@ class Reader:
             j = self.node(ref, kp)
             if j is None or like is None:
                 if j is not None or like is not None:
-                    raise _mismatch(kp, None, _describe_json(j), like)
+                    raise _mismatch(kp, None, _describe(j, True), like)
                 continue
             tag, body = _tag(j, ("leaf", "dict", "tuple", "list"), "a node of the state tree")
+            if tag == "leaf" and not isinstance(like, Leaf):
+                raise _mismatch(kp, None, "a Leaf", like)
             if tag == "leaf":
-                if not isinstance(like, Leaf):
-                    raise _mismatch(kp, None, "a Leaf", like)
                 parent[slot] = self.leaf(body, like, kp)
                 continue
-            if tag == "dict":
-                got = {k if type(k) is str else self.value(k, FREE, kp): v
-                       for k, v in _list(body)}
-                fits = isinstance(like, dict) and len(got) == len(body) and got.keys() == like.keys()
-                keys, refs = list(like) if fits else [], [got[k] for k in like] if fits else []
-            else:
-                fits = isinstance(like, SEQUENCES[tag]) and len(_list(body)) == len(like)
-                keys, refs = list(range(len(like))) if fits else [], body
-            if not fits:
-                raise _mismatch(kp, None, _describe_json(j), like)
+            keys, refs = self.fit(tag, body, like, kp, None, 0)
             kids: list = [None] * len(keys)
             work.append((_BUILD, (tag, keys, kids), kp, parent, slot))
-            likes = list(like.values() if tag == "dict" else like)
-            work.extend((refs[i], likes[i], kp + (keys[i],), kids, i)
+            work.extend((refs[i], like[keys[i]], kp + (keys[i],), kids, i)
                         for i in reversed(range(len(keys))))
-        if len(self.used) != len(self.nodes) and self.version >= 2:
-            raise Invalid("the checkpoint is malformed: some of its nodes are not in the tree")
-        built: dict[str, Rule] = {}  # a rule of optimisers' own classes, by its form
+        built: dict[str, Rule] = {}
         for leaf, j, text, kp, here in self.rules:
             if text not in built:
                 self.functions, self.here = functions(leaf.rule), here  # like's rule till set
-                rule = self.rule(j, kp)
-                if "'array'" in text or "'function'" in text or not all(type(v).__module__.startswith("optimisers.")
-                                                for v in _parts(rule)):
-                    leaf.rule = rule  # its own constructor call, and its own arrays
-                    continue
-                built[text] = rule
+                leaf.rule = self.rule(j, kp)
+                if "'array'" in text or "'function'" in text or not all(
+                        type(v).__module__.startswith("optimisers.") for v in _parts(leaf.rule)):
+                    continue  # a user's rule: its constructor runs for each Leaf
+                built[text] = leaf.rule
             leaf.rule = built[text]
         return out[0]
 
@@ -308,6 +285,25 @@ class Reader:
                           f"(each node is referenced once)")
         self.used.add(ref)
         return self.nodes[ref]
+
+    def fit(self, tag: str, body: Any, like: Any, kp: KeyPath, sub: str | None,
+            depth: int) -> tuple[list, list]:
+        """The keys and items of a container in the file, in ``like``'s order, once ``like``
+        has the same container there (any, if it is FREE)."""
+        if tag == "dict":
+            got = {k if type(k) is str else self.value(k, FREE, kp, depth=depth + 1): v
+                   for k, v in body}
+            fits = like is FREE or isinstance(like, dict) and len(got) == len(
+                body) and got.keys() == like.keys()
+        else:
+            fits = like is FREE or isinstance(like, SEQUENCES[tag]) and len(body) == len(
+                like)
+        if not fits:
+            raise _mismatch(kp, sub, _describe({tag: body}, True), like)
+        if tag != "dict":
+            return list(range(len(body))), body
+        keys = list(got if like is FREE else like)
+        return keys, [got[k] for k in keys]
 
     def leaf(self, i: Any, like: Leaf, kp: KeyPath) -> Leaf:
         if type(i) is not int or not 0 <= i < len(self.records):
@@ -323,16 +319,16 @@ class Reader:
                               f"Leaf there is shared with {first!r}, but like's Leafs are "
                               f"separate (a different model, or tied parameters)")
             return leaf
-        self.seen[id(like)] = (i, kp)
-        rec = self.records[i]
+        self.seen[id(like)], rec = (i, kp), self.records[i]
         text = repr(rec["rule"])
-        if text not in self.kinds:
-            self.kinds[text] = _kinds_json(rec["rule"], kp)
-        kinds, like_kinds = self.kinds[text], self.kinds_of(like.rule)
-        if kinds != like_kinds:
+        for key, rule in ((text, rec["rule"]), (id(like.rule), like.rule)):
+            if key not in self.kinds:
+                self.kinds[key] = _kinds(rule, kp)
+        if self.kinds[text] != self.kinds[id(like.rule)]:
             raise Invalid(f"the checkpoint does not match like at {kp!r}: the file has the "
-                          f"rule {kinds}, like has {like_kinds}; make like with setup using "
-                          f"the same rule classes (hyper-parameters may differ)")
+                          f"rule {self.kinds[text]}, like has {self.kinds[id(like.rule)]}; "
+                          f"make like with setup using the same rule classes "
+                          f"(hyper-parameters may differ)")
         clock = rec.get("clock", 0)  # (files written before clocks: none taken)
         if type(rec["frozen"]) is not bool or type(clock) is not int or clock < 0:
             raise Invalid(f"the checkpoint is malformed: frozen={rec['frozen']!r}, "
@@ -344,11 +340,6 @@ class Reader:
         self.built[i] = (leaf, kp, id(like))
         return leaf
 
-    def kinds_of(self, rule: Rule) -> str:
-        if id(rule) not in self.kinds:
-            self.kinds[id(rule)] = _kinds(rule)
-        return self.kinds[id(rule)]
-
     def value(self, j: Any, like: Any, kp: KeyPath, sub: str | None = None,
               depth: int = 0) -> Any:
         """A value: of a state (``sub`` the item's place, checked against ``like``), a key
@@ -356,52 +347,30 @@ class Reader:
         if depth > MAX_DEPTH:
             raise Invalid(f"the checkpoint is malformed: a value at {kp!r} nests more than "
                           f"{MAX_DEPTH} levels deep (save refuses to write that)")
-        if j is None or isinstance(j, (bool, str, int)):
-            out = j
-        else:
-            tag, body = _tag(j, _VALUES, "a value")
-            if tag == "array":
-                return self.array(j, like, kp, sub)
-            if tag in ("dict", "tuple", "list"):
-                return self.container(tag, body, like, kp, sub, depth)
-            if tag == "float":
-                out = float(_str(body))
-            elif tag == "complex":
-                out = complex(float(_str(body[0])), float(_str(body[1])))
-            elif tag in ("rule", "schedule"):
-                if tag == "rule" and like is not FREE and (not isinstance(like, Rule) or
-                                                           _kinds_json(j, kp) != _kinds(like)):
-                    raise _mismatch(kp, sub, f"the rule {_kinds_json(j, kp)}", like)
-                out = self.rule(j, kp, depth, tag)
-            else:
-                out = self.function(_str(body), kp) if tag == "function" else _dtype(j)
+        tag, body = (None, j) if j is None or isinstance(j, (bool, str, int)) else _tag(
+            j, VALUES, "a value")
+        if tag == "array":
+            return self.array(j, like, kp, sub)
+        if tag in ("dict", "tuple", "list"):
+            keys, items = self.fit(tag, body, like, kp, sub, depth)
+            out = [self.value(v, like if like is FREE else like[k], kp, f"{sub or ''}[{k!r}]",
+                              depth + 1) for k, v in zip(keys, items)]
+            return dict(zip(keys, out)) if tag == "dict" else out if tag == "list" else (
+                type(like)._make(out) if hasattr(type(like), "_make") else tuple(out))
+        if tag == "rule" and like is not FREE and (not isinstance(like, Rule) or _kinds(
+                j, kp) != _kinds(like)):
+            raise _mismatch(kp, sub, f"the rule {_kinds(j, kp)}", like)
+        out = body if tag is None else float(body) if tag == "float" else complex(
+            float(body[0]), float(body[1])) if tag == "complex" else self.rule(
+            j, kp, depth, tag) if tag in ("rule", "schedule") else self.function(
+            body, kp) if tag == "function" else _dtype(j)
         if like is not FREE and not _compatible(out, like):
             raise _mismatch(kp, sub, _describe(out), like)
         return out
 
-    def container(self, tag: str, body: Any, like: Any, kp: KeyPath, sub: str | None,
-                  depth: int) -> Any:
-        """A dict, tuple or list value, checked against ``like`` before its items are read."""
-        free, sub = like is FREE, sub or ""
-        if tag == "dict":
-            got = {self.value(k, FREE, kp, depth=depth + 1): v for k, v in _list(body)}
-            if not free and (not isinstance(like, dict) or len(got) != len(body)
-                             or got.keys() != like.keys()):
-                raise _mismatch(kp, sub, _describe_json({tag: body}), like)
-            return {k: self.value(v, like if free else like[k], kp, f"{sub}[{k!r}]", depth + 1)
-                    for k, v in got.items()}
-        if not free and (not isinstance(like, SEQUENCES[tag]) or len(_list(body)) != len(like)):
-            raise _mismatch(kp, sub, _describe_json({tag: body}), like)
-        out = [self.value(v, like if free else like[n], kp, f"{sub}[{n}]", depth + 1)
-               for n, v in enumerate(_list(body))]
-        if tag == "list":
-            return out
-        return type(like)._make(out) if hasattr(type(like), "_make") else tuple(out)
-
     def rule(self, j: dict, kp: KeyPath, depth: int = 0, tag: str = "rule") -> Rule | Schedule:
-        """A rule (or a schedule in a rule's field) from the registry, never from a name
-        imported at the file's request."""
-        name, fields = _str(j[tag]), j["fields"]
+        """A rule (or a schedule in a rule's field) from the registry."""
+        name, fields = j[tag], j["fields"]
         cls = _registered(tag, name, kp)
         known = {p.name: p for p in params(cls)}
         args, kwargs = [], {}
@@ -423,32 +392,25 @@ class Reader:
 
     def function(self, name: str, kp: KeyPath) -> Any:
         """The function the file names, taken from ``like``'s rule at this Leaf."""
-        found = self.functions.get(name)
-        if found is None:
+        if name not in self.functions:
             raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {name!r} (a "
                           f"schedule), which load takes from like, never by importing what a "
                           f"file names: pass it again through load(path, like=setup(<the rule "
                           f"with {name.rpartition(':')[2]}>, model))")
-        return found
+        return self.functions[name]
 
     def array(self, j: dict, like: Any, kp: KeyPath, sub: str | None) -> Any:
         """An array record: checked against ``like``, read once, placed like ``like``'s."""
-        name, shape, bits = j["dtype"], j["shape"], j.get("bits")
-        if type(name) is not str or type(shape) is not list:
-            raise Invalid(f"the checkpoint is malformed: an array record {j!r:.80} at {kp!r}")
-        shape, lib = tuple(shape), None if like is FREE else backends.library(like)
+        name, shape, bits = j["dtype"], tuple(j["shape"]), j.get("bits")
+        lib = None if like is FREE else backends.library(like)
         is_array = lib is not None or isinstance(like, np.generic)
         if like is not FREE and not (is_array or shape == () and _isnumber(like)):
-            raise _mismatch(kp, sub, _describe_json(j), like)
+            raise _mismatch(kp, sub, _describe(j, True), like)
         like_name = dtype_name(like) if is_array else None
         if is_array and (name != like_name or shape != tuple(like.shape)):
-            raise _mismatch(kp, sub, _describe_json(j), like, "make like by setup on the same "
-                            "model (from the same rule classes)")
+            raise _mismatch(kp, sub, _describe(j, True), like, "make like by setup on the "
+                            "same model (from the same rule classes)")
         idx = j["array"]
-        if type(idx) is not int or not is_array and not all(type(n) is int and n >= 0
-                                                            for n in shape):
-            raise Invalid(f"the checkpoint is malformed: an array reference {idx!r} of shape "
-                          f"{shape!r:.40} at {kp!r}")
         owner = id(like) if is_array else FREE if like is FREE else object()
         if idx in self.arrays:
             first, first_owner, first_kp, first_sub, out = self.arrays[idx]
@@ -456,83 +418,60 @@ class Reader:
                 raise Invalid(f"the checkpoint is malformed: array {idx} is used at "
                               f"{_where(kp, sub)} and at {_where(first_kp, first_sub)}, but "
                               f"like does not share one array there, or the records differ "
-                              f"({_describe_json(j)} and {_describe_json(first)})")
+                              f"({_describe(j, True)} and {_describe(first, True)})")
             return out
         stored = STANDARD.get(name if bits is None else bits if bits in (
             "uint8", "uint16", "uint32", "uint64") else "")
         if stored is None:
             raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name!r}, "
                           f"which is not a standard NumPy dtype and is not stored as bits")
-        arr = self.archive.npy(idx, stored, shape, kp)
+        out = self.archive.npy(idx, stored, shape, kp)
         if j.get("scalar") is True and bits is None and lib is None:
-            out = arr[()]
+            out = out[()]
         else:
-            ref = like if is_array else self.place()
+            ref = like if is_array else next((a for t in itertools.chain(
+                [self.here], (t.state for _, t in leaves(self.like)))
+                if (a := _first_array(t)) is not None), None)  # like's Leaf's first, or like's
             if bits is not None and (ref is None or (like_name or dtype_name(ref)) != name):
                 raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name}; "
                               f"like has no array of that dtype there to say what it is")
             lib = backends.library(ref) if not is_array and ref is not None else lib
-            out = backends.ops(lib or "numpy").from_host(arr, ref, bits is not None,
+            out = backends.ops(lib or "numpy").from_host(out, ref, bits is not None,
                                                          j.get("weak") is True)
         self.arrays[idx] = (j, owner, kp, sub, out)
         return out
 
-    def place(self) -> Any:
-        """Where arrays go whose place in like is no array: like's Leaf's first, or like's."""
-        states = itertools.chain([self.here], (t.state for _, t in leaves(self.like)))
-        return next((a for t in states if (a := _first_array(t)) is not None), None)
-
-
-_VALUES = ("array", "tuple", "list", "dict", "float", "complex", "rule", "schedule",
-           "function", "dtype")
-
 
 def _tag(j: Any, tags: tuple, what: str) -> tuple[str, Any]:
-    if isinstance(j, dict) and j and (tag := next(iter(j))) in tags:
-        return tag, j[tag]
-    raise Invalid(f"the checkpoint is malformed: expected {what}, found {str(j)[:80]}")
-
-
-def _str(s: Any) -> str:
-    if not isinstance(s, str):
-        raise Invalid(f"the checkpoint is malformed: expected a string, found {s!r:.60}")
-    return s
-
-
-def _list(s: Any) -> list:
-    if not isinstance(s, list):
-        raise Invalid(f"the checkpoint is malformed: expected a list, found {s!r:.60}")
-    return s
+    """The tag of a JSON object (its first key, or any key in ``tags``: a checkpointer may
+    sort a state dict's keys) and its body."""
+    tag = next(iter(j), None) if isinstance(j, dict) else None
+    if tag not in tags and isinstance(j, dict):
+        tag = next((t for t in tags if t in j), None)
+    if tag is None:
+        raise Invalid(f"the checkpoint is malformed: expected {what}, found {str(j)[:80]}")
+    return tag, j[tag]
 
 
 def _where(kp: KeyPath, sub: str | None) -> str:
     return f"{kp!r}" + (f", state{sub}" if sub is not None else "")
 
 
-def _describe(t: Any) -> str:
-    """How a node of a state tree, or a value in a state, reads in a message."""
-    if t is None or isinstance(t, Leaf):
-        return "None" if t is None else "a Leaf"
-    if isinstance(t, dict):
-        return f"a dict with keys {list(t)}"
-    if isinstance(t, (tuple, list)):
-        return f"a {type(t).__name__} of length {len(t)}"
-    if backends.library(t) is not None or isinstance(t, np.generic):
-        return f"an array of shape {tuple(t.shape)} and dtype {dtype_name(t)}"
-    return f"the {type(t).__name__} {t!r:.40}"
-
-
-def _describe_json(j: Any) -> str:
-    """:func:`_describe` for the JSON of a node or a value."""
-    tag, body = next(iter(j.items())) if isinstance(j, dict) and j else (None, j)
-    if tag == "array":
-        return f"an array of shape {tuple(j.get('shape', ()))} and dtype {j.get('dtype')}"
-    if tag == "dict" and isinstance(body, list):
+def _describe(t: Any, form: bool = False) -> str:
+    """How a node or value of a state tree (``form``: its JSON in the file) reads."""
+    tag, body = next(iter(t.items())) if form and isinstance(t, dict) and t else (None, t)
+    if tag == "array" or tag is None and (backends.library(t) is not None
+                                          or isinstance(t, np.generic)):
+        shape = tuple(t.get("shape", ())) if tag else tuple(t.shape)
+        return f"an array of shape {shape} and dtype {t.get('dtype') if tag else dtype_name(t)}"
+    if tag == "dict" and isinstance(body, list) or tag is None and isinstance(t, dict):
         return f"a dict with keys {[k[0] if isinstance(k, list) else k for k in body]}"
-    if tag in SEQUENCES and isinstance(body, list):
-        return f"a {tag} of length {len(body)}"
+    if tag in SEQUENCES and isinstance(body, list) or tag is None and isinstance(t, (tuple,
+                                                                                    list)):
+        return f"a {tag or type(t).__name__} of length {len(body)}"
     if tag is None:
-        return "None" if j is None else f"the {type(j).__name__} {j!r:.40}"
+        return "None" if t is None else "a Leaf" if isinstance(t, Leaf) else (
+            f"the {type(t).__name__} {t!r:.40}")
     return "a Leaf" if tag == "leaf" else f"a {tag}"
 
 
@@ -544,9 +483,9 @@ def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: str = ""
 def _dtype(j: dict) -> Any:
     """A dtype hyper-parameter, looked up only among dtypes, and from a library only if this
     process has imported it already (never at a file's wish)."""
-    name, form = _str(j["dtype"]), j.get("as")
+    name, form = j["dtype"], j.get("as")
     if form in ("numpy", "type") and name in STANDARD:
-        return np.dtype(name) if form == "numpy" else np.dtype(name).type
+        return STANDARD[name] if form == "numpy" else STANDARD[name].type
     try:
         module = backends.dtype_module(form)
     except LookupError:
@@ -569,30 +508,23 @@ def _registered(tag: str, name: str, kp: KeyPath) -> type:
     return cls
 
 
-def _kinds(rule: Any) -> str:
-    """A rule's class and those of the rules inside it: ``OptimiserChain(ClipGrad, Adam)``."""
-    inner = []
-    for p in params(type(rule)):
-        v = getattr(rule, p.name, None)
-        inner += [_kinds(r) for r in (v if isinstance(v, (tuple, list)) else (v,))
-                  if isinstance(r, Rule)]
-    return f"{type(rule).__name__}({', '.join(inner)})" if inner else type(rule).__name__
-
-
-def _kinds_json(j: Any, kp: KeyPath, depth: int = 0) -> str:
-    """:func:`_kinds` of a rule in the file, read from its JSON: nothing is constructed."""
-    name = _str(_tag(j, ("rule",), "a rule")[1])
-    cls = _registered("rule", name, kp)
-    if depth > MAX_DEPTH:
-        raise Invalid(f"the checkpoint is malformed: rules nested more than {MAX_DEPTH} deep")
-    fields, inner = j.get("fields"), []
-    for p in params(cls):
-        v = fields.get(p.name) if isinstance(fields, dict) else None
-        tag = next(iter(v), None) if isinstance(v, dict) and v else None
-        items = v[tag] if tag in SEQUENCES and isinstance(v[tag], list) else (v,)
-        inner += [_kinds_json(r, kp, depth + 1) for r in items
-                  if isinstance(r, dict) and r and next(iter(r)) == "rule"]
-    return f"{name}({', '.join(inner)})" if inner else name
+def _kinds(rule: Any, kp: KeyPath = KeyPath()) -> str:
+    """A rule's class and those of the rules inside it, ``OptimiserChain(ClipGrad, Adam)``:
+    of a Rule, or of a rule's JSON in the file (nothing constructed)."""
+    if isinstance(rule, Rule):
+        cls, fields = type(rule), {p.name: getattr(rule, p.name, None) for p in
+                                   params(type(rule))}
+    else:
+        cls = _registered("rule", _tag(rule, ("rule",), "a rule")[1], kp)
+        fields = rule.get("fields") if isinstance(rule.get("fields"), dict) else {}
+        fields = {k: v[next(iter(v))] if isinstance(v, dict) and v and next(iter(v)) in
+                  SEQUENCES and isinstance(v[next(iter(v))], list) else v
+                  for k, v in fields.items()}
+    inner = [_kinds(r, kp) for p in params(cls) for r in (
+        fields.get(p.name) if isinstance(fields.get(p.name), (tuple, list)) else
+        (fields.get(p.name),)) if (isinstance(r, Rule) if isinstance(rule, Rule) else
+                                   isinstance(r, dict) and "rule" in r)]
+    return f"{cls.__name__}({', '.join(inner)})" if inner else cls.__name__
 
 
 def _first_array(x: Any) -> Any:
@@ -617,12 +549,12 @@ def _compatible(value: Any, like: Any) -> bool:
         return type(value) is type(like)
     if isinstance(value, (int, float, complex)):
         return _isnumber(like)
-    return type(value) is type(like) or isinstance(value, np.dtype) and isinstance(like,
-                                                                                 np.dtype)
+    return type(value) is type(like) or isinstance(value, np.dtype) and isinstance(
+        like, np.dtype)
 
 
 def _parts(rule: Any) -> Iterator[Rule | Schedule]:
-    """The rules and schedules in ``rule``'s fields, at any depth, and ``rule``."""
+    """``rule`` and the rules and schedules in its fields, at any depth."""
     stack = [rule]
     while stack:
         v = stack.pop()
@@ -634,7 +566,6 @@ def _parts(rule: Any) -> Iterator[Rule | Schedule]:
 
 
 def functions(rule: Any) -> dict[str, Any]:
-    """The functions of the :class:`Function` schedules in ``rule``, by the name a
-    checkpoint stores them under."""
+    """The functions of the :class:`Function` schedules in ``rule``, by their stored names."""
     return {v.reference: v.function for v in _parts(rule)
             if isinstance(v, Function) and v.reference is not None}

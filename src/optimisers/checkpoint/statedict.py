@@ -206,7 +206,7 @@ def _read_leaf(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> tuple:
 def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
     """The rule from its form, by the checkpoint's reader: its classes compared with
     ``like``'s before it is built; ``like`` itself when equal."""
-    form = rule_form(form, kp) if isinstance(form, Rule) else _tag_first(form)
+    form = rule_form(form, kp) if isinstance(form, Rule) else form
     reader = Reader(None, None)
     reader.functions = functions(like)
     try:
@@ -220,17 +220,6 @@ def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
         return like if bool(rule == like) else rule
     except (TypeError, ValueError):  # array hyper-parameters compare element by element
         return rule
-
-
-def _tag_first(form: Any) -> Any:
-    """A form with each ``"rule"`` (``"schedule"``) tag first again, as the reader takes it:
-    a checkpointer may give dicts back with sorted keys."""
-    if isinstance(form, list):
-        return [_tag_first(v) for v in form]
-    if not isinstance(form, dict):
-        return form
-    first = [k for k in ("rule", "schedule") if k in form]
-    return {k: _tag_first(form[k]) for k in (*first, *(k for k in form if k not in first))}
 
 
 def _state(like: Any, d: Mapping, key: str, used: set) -> Any:
