@@ -19,24 +19,20 @@ __all__ = ["save", "load"]
 def save(path: str | os.PathLike, tree: Any) -> None:
     """save(path, tree) -> None: write the state tree to a checkpoint file, atomically.
 
-    Stores each Leaf's rule (class name and hyper-parameters), state (arrays with their
-    dtypes, numbers exactly), frozen flag and clock, and which Leafs are shared, without
-    pickle. The file is written beside ``path``, flushed to disk, then renamed over it: a
-    crash or a full disk leaves the previous checkpoint as it was (and the next ``save``
-    removes what a killed one left). A replaced file keeps its permission bits; a symlink
-    is written through; anything but a regular file at ``path`` is refused.
+    Stores each Leaf's rule and hyper-parameters, state (arrays with their dtypes, numbers
+    exactly), frozen flag and clock, and which Leafs are shared, without pickle. The file is
+    written beside ``path``, flushed, then renamed over it: a crash or a full disk leaves the
+    previous checkpoint as it was. A replaced file keeps its permission bits; a symlink is
+    written through; anything but a regular file at ``path`` is refused.
 
     Args:
         path: the file to write (``.ckpt`` or ``.npz`` are customary).
         tree: a state tree from :func:`setup`, with NumPy, PyTorch or JAX arrays.
 
     Raises:
-        TypeError: the tree holds what a checkpoint stores only by pickling (a function
-            but a :class:`~optimisers.Function` schedule's importable one, an object
-            array, a rule class not registered under its name), or is not a state tree.
-        ValueError: a value nests more than 100 levels deep, or ``path`` is not a regular
-            file.
-        OSError: the file could not be written.
+        TypeError: the tree holds what only pickling stores (a function, but an importable
+            one in a :class:`~optimisers.Function`; an object array), or is no state tree.
+        ValueError: a value nests over 100 levels deep, or ``path`` is no regular file.
 
     Example:
         >>> import os, tempfile
@@ -56,12 +52,11 @@ def save(path: str | os.PathLike, tree: Any) -> None:
 def load(path: str | os.PathLike, like: Any) -> Any:
     """load(path, like=tree) -> tree: read a checkpoint written by :func:`save`.
 
-    ``like``, a state tree for the same model, fixes the structure, and each state array
-    comes back in the library and on the device of ``like``'s array there. Rules with their
-    hyper-parameters, states, frozen flags, clocks and sharing come from the file (but a
-    :class:`~optimisers.Function` schedule's function, taken from ``like``'s rule there).
-    ``like`` is not changed; training resumed from the result is bit-for-bit the training
-    never interrupted.
+    ``like``, a state tree of the same model, fixes the structure and puts each state array
+    in the library and on the device of ``like``'s there. Rules, hyper-parameters, states,
+    frozen flags, clocks and sharing come from the file (a :class:`~optimisers.Function`'s
+    function from ``like``). ``like`` is not changed; training resumed from the result is
+    bit for bit the training never interrupted.
 
     Args:
         path: a file written by :func:`save`.
@@ -71,12 +66,10 @@ def load(path: str | os.PathLike, like: Any) -> Any:
         A new state tree.
 
     Raises:
-        ValueError: the file does not match ``like`` (the message names the
-            :class:`KeyPath`), names a rule not in ``RULES``, is not an intact checkpoint,
-            or ``path`` is not a regular file.
+        ValueError: the file does not match ``like`` (the message names the path), names a
+            rule not in ``RULES``, is damaged, or is no regular file.
         TypeError: ``like`` is not a state tree.
         FileNotFoundError: there is no file at ``path``.
-        IsADirectoryError: ``path`` is a directory.
 
     Example:
         >>> import os, tempfile
@@ -126,7 +119,7 @@ def _no_floats(s: str) -> Any:
 
 
 def _hashable(rule: Any) -> bool:
-    """Whether a rule may key a fused group (not with a list field, nor JAX arrays)."""
+    """Whether a rule may key a fused group (no list field, no JAX array)."""
     try:
         hash(rule)
     except TypeError:

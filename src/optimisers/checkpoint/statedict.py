@@ -1,12 +1,10 @@
 """state_dict and load_state_dict: a state tree as one flat dict, for the checkpointers of
-the array libraries (``torch.distributed.checkpoint``, orbax), which save each process's
-part of its arrays and load into the arrays given.
+the array libraries (``torch.distributed.checkpoint``, orbax).
 
-Each Leaf, once at its first path, gives ``"<path>.rule"`` (the rule's plain form, as
-:func:`~optimisers.save` writes it), ``"<path>.frozen"``, ``"<path>.clock"`` (optional on
-load) and ``"<path>.state"`` or ``"<path>.state.0"``, ``"<path>.state.2.1"``, ... for each
-item of a state (arrays as they are, numbers as Python numbers, ``None`` no key). Loading
-builds the keys from the tree, never parses them.
+Each Leaf, once at its first path, gives ``"<path>.rule"`` (the form :func:`save` writes),
+``"<path>.frozen"``, ``"<path>.clock"`` (optional on load) and ``"<path>.state"`` or
+``"<path>.state.0"``, ``"<path>.state.2.1"``, ... for each item of a state that is not
+``None``. Loading builds the keys from the tree, never parses them.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ __all__ = ["state_dict", "load_state_dict"]
 def state_dict(tree: Any) -> dict:
     """state_dict(tree) -> dict: the state tree as a flat dict keyed by dotted paths.
 
-    Arrays are the tree's very objects (sharded ones as they are, so that a checkpointer
-    saves each process's part and loads into them in place); rules, numbers and flags are
+    Arrays are the tree's very objects (sharded ones as they are); rules, numbers and flags
     plain values. A tied Leaf is given once, at its first path.
 
     Args:
@@ -40,8 +37,8 @@ def state_dict(tree: Any) -> dict:
 
     Raises:
         TypeError: ``tree`` is not a state tree, or a rule holds what a checkpoint cannot
-            store (see :func:`save`) or an array hyper-parameter of more than one number.
-        ValueError: two Leafs would give the same key (a dict key holding a dot).
+            store or an array hyper-parameter of more than one number.
+        ValueError: two Leafs would give the same key (a model key holding a dot).
 
     Example:
         >>> import numpy as np
@@ -57,7 +54,9 @@ def state_dict(tree: Any) -> dict:
     out: dict = {}
     for kp, leaf in _first_paths(tree):
         items = [("rule", rule_form(leaf.rule, kp)), ("frozen", bool(leaf.frozen)),
-                 ("clock", int(leaf.clock)), *_items(leaf.state, "state")]
+                 ("clock", int(leaf.clock))]
+        _map(lambda v, k, items=items: v is None or items.append((k, v.item() if isinstance(
+            v, np.generic) else v)), leaf.state, "state")  # NumPy scalars as Python numbers
         for name, value in items:
             key = _key(kp, name)
             if key in out:
@@ -68,8 +67,8 @@ def state_dict(tree: Any) -> dict:
 
 
 def rule_form(rule: Rule, kp: KeyPath = KeyPath()) -> dict:
-    """rule_form(rule) -> the rule as the plain, JSON-able value that :func:`save` writes
-    (a hyper-parameter held in a 0-d array, as ``jax.jit`` leaves them, as its number).
+    """rule_form(rule) -> the plain, JSON-able form of ``rule`` that :func:`save` writes (a
+    hyper-parameter in a 0-d array, as ``jax.jit`` leaves them, as its number).
 
     Args:
         rule: a rule.
@@ -79,8 +78,8 @@ def rule_form(rule: Rule, kp: KeyPath = KeyPath()) -> dict:
         ``{"rule": <class name>, "fields": {...}}``.
 
     Raises:
-        TypeError: the rule holds what a checkpoint cannot store, or an array of more than
-            one number.
+        TypeError: the rule holds what a checkpoint cannot store, or an array hyper-parameter
+            of more than one number.
 
     Example:
         >>> from optimisers import Descent
@@ -104,15 +103,6 @@ def _key(kp: KeyPath, name: str) -> str:
     return f"{kp}.{name}" if kp else name
 
 
-def _items(v: Any, key: str) -> Iterator[tuple[str, Any]]:
-    """The ``(key, value)`` of each item of a state; NumPy scalars as Python numbers."""
-    if isinstance(v, (tuple, list, dict)):
-        for k, item in (v.items() if isinstance(v, dict) else enumerate(v)):
-            yield from _items(item, f"{key}.{k}")
-    elif v is not None:
-        yield key, v.item() if isinstance(v, np.generic) else v
-
-
 def _numbers(j: Any, arrays: list, kp: KeyPath) -> Any:
     """The JSON form with each array record replaced by its single number."""
     if isinstance(j, list):
@@ -132,22 +122,19 @@ def load_state_dict(tree: Any, d: Mapping) -> Any:
     """load_state_dict(tree, d) -> tree: the state tree with rules, frozen flags, clocks and
     states from a dict that :func:`state_dict` made (or a checkpointer restored).
 
-    In place, as ``torch.optim``'s: each state array of ``tree`` is written from ``d``
-    (nothing to do for one a checkpointer loaded into already; a JAX array replaced), and
-    rules (rebuilt from :data:`RULES`), flags and clocks set on each Leaf, once everything
-    is checked.
+    In place, as ``torch.optim``'s: once everything is checked, each state array is written
+    from ``d`` (a JAX array replaced; nothing to do for one a checkpointer loaded into), and
+    rules (rebuilt from :data:`RULES`), flags and clocks set.
 
     Args:
-        tree: a state tree for the same model: it says what keys, rule classes, shapes and
-            dtypes to expect.
+        tree: a state tree for the same model: it says what to expect.
         d: the dict, e.g. ``state_dict(tree)`` of a tree trained elsewhere.
 
     Returns:
         ``tree``, its Leafs updated.
 
     Raises:
-        ValueError: a key is missing or left over, or an entry does not match ``tree``; the
-            message names the key.
+        ValueError: a key is missing or left over, or does not fit ``tree`` (named).
         TypeError: ``tree`` is not a state tree, or ``d`` is not a mapping.
 
     Example:
@@ -170,7 +157,8 @@ def load_state_dict(tree: Any, d: Mapping) -> Any:
                          f"{', '.join(map(repr, extra[:5]))} ({len(extra)} in all); it was "
                          f"made for another model or rule")
     for leaf, rule, frozen, clock, state in loads:
-        leaf.rule, leaf.frozen, leaf.state = rule, frozen, _written(state)
+        leaf.rule, leaf.frozen = rule, frozen
+        leaf.state = _map(lambda v, _: v() if isinstance(v, _Write) else v, state, "")
         if clock is not None:
             leaf.clock = clock
     return tree
@@ -200,7 +188,8 @@ def _read_leaf(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> tuple:
             raise ValueError(f"the state dict's {key!r} is {clock!r:.40}; a clock is a whole "
                              f"number >= 0")
         clock = int(clock)
-    return rule, bool(frozen), clock, _state(leaf.state, d, _key(kp, "state"), used)
+    state = _map(lambda v, k: _state(v, d, k, used), leaf.state, _key(kp, "state"))
+    return rule, bool(frozen), clock, state
 
 
 def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
@@ -223,11 +212,7 @@ def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
 
 
 def _state(like: Any, d: Mapping, key: str, used: set) -> Any:
-    """``like``'s state with each item from ``d`` (arrays as pending writes), checked."""
-    if isinstance(like, (tuple, list)):
-        return _rebuilt(like, [_state(v, d, f"{key}.{i}", used) for i, v in enumerate(like)])
-    if isinstance(like, dict):
-        return {k: _state(v, d, f"{key}.{k}", used) for k, v in like.items()}
+    """An item of ``like``'s state from ``d``, checked: an array as a write to make later."""
     if like is None:
         if d.get(key) is not None:
             raise ValueError(f"the state dict's {key!r} is {_shown(d[key])}, but the tree "
@@ -240,7 +225,7 @@ def _state(like: Any, d: Mapping, key: str, used: set) -> Any:
         if lib is None and xp.shape(like) == () and _isnumber(v) or lib is not None and (
                 backends.ops(lib).shape(v), backends.ops(lib).dtype_name(v)) == (
                 xp.shape(like), xp.dtype_name(like)):
-            return _Pending(like, v)
+            return _Write(like, v)
         raise ValueError(f"the state dict's {key!r} is {_shown(v)}, but the tree holds an "
                          f"array of shape {xp.shape(like)} and dtype {xp.dtype_name(like)} "
                          f"there")
@@ -253,33 +238,29 @@ def _state(like: Any, d: Mapping, key: str, used: set) -> Any:
                      f"{_shown(like)} there")
 
 
-class _Pending:
-    """An array of the tree to be written from the dict's value, once all is checked."""
-
-    __slots__ = ("dst", "value")
+class _Write:
+    """An array of the tree to write from the dict's value (in place where it may be)."""
 
     def __init__(self, dst: Any, value: Any) -> None:
         self.dst, self.value = dst, value
 
-
-def _written(state: Any) -> Any:
-    """The state with each pending array written (in place where it may be)."""
-    if isinstance(state, _Pending):
-        if state.value is state.dst:  # loaded into in place already (a checkpointer's load)
-            return state.dst
-        xp = backends.of(state.dst)
-        return xp.assign(state.dst, xp.cast(state.value, state.dst))
-    if isinstance(state, dict):
-        return {k: _written(v) for k, v in state.items()}
-    if isinstance(state, (tuple, list)):
-        return _rebuilt(state, [_written(v) for v in state])
-    return state
+    def __call__(self, *_: Any) -> Any:
+        if self.value is self.dst:  # loaded into in place already (a checkpointer's load)
+            return self.dst
+        xp = backends.of(self.dst)
+        return xp.assign(self.dst, xp.cast(self.value, self.dst))
 
 
-def _rebuilt(like: Any, items: list) -> Any:
-    if isinstance(like, list):
-        return items
-    return type(like)._make(items) if hasattr(type(like), "_make") else tuple(items)
+def _map(f: Any, x: Any, key: str) -> Any:
+    """``f(item, key)`` for each item of a state, its tuples, lists and dicts rebuilt."""
+    if not isinstance(x, (tuple, list, dict)):
+        return f(x, key)
+    items = {k: _map(f, v, f"{key}.{k}") for k, v in (
+        x.items() if isinstance(x, dict) else enumerate(x))}
+    if isinstance(x, dict) or isinstance(x, list):
+        return items if isinstance(x, dict) else list(items.values())
+    return type(x)._make(items.values()) if hasattr(type(x), "_make") else tuple(
+        items.values())
 
 
 def _shown(v: Any) -> str:
