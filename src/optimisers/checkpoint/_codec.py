@@ -64,7 +64,7 @@ class Writer:
     def __init__(self) -> None:
         self.leaves: list[dict] = []
         self.arrays: list[np.ndarray] = []
-        self.ids: dict[int, Any] = {}  # id of a Leaf or an array -> its index or record
+        self.ids: dict[int, Any] = {}  # id of a Leaf, rule or array -> index or record
         self.keep: list[Any] = []  # the arrays of those ids, alive so that ids stay unique
 
     def document(self, tree: Any) -> str:
@@ -88,8 +88,10 @@ class Writer:
             else:
                 if id(t) not in self.ids:
                     self.ids[id(t)] = len(self.leaves)
+                    if id(t.rule) not in self.ids:  # a rule shared by Leafs: encoded once
+                        self.ids[id(t.rule)] = self.value(t.rule, kp, "the rule")
                     self.leaves.append({
-                        "path": str(kp), "rule": self.value(t.rule, kp, "the rule"),
+                        "path": str(kp), "rule": self.ids[id(t.rule)],
                         "frozen": bool(t.frozen), "clock": int(t.clock),
                         "state": self.value(t.state, kp, "the state")})
                 out.append({"leaf": self.ids[id(t)]})
@@ -130,25 +132,20 @@ class Writer:
         cls, name = type(rule), type(rule).__name__
         tag, registry = ("rule", RULES) if issubclass(cls, Rule) else ("schedule", SCHEDULES)
         if registry.get(name) is not cls:
-            raise TypeError(f"cannot save the {tag} {name} at {kp!r}: optimisers."
-                            f"{tag.upper()}S maps {name!r} to {registry.get(name)!r}, not to "
-                            f"this class, so loading would build a different {tag}; give the "
-                            f"class a unique name")
+            raise TypeError(f"cannot save the {tag} {name} at {kp!r}: {tag.upper()}S maps "
+                            f"{name!r} to {registry.get(name)!r}, not to this class; rename it")
         fields = {}
         for p in params(cls):
             if not hasattr(rule, p.name):
-                raise TypeError(f"cannot save the rule {name} at {kp!r}: its constructor "
-                                f"takes {p.name!r} but the rule has no attribute of that "
-                                f"name; make the rule a dataclass")
+                raise TypeError(f"cannot save the rule {name} at {kp!r}: it has no attribute "
+                                f"{p.name!r}, which its constructor takes; make it a dataclass")
             v = getattr(rule, p.name)
             if isinstance(rule, Function) and importable_name(v) is None:
-                raise TypeError(
-                    f"cannot save {name}.{p.name} at {kp!r}: the function "
-                    f"{getattr(v, '__qualname__', v)!s:.60} has no name that imports it again "
-                    f"(a lambda, a function defined inside another, a schedule an optax "
-                    f"factory made), and a checkpoint stores a function by that name only; "
-                    f"define it with def at the top level of a module, and pass it again "
-                    f"through load(path, like=setup(<the rule with it>, model))")
+                raise TypeError(f"cannot save {name}.{p.name} at {kp!r}: the function "
+                                f"{getattr(v, '__qualname__', v)!s:.60} has no name that imports "
+                                f"it again (a lambda, a nested def), which a checkpoint stores; "
+                                f"def it at a module's top level and pass it again through "
+                                f"load(path, like=setup(<the rule with it>, model))")
             fields[p.name] = {"function": importable_name(v)} if isinstance(
                 rule, Function) else self.value(v, kp, f"{name}.{p.name}", depth + 1)
         return {tag: name, "fields": fields}
@@ -164,9 +161,8 @@ class Writer:
             kind, size = arr.dtype.kind, arr.dtype.itemsize
             if not ((kind == "u" or kind == "V" and arr.dtype.fields is None)
                     and size in BITS and name.isidentifier()):
-                raise TypeError(f"cannot save {where} at {kp!r}: an array of dtype {name}; "
-                                f"a checkpoint holds bool, integer, floating and complex "
-                                f"arrays")
+                raise TypeError(f"cannot save {where} at {kp!r}: an array of dtype {name}; a "
+                                f"checkpoint holds bool, integer, floating and complex ones")
             arr = np.ascontiguousarray(arr).view(BITS[size])
             rec["bits"] = arr.dtype.name
         if isinstance(a, np.generic):
@@ -207,12 +203,9 @@ def size_bound(like: Any) -> int:
 
 
 class Reader:
-    """Reads the document (``None`` for a rule's form alone) and ``like`` together.
-
-    Every part is checked against ``like`` before it is used; rules (whose constructors may
-    be user code) are built only once the whole tree matched. A function in a rule is taken
-    from ``like``'s rule at the same Leaf (:attr:`functions`), never imported.
-    """
+    """Reads a document (``None``: a rule's form alone) and ``like`` together, each part
+    checked against ``like`` before it is used; rules (user code, maybe) built last, once
+    the whole tree matched; functions taken from ``like`` (:attr:`functions`)."""
 
     def __init__(self, doc: Any, like: Any, archive: Any = None) -> None:
         self.like, self.archive, self.functions = like, archive, {}
@@ -231,7 +224,7 @@ class Reader:
         self.version = doc.get("version")
         if self.version not in READS:
             raise Invalid(f"the checkpoint has format version {self.version!r}; this version "
-                          f"of optimisers reads versions {READS}: upgrade it")
+                          f"of optimisers reads versions {READS}")
         self.records = doc["leaves"]
         self.nodes = doc["nodes"] if self.version >= 2 else []
         self.root = 0 if self.version >= 2 else doc["tree"]
@@ -276,8 +269,7 @@ class Reader:
         return out[0]
 
     def node(self, ref: Any, kp: KeyPath) -> Any:
-        """The node ``ref`` names: version 1 nests them; version 2 lists them, each referenced
-        by index once (so no cycle, and no node read twice)."""
+        """The node ``ref`` names: nested in version 1, in version 2 an index used once."""
         if self.version < 2:
             return ref
         if type(ref) is not int or not 0 <= ref < len(self.nodes) or ref in self.used:
@@ -288,8 +280,7 @@ class Reader:
 
     def fit(self, tag: str, body: Any, like: Any, kp: KeyPath, sub: str | None,
             depth: int) -> tuple[list, list]:
-        """The keys and items of a container in the file, in ``like``'s order, once ``like``
-        has the same container there (any, if it is FREE)."""
+        """A container's keys and items, in ``like``'s order, once ``like`` has the same."""
         if tag == "dict":
             got = {k if type(k) is str else self.value(k, FREE, kp, depth=depth + 1): v
                    for k, v in body}
@@ -326,9 +317,8 @@ class Reader:
                 self.kinds[key] = _kinds(rule, kp)
         if self.kinds[text] != self.kinds[id(like.rule)]:
             raise Invalid(f"the checkpoint does not match like at {kp!r}: the file has the "
-                          f"rule {self.kinds[text]}, like has {self.kinds[id(like.rule)]}; "
-                          f"make like with setup using the same rule classes "
-                          f"(hyper-parameters may differ)")
+                          f"rule {self.kinds[text]}, like has {self.kinds[id(like.rule)]}; set "
+                          f"like up with the same rule classes")
         clock = rec.get("clock", 0)  # (files written before clocks: none taken)
         if type(rec["frozen"]) is not bool or type(clock) is not int or clock < 0:
             raise Invalid(f"the checkpoint is malformed: frozen={rec['frozen']!r}, "
@@ -393,10 +383,9 @@ class Reader:
     def function(self, name: str, kp: KeyPath) -> Any:
         """The function the file names, taken from ``like``'s rule at this Leaf."""
         if name not in self.functions:
-            raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {name!r} (a "
-                          f"schedule), which load takes from like, never by importing what a "
-                          f"file names: pass it again through load(path, like=setup(<the rule "
-                          f"with {name.rpartition(':')[2]}>, model))")
+            raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {name!r}, "
+                          f"which load takes from like, never imports: pass it again through "
+                          f"load(path, like=setup(<the rule with it>, model))")
         return self.functions[name]
 
     def array(self, j: dict, like: Any, kp: KeyPath, sub: str | None) -> Any:
@@ -424,7 +413,7 @@ class Reader:
             "uint8", "uint16", "uint32", "uint64") else "")
         if stored is None:
             raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name!r}, "
-                          f"which is not a standard NumPy dtype and is not stored as bits")
+                          f"neither NumPy's nor stored as bits")
         out = self.archive.npy(idx, stored, shape, kp)
         if j.get("scalar") is True and bits is None and lib is None:
             out = out[()]
@@ -458,7 +447,7 @@ def _where(kp: KeyPath, sub: str | None) -> str:
 
 
 def _describe(t: Any, form: bool = False) -> str:
-    """How a node or value of a state tree (``form``: its JSON in the file) reads."""
+    """How a node or value of a state tree (``form``: its JSON) reads in a message."""
     tag, body = next(iter(t.items())) if form and isinstance(t, dict) and t else (None, t)
     if tag == "array" or tag is None and (backends.library(t) is not None
                                           or isinstance(t, np.generic)):

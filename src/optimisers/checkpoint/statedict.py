@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from optimisers import backends
-from optimisers.checkpoint._codec import Invalid, Reader, Writer, functions
+from optimisers.checkpoint._codec import STANDARD, Invalid, Reader, Writer, functions
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
 from optimisers.rules import Rule
@@ -86,9 +86,7 @@ def rule_form(rule: Rule, kp: KeyPath = KeyPath()) -> dict:
         >>> rule_form(Descent(0.5))
         {'rule': 'Descent', 'fields': {'eta': {'float': '0.5'}}}
     """
-    writer = Writer()
-    form = writer.value(rule, kp, "the rule")
-    return _numbers(form, writer.arrays, kp) if writer.arrays else form
+    return _Plain().value(rule, kp, "the rule")
 
 
 def _first_paths(tree: Any) -> Iterator[tuple[KeyPath, Leaf]]:
@@ -103,19 +101,16 @@ def _key(kp: KeyPath, name: str) -> str:
     return f"{kp}.{name}" if kp else name
 
 
-def _numbers(j: Any, arrays: list, kp: KeyPath) -> Any:
-    """The JSON form with each array record replaced by its single number."""
-    if isinstance(j, list):
-        return [_numbers(v, arrays, kp) for v in j]
-    if not isinstance(j, dict) or "array" not in j:
-        return {k: _numbers(v, arrays, kp) for k, v in j.items()} if isinstance(j, dict) else j
-    a = arrays[j["array"]]
-    if a.shape != () or "bits" in j:
-        raise TypeError(f"cannot put the rule at {kp!r} in a state dict: a hyper-parameter "
-                        f"holds an array of shape {a.shape} and dtype {j['dtype']}; give a "
-                        f"number")
-    v = a.item()
-    return Writer().value(v, kp, "") if isinstance(v, (float, complex)) else v
+class _Plain(Writer):
+    """A :class:`Writer` that gives each array (a 0-d one of a standard dtype) as its number."""
+
+    def array(self, a: Any, kp: KeyPath, where: str) -> Any:
+        arr, name = backends.ops(backends.library(a) or "numpy").host(a, where)
+        if arr.shape != () or name not in STANDARD:
+            raise TypeError(f"cannot put the rule at {kp!r} in a state dict: a hyper-parameter "
+                            f"holds an array of shape {arr.shape} and dtype {name}; give a "
+                            f"number")
+        return self.value(arr.item(), kp, where)
 
 
 def load_state_dict(tree: Any, d: Mapping) -> Any:
