@@ -103,7 +103,7 @@ def load(path: str | os.PathLike, like: Any) -> Any:
 @contextlib.contextmanager
 def _paused_collector() -> Iterator[None]:
     """Python's cyclic garbage collector paused: reading or writing a document makes
-    millions of objects, all kept, which its passes would only walk (half the time)."""
+    millions of objects, all kept, which its passes would only walk."""
     enabled = gc.isenabled()
     gc.disable()
     try:
