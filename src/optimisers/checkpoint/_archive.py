@@ -52,7 +52,7 @@ class Archive:
     """A checkpoint's members, each stored as is and named once, read from the open file."""
 
     def __init__(self, f: BinaryIO) -> None:
-        self.file, self.infos = f, {}
+        self.file, self.infos, self.size = f, {}, os.fstat(f.fileno()).st_size
         for info in zipfile.ZipFile(f).infolist():
             name = info.filename
             if name in self.infos:
@@ -72,8 +72,8 @@ class Archive:
         gives, CRC checked."""
         self.file.seek(info.header_offset)
         head = self.file.read(30)
-        data = bytearray(info.file_size)
-        if len(head) == 30 and head[:4] == b"PK\x03\x04":
+        data = bytearray(min(info.file_size, self.size))  # never more than the file holds
+        if len(head) == 30 and head[:4] == b"PK\x03\x04" and len(data) == info.file_size:
             self.file.seek(sum(struct.unpack_from("<HH", head, 26)), 1)
             if self.file.readinto(data) == len(data) and zlib.crc32(data) == info.CRC:
                 return data
