@@ -220,3 +220,15 @@ def test_bad_arguments():
         O.state_dict({"w": np.ones(2)})
     with pytest.raises(TypeError, match="takes a dict second"):
         O.load_state_dict(O.setup(O.Adam(), [np.ones(1)]), [1])
+
+
+def test_a_rule_form_with_sorted_keys_loads():
+    """A checkpointer may give the rule's dicts back with their keys sorted."""
+    import json
+
+    rule = O.OptimiserChain(O.ClipNorm(1.0), O.AdamW(O.Cosine(1e-2, 1e-3, 50)))
+    d = O.state_dict(O.setup(rule, {"w": np.ones(2)}))
+    d["w.rule"] = json.loads(json.dumps(d["w.rule"], sort_keys=True))
+    assert list(d["w.rule"]) == ["fields", "rule"]
+    like = O.setup(O.OptimiserChain(O.ClipNorm(2.0), O.AdamW()), {"w": np.ones(2)})
+    assert O.load_state_dict(like, d)["w"].rule == rule

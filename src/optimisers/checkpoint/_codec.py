@@ -1,0 +1,560 @@
+"""The checkpoint's document both ways: a state tree to JSON nodes, Leaf records and arrays
+(:class:`Writer`), and back, every part checked against ``like`` (:class:`Reader`)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from optimisers import backends
+from optimisers.keypath import KeyPath
+from optimisers.leaf import Leaf, leaves, nodes
+from optimisers.rules import RULES, Rule
+from optimisers.schedules import SCHEDULES, Function, Schedule, importable_name
+
+FORMAT, VERSION, READS = "optimisers.checkpoint", 2, (1, 2)  # 2: nodes flat (1: nested)
+MAX_DEPTH = 100  # tuples, lists, dicts and rules nested in one rule or state
+STANDARD = {np.dtype(c).name: np.dtype(c) for c in np.typecodes["All"]
+            if np.dtype(c).kind in "biufc"}  # NumPy's dtypes of numbers, by name
+BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+SEQUENCES = {"tuple": tuple, "list": list}
+VALUES = ("array", "tuple", "list", "dict", "float", "complex", "rule", "schedule",
+          "function", "dtype")
+FREE = object()  # the ``like`` of keys and hyper-parameters: nothing to compare with
+_BUILD = object()  # the work item that builds a container once its children are read
+_NAMES: dict = {}  # (library, dtype) -> the dtype's name
+
+
+class Invalid(ValueError):
+    """A problem found while loading; :func:`load` re-raises it as a plain ValueError."""
+
+
+@functools.lru_cache(maxsize=256)
+def params(cls: type) -> tuple[inspect.Parameter, ...]:
+    """The named constructor parameters of a rule class (``*rules`` included)."""
+    return tuple(p for p in inspect.signature(cls).parameters.values()
+                 if p.kind is not p.VAR_KEYWORD)
+
+
+def dtype_name(a: Any) -> str:
+    """The name of the dtype of an array of any library, or of a NumPy scalar."""
+    lib = backends.library(a)
+    if (lib, a.dtype) not in _NAMES:
+        _NAMES[lib, a.dtype] = backends.ops(lib or "numpy").dtype_name(a)
+    return _NAMES[lib, a.dtype]
+
+
+def encode_dtype(v: Any) -> dict | None:
+    """A dtype's record (``{"dtype": "float32", "as": "numpy"}``); None for a non-dtype."""
+    if isinstance(v, np.dtype) or isinstance(v, type) and issubclass(v, np.generic):
+        return {"dtype": np.dtype(v).name, "as": "numpy" if isinstance(v, np.dtype) else "type"}
+    lib = backends.dtype_library(v)
+    return None if lib is None else {"dtype": backends.ops(lib).dtype_name_of(v), "as": lib}
+
+
+class Writer:
+    """A state tree as the document's nodes and Leaf records, its arrays in :attr:`arrays`."""
+
+    def __init__(self) -> None:
+        self.leaves: list[dict] = []
+        self.arrays: list[np.ndarray] = []
+        self.ids: dict[int, Any] = {}  # id of a Leaf, rule or array -> index or record
+        self.keep: list[Any] = []  # the arrays of those ids, alive so that ids stay unique
+
+    def document(self, tree: Any) -> str:
+        """The JSON document: nodes flat, parents first, containers holding their children's
+        indices (no depth limit on either side)."""
+        out: list = []
+        pending: list[tuple[Any, int]] = [([None], 0)]  # where each next node's index goes
+        for kp, t in nodes(tree):
+            body, slot = pending.pop()
+            body[slot] = len(out)
+            if isinstance(t, dict):
+                pairs = [[self.value(k, kp, "a key"), None] for k in t]
+                out.append({"dict": pairs})
+                pending.extend((pair, 1) for pair in reversed(pairs))
+            elif isinstance(t, (tuple, list)):
+                items: list = [None] * len(t)
+                out.append({"tuple" if isinstance(t, tuple) else "list": items})
+                pending.extend((items, i) for i in reversed(range(len(t))))
+            elif t is None:
+                out.append(None)
+            else:
+                if id(t) not in self.ids:
+                    self.ids[id(t)] = len(self.leaves)
+                    if id(t.rule) not in self.ids:  # a rule shared by Leafs: encoded once
+                        self.ids[id(t.rule)] = self.value(t.rule, kp, "the rule")
+                    self.leaves.append({
+                        "path": str(kp), "rule": self.ids[id(t.rule)],
+                        "frozen": bool(t.frozen), "clock": int(t.clock),
+                        "state": self.value(t.state, kp, "the state")})
+                out.append({"leaf": self.ids[id(t)]})
+        doc = {"format": FORMAT, "version": VERSION, "nodes": out, "leaves": self.leaves,
+               "arrays": len(self.arrays)}
+        return json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+    def value(self, v: Any, kp: KeyPath, where: str, depth: int = 0) -> Any:
+        """A value of a rule or a state as JSON; what needs pickling is a TypeError."""
+        if depth > MAX_DEPTH:
+            raise ValueError(f"cannot save {where} at {kp!r}: it nests tuples, lists, dicts "
+                             f"and rules more than {MAX_DEPTH} levels deep, which load would "
+                             f"refuse; flatten it")
+        if v is None or isinstance(v, (bool, str)):
+            return v
+        if isinstance(v, (np.generic, np.ndarray)) or backends.library(v) is not None:
+            return self.array(v, kp, where)
+        if isinstance(v, (int, float, complex)):
+            return int(v) if isinstance(v, int) else {"float": repr(float(v))} if isinstance(
+                v, float) else {"complex": [repr(v.real), repr(v.imag)]}
+        if isinstance(v, (tuple, list)):
+            return {"tuple" if isinstance(v, tuple) else "list":
+                    [self.value(x, kp, where, depth + 1) for x in v]}
+        if isinstance(v, dict):
+            return {"dict": [[self.value(k, kp, where, depth + 1),
+                              self.value(x, kp, where, depth + 1)] for k, x in v.items()]}
+        if isinstance(v, (Rule, Schedule)):
+            return self.rule(v, kp, depth)
+        if (dtype := encode_dtype(v)) is not None:
+            return dtype
+        raise TypeError(f"cannot save {where} at {kp!r}: it holds a {type(v).__name__} "
+                        f"({v!r:.60}), which a checkpoint stores only by pickling; use "
+                        f"numbers, strings, tuples, lists, dicts, dtypes, arrays and rules")
+
+    def rule(self, rule: Rule | Schedule, kp: KeyPath, depth: int = 0) -> dict:
+        """A rule or a schedule by its registered name and its fields; a :class:`Function`'s
+        function by the name that imports it."""
+        cls, name = type(rule), type(rule).__name__
+        tag, registry = ("rule", RULES) if issubclass(cls, Rule) else ("schedule", SCHEDULES)
+        if registry.get(name) is not cls:
+            raise TypeError(f"cannot save the {tag} {name} at {kp!r}: {tag.upper()}S maps "
+                            f"{name!r} to {registry.get(name)!r}, not to this class; rename it")
+        fields = {}
+        for p in params(cls):
+            if not hasattr(rule, p.name):
+                raise TypeError(f"cannot save the rule {name} at {kp!r}: it has no attribute "
+                                f"{p.name!r}, which its constructor takes; make it a dataclass")
+            v = getattr(rule, p.name)
+            if isinstance(rule, Function) and importable_name(v) is None:
+                raise TypeError(f"cannot save {name}.{p.name} at {kp!r}: the function "
+                                f"{getattr(v, '__qualname__', v)!s:.60} has no name that imports "
+                                f"it again (a lambda, a nested def), which a checkpoint stores; "
+                                f"def it at a module's top level and pass it again through "
+                                f"load(path, like=setup(<the rule with it>, model))")
+            fields[p.name] = {"function": importable_name(v)} if isinstance(
+                rule, Function) else self.value(v, kp, f"{name}.{p.name}", depth + 1)
+        return {tag: name, "fields": fields}
+
+    def array(self, a: Any, kp: KeyPath, where: str) -> dict:
+        if id(a) in self.ids:
+            return self.ids[id(a)]
+        lib = "numpy" if isinstance(a, (np.generic, np.ndarray)) else backends.library(a)
+        arr, name = backends.ops(lib).host(a, f"{where} at {kp!r}")
+        rec = {"array": len(self.arrays), "dtype": name, "shape": list(arr.shape),
+               "library": lib}
+        if name not in STANDARD:  # a dtype NumPy lacks (bfloat16): stored as its bits
+            kind, size = arr.dtype.kind, arr.dtype.itemsize
+            if not ((kind == "u" or kind == "V" and arr.dtype.fields is None)
+                    and size in BITS and name.isidentifier()):
+                raise TypeError(f"cannot save {where} at {kp!r}: an array of dtype {name}; a "
+                                f"checkpoint holds bool, integer, floating and complex ones")
+            arr = np.ascontiguousarray(arr).view(BITS[size])
+            rec["bits"] = arr.dtype.name
+        if isinstance(a, np.generic):
+            rec["scalar"] = True
+        if getattr(a, "weak_type", False) is True:
+            rec["weak"] = True  # a JAX weakly-typed scalar, as jit makes step counters
+        self.arrays.append(arr)
+        self.keep.append(a)
+        self.ids[id(a)] = rec
+        return rec
+
+
+def size_bound(like: Any) -> int:
+    """At least the length of ``like``'s own document (arrays' records at their longest),
+    without writing it; each rule measured once. A TypeError if ``like`` is no state tree."""
+    rules: dict[int, int] = {}
+
+    def size(v: Any) -> int:
+        if isinstance(v, str):
+            return len(json.encoder.encode_basestring_ascii(v))
+        if isinstance(v, (np.generic, np.ndarray)) or backends.library(v) is not None:
+            return 160 + 12 * len(v.shape)
+        if isinstance(v, (tuple, list, dict)):
+            return 16 + sum(size(x) + 4 + (size(v[x]) if isinstance(v, dict) else 0) for x in v)
+        if isinstance(v, (Rule, Schedule)) and id(v) not in rules:
+            rules[id(v)] = 32 + len(type(v).__name__) + sum(
+                len(p.name) + 4 + size(getattr(v, p.name, None)) for p in params(type(v)))
+        return rules[id(v)] if id(v) in rules else 64 + len(str(getattr(
+            v, "__qualname__", v if isinstance(v, int) else "")))
+
+    total = 64
+    for kp, t in nodes(like):
+        total += 16 + (sum(size(k) + 8 for k in t) if isinstance(t, dict) else 8 * len(t)
+                       if isinstance(t, (tuple, list)) else 0)
+        if isinstance(t, Leaf):
+            total += 64 + size(str(kp)) + size(t.rule) + size(t.state)
+    return total
+
+
+class Reader:
+    """Reads a document (``None``: a rule's form alone) and ``like`` together, each part
+    checked against ``like`` before it is used; rules (user code, maybe) built last, once
+    the whole tree matched; functions taken from ``like`` (:attr:`functions`)."""
+
+    def __init__(self, doc: Any, like: Any, archive: Any = None) -> None:
+        self.like, self.archive, self.functions = like, archive, {}
+        self.here: Any = None  # the state of like's Leaf being read: where arrays go
+        self.arrays: dict[int, tuple] = {}  # index -> record, owner, path, item, array
+        self.kinds: dict[Any, str] = {}  # a file's rule form, or id of like's -> its classes
+        self.used: set[int] = set()  # the nodes read
+        self.built: dict[int, tuple[Leaf, KeyPath, int]] = {}  # index -> Leaf, path, like's id
+        self.seen: dict[int, tuple[int, KeyPath]] = {}  # id of like's Leaf -> index, path
+        self.rules: list[tuple] = []  # Leaf, form, its text, path, like's state: built last
+        if doc is None:
+            return
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise Invalid(f"the file is not an optimisers checkpoint: its checkpoint.json "
+                          f"lacks \"format\": \"{FORMAT}\"")
+        self.version = doc.get("version")
+        if self.version not in READS:
+            raise Invalid(f"the checkpoint has format version {self.version!r}; this version "
+                          f"of optimisers reads versions {READS}")
+        self.records = doc["leaves"]
+        self.nodes = doc["nodes"] if self.version >= 2 else []
+        self.root = 0 if self.version >= 2 else doc["tree"]
+
+    def tree(self) -> Any:
+        """The loaded tree, walked with a stack (any depth that ``save`` wrote loads); then
+        the rules, those of optimisers' own classes built once per distinct form."""
+        out: list = [None]
+        work: list = [(self.root, self.like, KeyPath(), out, 0)]
+        while work:
+            ref, like, kp, parent, slot = work.pop()
+            if ref is _BUILD:
+                tag, keys, kids = like
+                parent[slot] = dict(zip(keys, kids)) if tag == "dict" else SEQUENCES[tag](kids)
+                continue
+            j = self.node(ref, kp)
+            if j is None or like is None:
+                if j is not None or like is not None:
+                    raise _mismatch(kp, None, _describe(j, True), like)
+                continue
+            tag, body = _tag(j, ("leaf", "dict", "tuple", "list"), "a node of the state tree")
+            if tag == "leaf" and not isinstance(like, Leaf):
+                raise _mismatch(kp, None, "a Leaf", like)
+            if tag == "leaf":
+                parent[slot] = self.leaf(body, like, kp)
+                continue
+            keys, refs = self.fit(tag, body, like, kp, None, 0)
+            kids: list = [None] * len(keys)
+            work.append((_BUILD, (tag, keys, kids), kp, parent, slot))
+            work.extend((refs[i], like[keys[i]], kp + (keys[i],), kids, i)
+                        for i in reversed(range(len(keys))))
+        built: dict[str, Rule] = {}
+        for leaf, j, text, kp, here in self.rules:
+            if text not in built:
+                self.functions, self.here = functions(leaf.rule), here  # like's rule till set
+                leaf.rule = self.rule(j, kp)
+                if "'array'" in text or "'function'" in text or not all(
+                        type(v).__module__.startswith("optimisers.") for v in _parts(leaf.rule)):
+                    continue  # a user's rule: its constructor runs for each Leaf
+                built[text] = leaf.rule
+            leaf.rule = built[text]
+        return out[0]
+
+    def node(self, ref: Any, kp: KeyPath) -> Any:
+        """The node ``ref`` names: nested in version 1, in version 2 an index used once."""
+        if self.version < 2:
+            return ref
+        if type(ref) is not int or not 0 <= ref < len(self.nodes) or ref in self.used:
+            raise Invalid(f"the checkpoint is malformed: a node reference {ref!r} at {kp!r} "
+                          f"(each node is referenced once)")
+        self.used.add(ref)
+        return self.nodes[ref]
+
+    def fit(self, tag: str, body: Any, like: Any, kp: KeyPath, sub: str | None,
+            depth: int) -> tuple[list, list]:
+        """A container's keys and items, in ``like``'s order, once ``like`` has the same."""
+        if tag == "dict":
+            got = {k if type(k) is str else self.value(k, FREE, kp, depth=depth + 1): v
+                   for k, v in body}
+            fits = like is FREE or isinstance(like, dict) and len(got) == len(
+                body) and got.keys() == like.keys()
+        else:
+            fits = like is FREE or isinstance(like, SEQUENCES[tag]) and len(body) == len(
+                like)
+        if not fits:
+            raise _mismatch(kp, sub, _describe({tag: body}, True), like)
+        if tag != "dict":
+            return list(range(len(body))), body
+        keys = list(got if like is FREE else like)
+        return keys, [got[k] for k in keys]
+
+    def leaf(self, i: Any, like: Leaf, kp: KeyPath) -> Leaf:
+        if type(i) is not int or not 0 <= i < len(self.records):
+            raise Invalid(f"the checkpoint is malformed: a Leaf reference {i!r} at {kp!r}")
+        if id(like) in self.seen and self.seen[id(like)][0] != i:
+            raise Invalid(f"the checkpoint does not match like at {kp!r}: like's Leaf there is "
+                          f"shared with {self.seen[id(like)][1]!r}, but the file's Leafs are "
+                          f"separate (a different model, or tied parameters were untied)")
+        if i in self.built:
+            leaf, first, like_id = self.built[i]
+            if like_id != id(like):
+                raise Invalid(f"the checkpoint does not match like at {kp!r}: the file's "
+                              f"Leaf there is shared with {first!r}, but like's Leafs are "
+                              f"separate (a different model, or tied parameters)")
+            return leaf
+        self.seen[id(like)], rec = (i, kp), self.records[i]
+        text = repr(rec["rule"])
+        for key, rule in ((text, rec["rule"]), (id(like.rule), like.rule)):
+            if key not in self.kinds:
+                self.kinds[key] = _kinds(rule, kp)
+        if self.kinds[text] != self.kinds[id(like.rule)]:
+            raise Invalid(f"the checkpoint does not match like at {kp!r}: the file has the "
+                          f"rule {self.kinds[text]}, like has {self.kinds[id(like.rule)]}; set "
+                          f"like up with the same rule classes")
+        clock = rec.get("clock", 0)  # (files written before clocks: none taken)
+        if type(rec["frozen"]) is not bool or type(clock) is not int or clock < 0:
+            raise Invalid(f"the checkpoint is malformed: frozen={rec['frozen']!r}, "
+                          f"clock={clock!r} at {kp!r}")
+        self.here = like.state
+        leaf = type(like)(like.rule, self.value(rec["state"], like.state, kp, ""),
+                          rec["frozen"], clock)  # like's type: JAX's stay JAX's
+        self.rules.append((leaf, rec["rule"], text, kp, like.state))
+        self.built[i] = (leaf, kp, id(like))
+        return leaf
+
+    def value(self, j: Any, like: Any, kp: KeyPath, sub: str | None = None,
+              depth: int = 0) -> Any:
+        """A value: of a state (``sub`` the item's place, checked against ``like``), a key
+        or a hyper-parameter (``like`` is FREE)."""
+        if depth > MAX_DEPTH:
+            raise Invalid(f"the checkpoint is malformed: a value at {kp!r} nests more than "
+                          f"{MAX_DEPTH} levels deep (save refuses to write that)")
+        tag, body = (None, j) if j is None or isinstance(j, (bool, str, int)) else _tag(
+            j, VALUES, "a value")
+        if tag == "array":
+            return self.array(j, like, kp, sub)
+        if tag in ("dict", "tuple", "list"):
+            keys, items = self.fit(tag, body, like, kp, sub, depth)
+            out = [self.value(v, like if like is FREE else like[k], kp, f"{sub or ''}[{k!r}]",
+                              depth + 1) for k, v in zip(keys, items)]
+            return dict(zip(keys, out)) if tag == "dict" else out if tag == "list" else (
+                type(like)._make(out) if hasattr(type(like), "_make") else tuple(out))
+        if tag == "rule" and like is not FREE and (not isinstance(like, Rule) or _kinds(
+                j, kp) != _kinds(like)):
+            raise _mismatch(kp, sub, f"the rule {_kinds(j, kp)}", like)
+        out = body if tag is None else float(body) if tag == "float" else complex(
+            float(body[0]), float(body[1])) if tag == "complex" else self.rule(
+            j, kp, depth, tag) if tag in ("rule", "schedule") else self.function(
+            body, kp) if tag == "function" else _dtype(j)
+        if like is not FREE and not _compatible(out, like):
+            raise _mismatch(kp, sub, _describe(out), like)
+        return out
+
+    def rule(self, j: dict, kp: KeyPath, depth: int = 0, tag: str = "rule") -> Rule | Schedule:
+        """A rule (or a schedule in a rule's field) from the registry."""
+        name, fields = j[tag], j["fields"]
+        cls = _registered(tag, name, kp)
+        known = {p.name: p for p in params(cls)}
+        args, kwargs = [], {}
+        for field, v in dict(fields).items():
+            p = known.get(field)
+            if p is None or p.kind is p.POSITIONAL_ONLY:
+                raise Invalid(f"the checkpoint gives the {tag} {name} at {kp!r} a field "
+                              f"{field!r}, which {name}'s constructor does not take")
+            v = self.value(v, FREE, kp, depth=depth + 1)
+            if p.kind is p.VAR_POSITIONAL:
+                args.extend(v)
+            else:
+                kwargs[field] = v
+        try:
+            return cls(*args, **kwargs)
+        except Exception as e:
+            raise Invalid(f"the checkpoint's {tag} {name} at {kp!r} cannot be rebuilt: "
+                          f"{type(e).__name__}: {e}") from e
+
+    def function(self, name: str, kp: KeyPath) -> Any:
+        """The function the file names, taken from ``like``'s rule at this Leaf."""
+        if name not in self.functions:
+            raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {name!r}, "
+                          f"which load takes from like, never imports: pass it again through "
+                          f"load(path, like=setup(<the rule with it>, model))")
+        return self.functions[name]
+
+    def array(self, j: dict, like: Any, kp: KeyPath, sub: str | None) -> Any:
+        """An array record: checked against ``like``, read once, placed like ``like``'s."""
+        name, shape, bits = j["dtype"], tuple(j["shape"]), j.get("bits")
+        lib = None if like is FREE else backends.library(like)
+        is_array = lib is not None or isinstance(like, np.generic)
+        if like is not FREE and not (is_array or shape == () and _isnumber(like)):
+            raise _mismatch(kp, sub, _describe(j, True), like)
+        like_name = dtype_name(like) if is_array else None
+        if is_array and (name != like_name or shape != tuple(like.shape)):
+            raise _mismatch(kp, sub, _describe(j, True), like, "make like by setup on the "
+                            "same model (from the same rule classes)")
+        idx = j["array"]
+        owner = id(like) if is_array else FREE if like is FREE else object()
+        if idx in self.arrays:
+            first, first_owner, first_kp, first_sub, out = self.arrays[idx]
+            if j != first or owner != first_owner:
+                raise Invalid(f"the checkpoint is malformed: array {idx} is used at "
+                              f"{_where(kp, sub)} and at {_where(first_kp, first_sub)}, but "
+                              f"like does not share one array there, or the records differ "
+                              f"({_describe(j, True)} and {_describe(first, True)})")
+            return out
+        stored = STANDARD.get(name if bits is None else bits if bits in (
+            "uint8", "uint16", "uint32", "uint64") else "")
+        if stored is None:
+            raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name!r}, "
+                          f"neither NumPy's nor stored as bits")
+        out = self.archive.npy(idx, stored, shape, kp)
+        if j.get("scalar") is True and bits is None and lib is None:
+            out = out[()]
+        else:
+            ref = like if is_array else next((a for t in itertools.chain(
+                [self.here], (t.state for _, t in leaves(self.like)))
+                if (a := _first_array(t)) is not None), None)  # like's Leaf's first, or like's
+            if bits is not None and (ref is None or (like_name or dtype_name(ref)) != name):
+                raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name}; "
+                              f"like has no array of that dtype there to say what it is")
+            lib = backends.library(ref) if not is_array and ref is not None else lib
+            out = backends.ops(lib or "numpy").from_host(out, ref, bits is not None,
+                                                         j.get("weak") is True)
+        self.arrays[idx] = (j, owner, kp, sub, out)
+        return out
+
+
+def _tag(j: Any, tags: tuple, what: str) -> tuple[str, Any]:
+    """The tag of a JSON object (its first key, or any key in ``tags``: a checkpointer may
+    sort a state dict's keys) and its body."""
+    tag = next(iter(j), None) if isinstance(j, dict) else None
+    if tag not in tags and isinstance(j, dict):
+        tag = next((t for t in tags if t in j), None)
+    if tag is None:
+        raise Invalid(f"the checkpoint is malformed: expected {what}, found {str(j)[:80]}")
+    return tag, j[tag]
+
+
+def _where(kp: KeyPath, sub: str | None) -> str:
+    return f"{kp!r}" + (f", state{sub}" if sub is not None else "")
+
+
+def _describe(t: Any, form: bool = False) -> str:
+    """How a node or value of a state tree (``form``: its JSON) reads in a message."""
+    tag, body = next(iter(t.items())) if form and isinstance(t, dict) and t else (None, t)
+    if tag == "array" or tag is None and (backends.library(t) is not None
+                                          or isinstance(t, np.generic)):
+        shape = tuple(t.get("shape", ())) if tag else tuple(t.shape)
+        return f"an array of shape {shape} and dtype {t.get('dtype') if tag else dtype_name(t)}"
+    if tag == "dict" and isinstance(body, list) or tag is None and isinstance(t, dict):
+        return f"a dict with keys {[k[0] if isinstance(k, list) else k for k in body]}"
+    if tag in SEQUENCES and isinstance(body, list) or tag is None and isinstance(t, (tuple,
+                                                                                    list)):
+        return f"a {tag or type(t).__name__} of length {len(body)}"
+    if tag is None:
+        return "None" if t is None else "a Leaf" if isinstance(t, Leaf) else (
+            f"the {type(t).__name__} {t!r:.40}")
+    return "a Leaf" if tag == "leaf" else f"a {tag}"
+
+
+def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: str = "") -> Invalid:
+    return Invalid(f"the checkpoint does not match like at {_where(kp, sub)}: the file has "
+                   f"{file}, like has {_describe(like)}" + (f"; {hint}" if hint else ""))
+
+
+def _dtype(j: dict) -> Any:
+    """A dtype hyper-parameter, looked up only among dtypes, and from a library only if this
+    process has imported it already (never at a file's wish)."""
+    name, form = j["dtype"], j.get("as")
+    if form in ("numpy", "type") and name in STANDARD:
+        return STANDARD[name] if form == "numpy" else STANDARD[name].type
+    try:
+        module = backends.dtype_module(form)
+    except LookupError:
+        raise Invalid(f"the checkpoint has a {form} dtype {name!r}, but this process has not "
+                      f"imported {form}; import it before load (load never imports a library "
+                      f"because a file names it)") from None
+    obj = vars(module).get(name) if module is not None else None  # no module __getattr__
+    if obj is not None and encode_dtype(obj) == {"dtype": name, "as": form}:
+        return obj
+    raise Invalid(f"the checkpoint names an unknown dtype {name!r} (as {form!r})")
+
+
+def _registered(tag: str, name: str, kp: KeyPath) -> type:
+    registry, base = (RULES, Rule) if tag == "rule" else (SCHEDULES, Schedule)
+    cls = registry.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise Invalid(f"the checkpoint names the {tag} {name!r} at {kp!r}, which is not in "
+                      f"optimisers.{tag.upper()}S; define (import) that {base.__name__} "
+                      f"subclass first")
+    return cls
+
+
+def _kinds(rule: Any, kp: KeyPath = KeyPath()) -> str:
+    """A rule's class and those of the rules inside it, ``OptimiserChain(ClipGrad, Adam)``:
+    of a Rule, or of a rule's JSON in the file (nothing constructed)."""
+    if isinstance(rule, Rule):
+        cls, fields = type(rule), {p.name: getattr(rule, p.name, None) for p in
+                                   params(type(rule))}
+    else:
+        cls = _registered("rule", _tag(rule, ("rule",), "a rule")[1], kp)
+        fields = rule.get("fields") if isinstance(rule.get("fields"), dict) else {}
+        fields = {k: v[next(iter(v))] if isinstance(v, dict) and v and next(iter(v)) in
+                  SEQUENCES and isinstance(v[next(iter(v))], list) else v
+                  for k, v in fields.items()}
+    inner = [_kinds(r, kp) for p in params(cls) for r in (
+        fields.get(p.name) if isinstance(fields.get(p.name), (tuple, list)) else
+        (fields.get(p.name),)) if (isinstance(r, Rule) if isinstance(rule, Rule) else
+                                   isinstance(r, dict) and "rule" in r)]
+    return f"{cls.__name__}({', '.join(inner)})" if inner else cls.__name__
+
+
+def _first_array(x: Any) -> Any:
+    if backends.library(x) is not None:
+        return x
+    for v in x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ():
+        if (a := _first_array(v)) is not None:
+            return a
+    return None
+
+
+def _isnumber(x: Any) -> bool:
+    if isinstance(x, (int, float, complex, np.number)):
+        return not isinstance(x, bool)
+    return backends.library(x) is not None and tuple(x.shape) == ()
+
+
+def _compatible(value: Any, like: Any) -> bool:
+    """Whether ``value`` from the file may stand where ``like`` holds ``like``: the same kind;
+    a number and a 0-d array are one kind (``jax.jit`` turns step counters into arrays)."""
+    if isinstance(value, bool) or isinstance(like, bool) or value is None or like is None:
+        return type(value) is type(like)
+    if isinstance(value, (int, float, complex)):
+        return _isnumber(like)
+    return type(value) is type(like) or isinstance(value, np.dtype) and isinstance(
+        like, np.dtype)
+
+
+def _parts(rule: Any) -> Iterator[Rule | Schedule]:
+    """``rule`` and the rules and schedules in its fields, at any depth."""
+    stack = [rule]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (tuple, list)):
+            stack.extend(v)
+        elif isinstance(v, (Rule, Schedule)):
+            yield v
+            stack.extend(getattr(v, p.name, None) for p in params(type(v)))
+
+
+def functions(rule: Any) -> dict[str, Any]:
+    """The functions of the :class:`Function` schedules in ``rule``, by their stored names."""
+    return {v.reference: v.function for v in _parts(rule)
+            if isinstance(v, Function) and v.reference is not None}
