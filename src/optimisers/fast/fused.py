@@ -29,6 +29,7 @@ fuses the plain path's operations, and the backend stacks only what stacks (``Mu
 
 from __future__ import annotations
 
+import collections
 import itertools
 import operator
 from typing import Any
@@ -156,15 +157,15 @@ def signature(state: Any, out: list) -> Any:
     return state
 
 
-def _filler(sig: Any) -> Any:
-    """A function of a list of arrays giving the state with signature ``sig`` (:func:`_fill`):
-    for a flat state whose arrays come first (``Adam``'s ``(m, v, t)``), one tuple built."""
+def _states(sig: Any, arrays: list) -> list:
+    """The state with signature ``sig`` (:func:`_fill`) for each list of ``arrays``: for a
+    flat state whose arrays come first (``Adam``'s ``(m, v, t)``), in C-level maps."""
     if type(sig) is Node and Node not in map(type, sig):
         k = sum(s is ARRAY for s in sig)
         tail = tuple(sig[k:])
         if ARRAY not in tail:
-            return lambda arrays: (*arrays, *tail)
-    return lambda arrays: _fill(sig, iter(arrays))
+            return list(map(tuple.__add__, map(tuple, arrays), itertools.repeat(tail)))
+    return [_fill(sig, iter(a)) for a in arrays]
 
 
 def _fill(sig: Any, arrays: Any) -> Any:
@@ -382,20 +383,16 @@ class Group:
     def _restate(self, newsig: Any) -> None:
         """Give each Leaf its new state, and the clock one more where the step was real
         (:meth:`~optimisers.Leaf.advance`, for the whole group at once)."""
-        self.states = list(map(_filler(newsig), self.arrays))
+        self.states = _states(newsig, self.arrays)
         real = not self.counts or self.rule.stepped(newsig)
         if self.t is None:  # clocks that differ: each its own (rules without a schedule)
             self.clocks = [c + 1 for c in self.clocks] if real else self.clocks
-            for leaf, state, c in zip(self.leaves, self.states, self.clocks):
-                leaf.state, leaf.clock = state, c
-        else:
-            if real:
-                self.t += 1
-                self.clocks = [self.t] * len(self.leaves)
-            t = self.t
-            for leaf, state in zip(self.leaves, self.states):
-                leaf.state = state
-                leaf.clock = t
+        elif real:
+            self.t += 1
+            self.clocks = [self.t] * len(self.leaves)
+        leaves = self.leaves  # (each attribute set in one C-level map)
+        collections.deque(map(setattr, leaves, itertools.repeat("state"), self.states), 0)
+        collections.deque(map(setattr, leaves, itertools.repeat("clock"), self.clocks), 0)
         self.sig = newsig
 
 
