@@ -225,8 +225,8 @@ class RAdam(_Moments, Rule):
             return (m, v, t), eta * m / k1
         ratio = (r - 4) * (r - 2) * rinf / ((rinf - 4) * (rinf - 2) * r)
         (rect,) = xp.hyper(x, xp.sqrt(xp.where(r > 4, ratio, 1)) if traced else ratio**0.5)
-        d = adaptive_step(xp, m, v, eps, eta, k1, k2)  # (its eta*m/k1 not the one below:
-        d *= rect  # XLA would round the two apart from NumPy)
+        d = adaptive_step(xp, m, v, eps, eta, k1, k2)  # (its eta*m/k1 not shared with the
+        d *= rect  # one below: XLA would then round it off NumPy's bits under jax.jit)
         return (m, v, t), xp.where(r > 4, d, eta * m / k1) if traced else d
 
 
