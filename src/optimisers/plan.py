@@ -11,6 +11,7 @@ Leaf, steps it at once (:meth:`Plan.whole`).
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = ["Plan", "first_leaf"]
 
 
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+_STATE, _CLOCK, _RULE, _FROZEN = map(operator.attrgetter, ("state", "clock", "rule", "frozen"))
 
 
 def first_leaf(t: Any) -> Leaf | None:
@@ -234,13 +236,11 @@ def _as_left(leaves: list, rule: Any, states: list, clocks: list) -> bool:
     """Whether each Leaf is as its group left it: the group's rule, the very state object
     and clock the group gave it, and not frozen (anything written to a Leaf since shows
     here)."""
-    if len(states) != len(leaves):
-        return False
-    for leaf, state, clock in zip(leaves, states, clocks):
-        if leaf.state is not state or leaf.rule is not rule or leaf.frozen or (
-                leaf.clock is not clock):
-            return False
-    return True
+    return (len(states) == len(leaves)  # (a column at a time, each in one C-level map)
+            and all(map(operator.is_, map(_STATE, leaves), states))
+            and all(map(operator.is_, map(_CLOCK, leaves), clocks))
+            and all(map(operator.is_, map(_RULE, leaves), itertools.repeat(rule)))
+            and not any(map(_FROZEN, leaves)))
 
 
 def _read(prog: tuple, g: Any, out: list) -> bool:

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import operator
 import sys
 from typing import Any
@@ -374,15 +376,24 @@ def scatter(flat: Array, parts: tuple) -> list | None:
 
 def subtractor(xs: list) -> Any:
     """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place, over flat
-    views of the ``xs``."""
+    views of the ``xs``: one C-level ``map`` of ``np.subtract`` where they are all flat
+    and ``d`` is of their dtype (the segments of the last ``d`` kept), else a loop casting
+    ``d``'s segments."""
     views = _flat_views(xs)
+    stops = list(itertools.accumulate(map(_SIZE, views)))
+    cuts = list(map(slice, [0, *stops[:-1]], stops))
+    dtype = views[0].dtype if views else None
+    flat = all(v.ndim == 1 and v.dtype == dtype for v in views)
+    last: list = [None, None]  # the last d, and its segments (a group's kept steps: reused)
 
     def subtract(d: Array) -> None:
-        start = 0
-        for v in views:
-            n = v.size
-            np.subtract(v, d[start:start + n].reshape(v.shape), out=v, casting="unsafe")
-            start += n
+        if flat and d.dtype == dtype:
+            if last[0] is not d:
+                last[:] = d, list(map(d.__getitem__, cuts))
+            collections.deque(map(np.subtract, views, last[1], views), 0)
+            return
+        for v, cut in zip(views, cuts):
+            np.subtract(v, d[cut].reshape(v.shape), out=v, casting="unsafe")
 
     return subtract
 

@@ -29,6 +29,7 @@ fuses the plain path's operations, and the backend stacks only what stacks (``Mu
 
 from __future__ import annotations
 
+import collections
 import itertools
 import operator
 from typing import Any
@@ -156,6 +157,17 @@ def signature(state: Any, out: list) -> Any:
     return state
 
 
+def _states(sig: Any, arrays: list) -> list:
+    """The state with signature ``sig`` (:func:`_fill`) for each list of ``arrays``: for a
+    flat state whose arrays come first (``Adam``'s ``(m, v, t)``), in C-level maps."""
+    if type(sig) is Node and Node not in map(type, sig):
+        k = sum(s is ARRAY for s in sig)
+        tail = tuple(sig[k:])
+        if ARRAY not in tail:
+            return list(map(tuple.__add__, map(tuple, arrays), itertools.repeat(tail)))
+    return [_fill(sig, iter(a)) for a in arrays]
+
+
 def _fill(sig: Any, arrays: Any) -> Any:
     """The state with signature ``sig``, its arrays taken in order from the iterator."""
     if sig is ARRAY:
@@ -168,9 +180,11 @@ def _fill(sig: Any, arrays: Any) -> Any:
 class Group:
     """Leafs stepped together: their rule, state signature, arrays, and parameters."""
 
+    stacked = False  # (a Stack's arrays are matrices: never cut into pieces)
+
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
                  "large", "subtract", "prints", "t", "timed", "now", "reduced",
-                 "counts", "clocks", "owner", "params", "ngrads", "views")
+                 "counts", "clocks", "owner", "params", "ngrads", "views", "steps")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -195,6 +209,7 @@ class Group:
         self.views: list = []  # per state slot: (its parts, their one packed buffer)
         self.large: bool | None = None  # mostly large arrays: stepped piece by piece
         self.subtract: Any = None  # the backend's x -= d over all xs (made when needed)
+        self.steps: Any = None  # the step of the last piecewise run (see _over)
         self.prints = self.xp.footprints(self.params)  # what these assume of their memory
 
     def moved(self) -> bool:
@@ -243,7 +258,7 @@ class Group:
         slots = list(zip(*self.arrays))  # per state array: one per member
         joined = self._buffers(slots)
         views = [self._shaped(flat, parts[0]) for (flat, _), parts in zip(joined, slots)]
-        state, d = self._apply(_fill(self.sig, iter(views)), x, g)
+        state, d = self._over(views, x, g)
         out: list = []
         newsig = signature(state, out)
         for k, (parts, (_, isview), view, now) in enumerate(zip(slots, joined, views, out)):
@@ -266,6 +281,45 @@ class Group:
         else:
             for leaf, y in zip(self.leaves, xp.split_like(d, self.xs)):
                 new[id(leaf)] = y
+
+    def _over(self, views: list, x: Any, g: Any) -> tuple[Any, Any]:
+        """The rule over the concatenations: piece by piece (as :meth:`_chunked` steps
+        large arrays) where the backend views them flat (``xp.flat``), so that its
+        temporaries stay cache-sized and are recycled, else at once. The pieces' steps
+        are gathered into one array."""
+        flat = None if self.stacked or self.xp.size(g) <= CHUNK else self.xp.flat(x, g, views)
+        if flat is None:
+            return self._apply(_fill(self.sig, iter(views)), x, g)
+        x, g, flats = flat
+        xp, n, pieces, d = self.xp, len(g), [], None
+        kept = self.steps if self.steps is not None and xp.size(self.steps) == n else None
+        for a in range(0, n, CHUNK):
+            parts = [f[a:a + CHUNK] for f in flats]
+            newsig, d = self._piece(parts, x[a:a + CHUNK], g[a:a + CHUNK])
+            if d is None:
+                continue
+            step = d.value if isinstance(d, NewValue) else d
+            if kept is not None and step.dtype == kept.dtype:
+                xp.assign(kept[a:a + CHUNK], step)  # into the last run's step: no new array
+                continue
+            if kept is not None:
+                pieces, kept = [kept[:a]], None
+            pieces.append(step)
+        if pieces:
+            kept = self.steps = xp.flatcat(pieces)
+        return _fill(newsig, iter(views)), (
+            None if d is None else NewValue(kept) if isinstance(d, NewValue) else kept)
+
+    def _piece(self, parts: list, x: Any, g: Any) -> tuple[Any, Any]:
+        """The rule on one piece: its new state written into ``parts`` (flat views);
+        the new signature and the step."""
+        state, d = self._apply(_fill(self.sig, iter(parts)), x, g)
+        out: list = []
+        newsig = signature(state, out)
+        for part, now in zip(parts, out):
+            if now is not part:
+                self.xp.assign(part, now)
+        return newsig, d
 
     def _apply(self, state: Any, x: Any, g: Any) -> tuple[Any, Any]:
         """The rule at this step's clock applied, given the gradient if it takes one."""
@@ -319,12 +373,7 @@ class Group:
         """Step ``(x, g, state parts)`` pieces in place; return the new signature."""
         xp, newsig = self.xp, None
         for x, g, parts in pieces:
-            state, d = self._apply(_fill(self.sig, iter(parts)), x, g)
-            out: list = []
-            newsig = signature(state, out)
-            for part, now in zip(parts, out):
-                if now is not part:
-                    xp.assign(part, now)
+            newsig, d = self._piece(parts, x, g)
             if isinstance(d, NewValue):
                 xp.assign(x, d.value)
             elif d is not None:
@@ -334,20 +383,16 @@ class Group:
     def _restate(self, newsig: Any) -> None:
         """Give each Leaf its new state, and the clock one more where the step was real
         (:meth:`~optimisers.Leaf.advance`, for the whole group at once)."""
-        self.states = [_fill(newsig, iter(arrays)) for arrays in self.arrays]
+        self.states = _states(newsig, self.arrays)
         real = not self.counts or self.rule.stepped(newsig)
         if self.t is None:  # clocks that differ: each its own (rules without a schedule)
             self.clocks = [c + 1 for c in self.clocks] if real else self.clocks
-            for leaf, state, c in zip(self.leaves, self.states, self.clocks):
-                leaf.state, leaf.clock = state, c
-        else:
-            if real:
-                self.t += 1
-                self.clocks = [self.t] * len(self.leaves)
-            t = self.t
-            for leaf, state in zip(self.leaves, self.states):
-                leaf.state = state
-                leaf.clock = t
+        elif real:
+            self.t += 1
+            self.clocks = [self.t] * len(self.leaves)
+        leaves = self.leaves  # (each attribute set in one C-level map)
+        collections.deque(map(setattr, leaves, itertools.repeat("state"), self.states), 0)
+        collections.deque(map(setattr, leaves, itertools.repeat("clock"), self.clocks), 0)
         self.sig = newsig
 
 
@@ -370,6 +415,7 @@ class Stack(Group):
     """
 
     __slots__ = ()
+    stacked = True
 
     def _chunked(self, grads: list) -> bool:
         return False

@@ -1,7 +1,13 @@
-"""Adaptive rules: a per-element step size from running moments of the gradient."""
+"""Adaptive rules: a per-element step size from running moments of the gradient.
+
+The Adam family's maths is written once, in the helpers below, which each rule composes.
+Temporaries are made once and later operations write into them (``out=``); JAX, whose
+arrays are immutable, ignores ``out``: every library runs the same operations.
+"""
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,28 +19,9 @@ __all__ = ["RMSProp", "Adam", "RAdam", "AdaMax", "OAdam", "AdaGrad", "AdaDelta",
            "NAdam", "AdamW", "AdaBelief", "Lion", "ADOPT"]
 
 
-def adam_moments(xp: Any, state_m: Any, state_v: Any, dx: Any, b1: Any, b2: Any, c1: Any,
-                 c2: Any) -> tuple:
-    """adam_moments(xp, m, v, g, b1, b2, c1, c2) -> Adam's moments after one more
-    gradient, written into ``m`` and ``v`` where they may be, ``c = 1 - b`` given (see
-    :func:`decays`): the Adam family's shared first step.
-
-    Example:
-        >>> import numpy as np
-        >>> m, v = adam_moments(backends.of(np.zeros(1)), np.zeros(1), np.zeros(1),
-        ...                     np.array([2.0]), 0.9, 0.999, 0.1, 0.001)
-        >>> m, v
-        (array([0.2]), array([0.004]))
-    """
-    m = xp.assign(state_m, b1 * state_m + c1 * dx)
-    v = xp.assign(state_v, b2 * state_v + c2 * xp.abs2(dx))
-    return m, v
-
-
 def decays(xp: Any, x: Any, *b: Any) -> tuple:
-    """decays(xp, x, *b) -> each decay ``b`` and then each complement ``1 - b``, in ``x``'s
-    dtype, the complements computed before the cast (in float64 from a Python number), as
-    optax and torch.optim do: ``1 - float32(0.999)`` is 1.3e-5 off ``0.001``, relatively.
+    """decays(xp, x, *b) -> each decay ``b``, then each ``1 - b``, in ``x``'s dtype; ``1 - b``
+    computed before the cast, as optax and torch.optim do.
 
     Example:
         >>> import numpy as np
@@ -45,16 +32,54 @@ def decays(xp: Any, x: Any, *b: Any) -> tuple:
     return xp.hyper(x, *b, *map(xp.complement, b))
 
 
-def bias_corrections(beta: tuple, t: Any) -> tuple:
-    """bias_corrections(beta, t) -> ``(1 - b1^t, 1 - b2^t)``: the Adam family's bias
-    corrections at step ``t`` (counting from 1), each the current decay to the power ``t``,
-    as ``torch.optim`` and optax compute them.
+def moment(xp: Any, m: Any, b: Any, c: Any, g: Any, own: bool = False) -> Any:
+    """moment(xp, m, b, c, g, own=False) -> ``b*m + c*g`` (a factor ``None`` left out),
+    written into the state array ``m`` where it may be (``xp.maywrite``), else new;
+    ``own``: ``g`` is the caller's temporary, and may be written over.
 
-    The state counts the steps (a float, as ``torch.optim``'s ``step``: so that under
-    ``jax.jit`` it travels packed with the Leaf's other numbers). Under a decay that
-    changes (a schedule in ``beta[0]``, as ``OneCycleLR(cycle_momentum=True)`` cycles it)
-    this is torch's convention, the current ``b1`` to the power ``t``, not the product of
-    the ``b1`` of each step taken: a run follows torch's.
+    Example:
+        >>> import numpy as np
+        >>> m = np.ones(2)
+        >>> moment(backends.of(m), m, 0.5, 2.0, np.array([1.0, 3.0])) is m, m
+        (True, array([2.5, 6.5]))
+    """
+    if c is not None:
+        g = xp.multiply(g, c, out=g if own else None)
+    into = m if xp.maywrite(m) else None
+    new = m if b is None else xp.multiply(m, b, out=into)
+    if new is m and into is None:
+        new = m + g
+    else:
+        new += g
+    return new if new is m else xp.assign(m, new)
+
+
+def _larger(xp: Any, u: Any, v: Any, b: Any = None) -> Any:
+    """``max(b*u, v)`` (``b`` None: ``max(u, v)``), written into the state array ``u`` where
+    it may be, as :func:`moment` writes."""
+    into = u if xp.maywrite(u) else None
+    new = u if b is None else xp.multiply(u, b, out=into)
+    new = xp.maximum(new, v, out=into if new is u else new)
+    return new if new is u else xp.assign(u, new)
+
+
+def adam_moments(xp: Any, m: Any, v: Any, g: Any, b1: Any, b2: Any, c1: Any, c2: Any
+                 ) -> tuple:
+    """adam_moments(xp, m, v, g, b1, b2, c1, c2) -> ``(b1*m + c1*g, b2*v + c2*|g|^2)``, each
+    a :func:`moment`.
+
+    Example:
+        >>> import numpy as np
+        >>> adam_moments(backends.numpy, np.zeros(1), np.zeros(1), np.ones(1), 0, 0, 1, 1)
+        (array([1.]), array([1.]))
+    """
+    return moment(xp, m, b1, c1, g), moment(xp, v, b2, c2, xp.abs2(g), own=True)
+
+
+def bias_corrections(beta: tuple, t: Any) -> tuple:
+    """bias_corrections(beta, t) -> ``(1 - b1^t, 1 - b2^t)`` at step ``t`` (from 1, a float
+    as torch's ``step``), the current decays to the power ``t``, as torch.optim and optax:
+    under a schedule in ``beta[0]`` (``OneCycleLR(cycle_momentum=True)``) a run is torch's.
 
     Example:
         >>> bias_corrections((0.5, 0.75), 2.0)
@@ -63,15 +88,63 @@ def bias_corrections(beta: tuple, t: Any) -> tuple:
     return (1 - beta[0] ** t, 1 - beta[1] ** t)
 
 
+def adaptive_step(xp: Any, m: Any, v: Any, eps: Any, eta: Any = None, k1: Any = None,
+                  k2: Any = None) -> Any:
+    """adaptive_step(xp, m, v, eps, eta=None, k1=None, k2=None) -> ``eta*m/k1 /
+    (sqrt(v/k2) + eps)``, new (a ``None`` left out): the Adam family's step (``k``:
+    :func:`bias_corrections`), RMSProp's, AdaGrad's and AMSGrad's.
+
+    Example:
+        >>> import numpy as np
+        >>> adaptive_step(backends.numpy, np.array([0.3]), np.array([0.09]), 0.0, 2.0)
+        array([2.])
+    """
+    den = v if k2 is None else xp.divide(v, k2)
+    den = xp.sqrt(den, out=None if k2 is None else den)
+    den += eps
+    u = xp.divide(m, k1) if eta is None else xp.multiply(m, eta)
+    if eta is not None and k1 is not None:
+        u = xp.divide(u, k1, out=u)
+    return xp.divide(u, den, out=u)
+
+
+_Hyper = namedtuple("_Hyper", "xp eta b1 b2 c1 c2 eps")
+
+
+def _hyper(rule: Rule, x: Any) -> _Hyper:
+    """``x``'s backend and ``rule``'s ``eta``, ``beta`` (:func:`decays`) and ``epsilon``."""
+    xp = backends.of(x)
+    (eta,) = xp.hyper(x, rule.eta)
+    return _Hyper(xp, eta, *decays(xp, x, *rule.beta), xp.eps(x, rule.epsilon))
+
+
+def _adam(rule: Rule, h: _Hyper, state: tuple, dx: Any, eta: Any) -> tuple:
+    """``((m, v, t + 1), d)``: Adam's step at the rate ``eta`` (``None``: 1)."""
+    m, v, t = state
+    m, v = adam_moments(h.xp, m, v, dx, h.b1, h.b2, h.c1, h.c2)
+    k1, k2 = bias_corrections(rule.beta, t + 1)
+    return (m, v, t + 1), adaptive_step(h.xp, m, v, h.eps, eta, k1, k2)
+
+
+@dataclass(frozen=True)
+class _Moments:
+    """The fields that open each rule of the Adam family, and its state ``(m, v, t)``."""
+
+    elementwise = True
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+
+    def init(self, x):
+        xp = backends.of(x)
+        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
+
+
 @dataclass(frozen=True)
 class RMSProp(Rule):
     """RMSProp(eta=0.001, rho=0.9, epsilon=1e-8, centred=False) (Tieleman & Hinton 2012).
 
-    ``q = rho*q + (1-rho)*|g|^2``; centred: ``l = rho*l + (1-rho)*g``;
-    ``d = eta*g / (sqrt(q - |l|^2) + eps)``; as ``torch.optim.RMSprop(alpha=rho)``.
-    ``rho`` is in ``[0, 1)``: ``torch.optim.RMSprop`` takes ``alpha=1`` too, but then ``q``
-    stays at its initial 0 and every step is ``eta*g/eps`` (``1e5`` gradients at the
-    defaults); ``torch.optim.Adam`` refuses the same decay, its ``betas[1]``, at 1.
+    ``q = rho*q + (1-rho)*|g|^2``; centred: ``l = rho*l + (1-rho)*g``; ``d = eta*g /
+    (sqrt(q - |l|^2) + eps)``: ``torch.optim.RMSprop(alpha=rho)``, ``rho < 1``.
 
     Example:
         >>> import numpy as np
@@ -81,7 +154,6 @@ class RMSProp(Rule):
     """
 
     elementwise = True
-
     eta: float = hyperparameter(0.001, "[0, inf)")
     rho: float = hyperparameter(0.9, "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
@@ -95,27 +167,19 @@ class RMSProp(Rule):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
         rho, c = decays(xp, x, self.rho)
-        eps = xp.eps(x, self.epsilon)
         q, l = state
-        q = xp.assign(q, rho * q + c * xp.abs2(dx))
-        if l is None:
-            return (q, l), eta * dx / (xp.sqrt(q) + eps)
-        l = xp.assign(l, rho * l + c * dx)
-        return (q, l), eta * dx / (xp.sqrt(q - xp.abs2(l)) + eps)
+        q = moment(xp, q, rho, c, xp.abs2(dx), own=True)
+        l = None if l is None else moment(xp, l, rho, c, dx)
+        v = q if l is None else q - xp.abs2(l)
+        return (q, l), adaptive_step(xp, dx, v, xp.eps(x, self.epsilon), eta)
 
 
 @dataclass(frozen=True)
-class Adam(Rule):
+class Adam(_Moments, Rule):
     """Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8) (Kingma & Ba 2015).
 
-    ``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*|g|^2``;
-    ``d = eta * m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps)``, ``t`` counting the steps from 1
-    (the state's count). ``torch.optim.Adam`` and ``optax.adam`` put ``eps`` at the same
-    place, so the steps agree with both. A schedule in ``beta`` is raised to the power
-    ``t`` at its current value (torch's convention, :func:`bias_corrections`), so that
-    ``beta=(OneCycle(0.85, n, start=0.95, end=0.95), 0.999)`` with
-    ``eta=OneCycle(lr, n)`` follows ``OneCycleLR(max_lr=lr, total_steps=n)``, whose
-    ``cycle_momentum`` cycles ``beta[0]`` so.
+    ``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*|g|^2``; ``d = eta * m/(1-b1^t) /
+    (sqrt(v/(1-b2^t)) + eps)``, ``t`` from 1: ``torch.optim.Adam``'s and ``optax.adam``'s.
 
     Example:
         >>> import numpy as np
@@ -124,40 +188,20 @@ class Adam(Rule):
         array([0.1])
     """
 
-    elementwise = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
-    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
-    def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
-
     def apply(self, state, x, dx):
-        xp = backends.of(x)
-        (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
-        m, v, t = state
-        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        k1, k2 = bias_corrections(self.beta, t + 1)
-        den = v / k2  # the step's two temporaries, each op then written into one (out=)
-        den = xp.sqrt(den, out=den)
-        den += eps
-        u = eta * m
-        return (m, v, t + 1), xp.divide(xp.divide(u, k1, out=u), den, out=u)
+        h = _hyper(self, x)
+        return _adam(self, h, state, dx, h.eta)
 
 
 @dataclass(frozen=True)
-class RAdam(Rule):
+class RAdam(_Moments, Rule):
     """RAdam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8): rectified Adam (Liu et al. 2020).
 
-    Adam with its adaptive term switched on only once the variance estimate is reliable
-    (``r > 4``), and scaled by the rectification factor. This is Optimisers.jl's form;
-    ``torch.optim.RAdam`` and ``optax.radam`` differ by design: they switch on at
-    ``r > 5`` (one step later with the default betas) and put ``eps`` outside the bias
-    correction, ``sqrt(1-b2^t) / (sqrt(v) + eps)``.
+    Adam's step times ``sqrt((r-4)(r-2)rinf / ((rinf-4)(rinf-2)r))`` once ``r = rinf -
+    2*t*b2^t/(1-b2^t) > 4`` (``rinf = 2/(1-b2) - 1``), before that ``eta*m/(1-b1^t)``:
+    Optimisers.jl's form (torch's and optax's switch at ``r > 5``, ``eps`` elsewhere).
 
     Example:
         >>> import numpy as np
@@ -166,21 +210,10 @@ class RAdam(Rule):
         array([0.3])
     """
 
-    elementwise = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
-    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
-    def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
-
     def apply(self, state, x, dx):
-        xp = backends.of(x)
-        (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
+        xp, eta, b1, b2, c1, c2, eps = _hyper(self, x)
         m, v, t = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         t = t + 1
@@ -188,23 +221,19 @@ class RAdam(Rule):
         rinf = 2 / xp.complement(self.beta[1]) - 1
         r = rinf - 2 * t * self.beta[1] ** t / k2
         traced = backends.istraced(r)  # under jax.jit: compute both branches, then select
-        if traced or r > 4:
-            ratio = (r - 4) * (r - 2) * rinf / ((rinf - 4) * (rinf - 2) * r)
-            (rect,) = xp.hyper(x, xp.sqrt(xp.where(r > 4, ratio, 1)) if traced else ratio**0.5)
-            d = eta * m / k1 / (xp.sqrt(v / k2) + eps) * rect
-            if traced:
-                d = xp.where(r > 4, d, eta * m / k1)
-        else:
-            d = eta * m / k1
-        return (m, v, t), d
+        if not (traced or r > 4):
+            return (m, v, t), eta * m / k1
+        ratio = (r - 4) * (r - 2) * rinf / ((rinf - 4) * (rinf - 2) * r)
+        (rect,) = xp.hyper(x, xp.sqrt(xp.where(r > 4, ratio, 1)) if traced else ratio**0.5)
+        d = adaptive_step(xp, m, v, eps, eta, k1, k2)  # (its eta*m/k1 not shared with the
+        d *= rect  # one below: XLA would then round it off NumPy's bits under jax.jit)
+        return (m, v, t), xp.where(r > 4, d, eta * m / k1) if traced else d
 
 
 @dataclass(frozen=True)
-class AdaMax(Rule):
+class AdaMax(_Moments, Rule):
     """AdaMax(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8): Adam with the infinity norm
-    (Kingma & Ba 2015, section 7).
-
-    ``u = max(b2*u, |g|)``; ``d = eta/(1-b1^t) * m/(u + eps)``.
+    (Kingma & Ba 2015, section 7): ``u = max(b2*u, |g|)``; ``d = eta/(1-b1^t) * m/(u + eps)``.
 
     Example:
         >>> import numpy as np
@@ -213,34 +242,20 @@ class AdaMax(Rule):
         array([0.1])
     """
 
-    elementwise = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
-    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
-    def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
-
     def apply(self, state, x, dx):
-        xp = backends.of(x)
-        (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
+        xp, eta, b1, b2, c1, _, eps = _hyper(self, x)
         m, u, t = state
-        m = xp.assign(m, b1 * m + c1 * dx)
-        u = xp.assign(u, xp.maximum(b2 * u, xp.abs(dx)))
-        k1, _ = bias_corrections(self.beta, t + 1)
-        return (m, u, t + 1), eta / k1 * m / (u + eps)
+        m, u = moment(xp, m, b1, c1, dx), _larger(xp, u, xp.abs(dx), b2)
+        d = xp.multiply(m, eta / bias_corrections(self.beta, t + 1)[0])
+        return (m, u, t + 1), xp.divide(d, u + eps, out=d)
 
 
 @dataclass(frozen=True)
-class OAdam(Rule):
+class OAdam(_Moments, Rule):
     """OAdam(eta=0.001, beta=(0.5, 0.9), epsilon=1e-8): optimistic Adam (Daskalakis et al.
-    2018), for saddle-point problems such as GANs.
-
-    ``term = Adam's step``; ``d = 2*term - previous term``.
+    2018), for saddle-point problems (GANs): ``d = 2*a - a_prev``, ``a`` Adam's step.
 
     Example:
         >>> import numpy as np
@@ -249,35 +264,24 @@ class OAdam(Rule):
         array([0.2])
     """
 
-    elementwise = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
     beta: tuple = hyperparameter((0.5, 0.9), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), xp.zeros_like(x), 0.0
+        return (*_Moments.init(self, x)[:2], backends.of(x).zeros_like(x), 0.0)
 
     def apply(self, state, x, dx):
-        xp = backends.of(x)
-        (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
+        h = _hyper(self, x)
         m, v, term, t = state
-        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        k1, k2 = bias_corrections(self.beta, t + 1)
-        new = eta * m / k1 / (xp.sqrt(v / k2) + eps)
+        (m, v, t), new = _adam(self, h, (m, v, t), dx, h.eta)
         d = 2 * new - term
-        term = xp.assign(term, new)
-        return (m, v, term, t + 1), d
+        return (m, v, h.xp.assign(term, new), t), d
 
 
 @dataclass(frozen=True)
 class AdaGrad(Rule):
-    """AdaGrad(eta=0.1, epsilon=1e-8) (Duchi et al. 2011).
-
-    ``acc = acc + |g|^2`` (starting from ``eps``); ``d = eta*g / (sqrt(acc) + eps)``.
+    """AdaGrad(eta=0.1, epsilon=1e-8) (Duchi et al. 2011): ``acc = acc + |g|^2`` (from
+    ``eps``); ``d = eta*g / (sqrt(acc) + eps)``.
 
     Example:
         >>> import numpy as np
@@ -287,7 +291,6 @@ class AdaGrad(Rule):
     """
 
     elementwise = True
-
     eta: float = hyperparameter(0.1, "[0, inf)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
@@ -297,17 +300,15 @@ class AdaGrad(Rule):
     def apply(self, state, x, dx):
         xp = backends.of(x)
         (eta,) = xp.hyper(x, self.eta)
-        eps = xp.eps(x, self.epsilon)
-        acc = xp.assign(state, state + xp.abs2(dx))
-        return acc, eta * dx / (xp.sqrt(acc) + eps)
+        acc = moment(xp, state, None, None, xp.abs2(dx))
+        return acc, adaptive_step(xp, dx, acc, xp.eps(x, self.epsilon), eta)
 
 
 @dataclass(frozen=True)
 class AdaDelta(Rule):
-    """AdaDelta(rho=0.9, epsilon=1e-8) (Zeiler 2012): no learning rate.
-
-    ``acc = rho*acc + (1-rho)*|g|^2``; ``d = g*sqrt(dacc + eps)/sqrt(acc + eps)``;
-    ``dacc = rho*dacc + (1-rho)*|d|^2``.
+    """AdaDelta(rho=0.9, epsilon=1e-8) (Zeiler 2012), no learning rate: ``acc = rho*acc +
+    (1-rho)*|g|^2``; ``d = g*sqrt(dacc + eps)/sqrt(acc + eps)``; ``dacc = rho*dacc +
+    (1-rho)*|d|^2``.
 
     Example:
         >>> import numpy as np
@@ -317,7 +318,6 @@ class AdaDelta(Rule):
     """
 
     elementwise = True
-
     rho: float = hyperparameter(0.9, "[0, 1]")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
@@ -330,18 +330,15 @@ class AdaDelta(Rule):
         rho, c = decays(xp, x, self.rho)
         eps = xp.eps(x, self.epsilon)
         acc, dacc = state
-        acc = xp.assign(acc, rho * acc + c * xp.abs2(dx))
+        acc = moment(xp, acc, rho, c, xp.abs2(dx), own=True)
         d = dx * xp.sqrt(dacc + eps) / xp.sqrt(acc + eps)
-        dacc = xp.assign(dacc, rho * dacc + c * xp.abs2(d))
-        return (acc, dacc), d
+        return (acc, moment(xp, dacc, rho, c, xp.abs2(d), own=True)), d
 
 
 @dataclass(frozen=True)
-class AMSGrad(Rule):
-    """AMSGrad(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8) (Reddi et al. 2018).
-
-    Adam's moments (starting from ``eps``) with ``vhat = max(vhat, v)`` in the
-    denominator and no bias correction: ``d = eta*m / (sqrt(vhat) + eps)``.
+class AMSGrad(_Moments, Rule):
+    """AMSGrad(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8) (Reddi et al. 2018): Adam's
+    moments (from ``eps``), ``vhat = max(vhat, v)``, ``d = eta*m / (sqrt(vhat) + eps)``.
 
     Example:
         >>> import numpy as np
@@ -350,36 +347,26 @@ class AMSGrad(Rule):
         array([0.3161])
     """
 
-    elementwise = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
-    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
-        xp = backends.of(x)
-        return (xp.full_like(x, self.epsilon), xp.full_like(x, self.epsilon, real_=True),
-                xp.full_like(x, self.epsilon, real_=True))
+        full = backends.of(x).full_like
+        return (full(x, self.epsilon), full(x, self.epsilon, real_=True),
+                full(x, self.epsilon, real_=True))
 
     def apply(self, state, x, dx):
-        xp = backends.of(x)
-        (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
+        xp, eta, b1, b2, c1, c2, eps = _hyper(self, x)
         m, v, vhat = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        vhat = xp.assign(vhat, xp.maximum(vhat, v))
-        return (m, v, vhat), eta * m / (xp.sqrt(vhat) + eps)
+        vhat = _larger(xp, vhat, v)
+        return (m, v, vhat), adaptive_step(xp, m, vhat, eps, eta)
 
 
 @dataclass(frozen=True)
-class NAdam(Rule):
+class NAdam(_Moments, Rule):
     """NAdam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-8): Adam with Nesterov momentum
-    (Dozat 2016).
-
-    ``d = eta * (b1*m/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)``, as
-    ``optax.nadam``. Optimisers.jl v0.4 differs by a stray factor ``b2`` inside the
-    square root; ``torch.optim.NAdam`` adds a momentum-decay schedule.
+    (Dozat 2016), as ``optax.nadam``: ``d = eta * (b1*m/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t))
+    / (sqrt(v/(1-b2^t)) + eps)`` (Optimisers.jl v0.4: a stray ``b2`` in the root).
 
     Example:
         >>> import numpy as np
@@ -388,37 +375,26 @@ class NAdam(Rule):
         array([0.1474])
     """
 
-    elementwise = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
-    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
-    def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
-
     def apply(self, state, x, dx):
-        xp = backends.of(x)
-        (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
+        xp, eta, b1, b2, c1, c2, eps = _hyper(self, x)
         m, v, t = state
         m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
         k1, k2 = bias_corrections(self.beta, t + 1)
         k0, k1 = xp.hyper(x, 1 - self.beta[0] ** (t + 2), k1)
-        d = eta * (b1 * m / k0 + c1 * dx / k1) / (xp.sqrt(v / k2) + eps)
-        return (m, v, t + 1), d
+        n = xp.multiply(m, b1)
+        n = xp.divide(n, k0, out=n)
+        n += c1 * dx / k1
+        return (m, v, t + 1), adaptive_step(xp, n, v, eps, eta, k2=k2)
 
 
 @dataclass(frozen=True)
-class AdamW(Rule):
+class AdamW(_Moments, Rule):
     """AdamW(eta=0.001, beta=(0.9, 0.999), lambd=0.0, epsilon=1e-8, couple=True): Adam with
-    decoupled weight decay (Loshchilov & Hutter 2019).
-
-    ``a`` is Adam's step with ``eta = 1``; ``d = eta*(a + lambd*x)`` when ``couple``
-    (as ``torch.optim.AdamW(weight_decay=lambd)`` and ``optax.adamw``), else
-    ``d = eta*a + lambd*x`` (the paper's fully decoupled form).
+    decoupled weight decay (Loshchilov & Hutter 2019). With ``a`` Adam's step at ``eta = 1``:
+    ``d = eta*(a + lambd*x)`` when ``couple`` (``torch.optim.AdamW(weight_decay=lambd)``,
+    ``optax.adamw``), else ``d = eta*a + lambd*x`` (the paper's fully decoupled form).
 
     Example:
         >>> import numpy as np
@@ -427,37 +403,28 @@ class AdamW(Rule):
         array([0.15])
     """
 
-    elementwise = True
     reads_x = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
-    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     lambd: float = hyperparameter(0.0, "[0, inf)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
     couple: bool = hyperparameter(True, kind="flag")
 
-    def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
-
     def apply(self, state, x, dx):
-        xp = backends.of(x)
-        eta, lambd = xp.hyper(x, self.eta, self.lambd)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
-        m, v, t = state
-        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        k1, k2 = bias_corrections(self.beta, t + 1)
-        a = m / k1 / (xp.sqrt(v / k2) + eps)
-        d = eta * (a + lambd * x) if self.couple else eta * a + lambd * x
-        return (m, v, t + 1), d
+        h = _hyper(self, x)
+        state, d = _adam(self, h, state, dx, None)
+        (lambd,) = h.xp.hyper(x, self.lambd)
+        decay = h.xp.multiply(x, lambd)
+        if self.couple:
+            d += decay
+        d = h.xp.multiply(d, h.eta, out=d)
+        if not self.couple:
+            d += decay
+        return state, d
 
 
 @dataclass(frozen=True)
-class AdaBelief(Rule):
-    """AdaBelief(eta=0.001, beta=(0.9, 0.999), epsilon=1e-16) (Zhuang et al. 2020).
-
-    Adam whose second moment tracks ``|g - m|^2 + eps``, the belief in the gradient.
+class AdaBelief(_Moments, Rule):
+    """AdaBelief(eta=0.001, beta=(0.9, 0.999), epsilon=1e-16) (Zhuang et al. 2020): Adam
+    whose second moment tracks ``s = b2*s + (1-b2)*|g - m|^2 + eps``, the belief in ``g``.
 
     Example:
         >>> import numpy as np
@@ -466,36 +433,23 @@ class AdaBelief(Rule):
         array([0.1111])
     """
 
-    elementwise = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
-    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-16, "[0, inf)")
 
-    def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
-
     def apply(self, state, x, dx):
-        xp = backends.of(x)
-        (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
+        xp, eta, b1, b2, c1, c2, eps = _hyper(self, x)
         m, s, t = state
-        m = xp.assign(m, b1 * m + c1 * dx)
-        s = xp.assign(s, b2 * s + c2 * xp.abs2(dx - m) + eps)
+        m = moment(xp, m, b1, c1, dx)
+        s = moment(xp, s, b2, c2, xp.abs2(dx - m), own=True)
+        s += eps
         k1, k2 = bias_corrections(self.beta, t + 1)
-        d = eta * m / k1 / (xp.sqrt(s / k2) + eps)
-        return (m, s, t + 1), d
+        return (m, s, t + 1), adaptive_step(xp, m, s, eps, eta, k1, k2)
 
 
 @dataclass(frozen=True)
 class Lion(Rule):
-    """Lion(eta=0.001, beta=(0.9, 0.99)): evolved sign momentum (Chen et al. 2023).
-
-    ``d = eta * sign(b1*m + (1-b1)*g)``, then ``m = b2*m + (1-b2)*g``: the paper's
-    Algorithm 1, as ``optax.lion(eta, weight_decay=0.0)`` (optax's default decays the
-    weights too; Optimisers.jl v0.4 swaps the two weights).
+    """Lion(eta=0.001, beta=(0.9, 0.99)): evolved sign momentum (Chen et al. 2023):
+    ``d = eta * sign(b1*m + (1-b1)*g)``, then ``m = b2*m + (1-b2)*g``, the paper's
+    Algorithm 1, ``optax.lion(eta, weight_decay=0.0)`` (Optimisers.jl swaps the weights).
 
     Example:
         >>> import numpy as np
@@ -505,7 +459,6 @@ class Lion(Rule):
     """
 
     elementwise = True
-
     eta: float = hyperparameter(0.001, "[0, inf)")
     beta: tuple = hyperparameter((0.9, 0.99), "[0, 1]", "[0, 1]")
 
@@ -517,24 +470,18 @@ class Lion(Rule):
         (eta,) = xp.hyper(x, self.eta)
         b1, b2, c1, c2 = decays(xp, x, *self.beta)
         d = eta * xp.sign(b1 * state + c1 * dx)
-        m = xp.assign(state, b2 * state + c2 * dx)
-        return m, d
+        return moment(xp, state, b2, c2, dx), d
 
 
 @dataclass(frozen=True)
-class ADOPT(Rule):
-    """ADOPT(eta=0.001, beta=(0.9, 0.9999), epsilon=1e-6, clip=True): Adam with the
-    gradient normalised by the second moment of the steps before it (Taniguchi et al.
-    2024, "ADOPT: Modified Adam Can Converge with Any beta2 with the Optimal Rate").
+class ADOPT(_Moments, Rule):
+    """ADOPT(eta=0.001, beta=(0.9, 0.9999), epsilon=1e-6, clip=True): Adam with ``g``
+    normalised by the second moment of the steps before it (Taniguchi et al. 2024).
 
-    The first step only sets ``v = |g|^2`` (``d = 0``). Each later one, with ``t`` the
-    steps taken before it: ``u = g / max(sqrt(v), eps)`` (the old ``v``), clamped to
-    ``[-t^(1/4), t^(1/4)]`` when ``clip``; ``m = b1*m + (1-b1)*u``;
-    ``v = b2*v + (1-b2)*|g|^2``; ``d = eta*m``. No bias correction. The steps of
-    ``optax.contrib.adopt(eta, b1, b2, eps, use_clipping=clip)``. A complex ``u`` has its
-    real and imaginary parts clamped each (as :class:`ClipGrad` does), where optax's
-    clip refuses complex numbers. The step count is a float (exact to 2^24 steps in
-    float32 under ``jax.jit``, where it travels packed with the rule's numbers).
+    The first step only sets ``v = |g|^2`` (``d = 0``); then, ``t`` the steps before:
+    ``u = g / max(sqrt(v), eps)`` (the old ``v``), clamped to ``[-t^(1/4), t^(1/4)]`` when
+    ``clip`` (a complex ``u`` by parts); ``m = b1*m + (1-b1)*u``; ``v = b2*v +
+    (1-b2)*|g|^2``; ``d = eta*m``: ``optax.contrib.adopt(use_clipping=clip)``.
 
     Example:
         >>> import numpy as np
@@ -545,28 +492,18 @@ class ADOPT(Rule):
         array([0.01])
     """
 
-    elementwise = True
-
-    eta: float = hyperparameter(0.001, "[0, inf)")
     beta: tuple = hyperparameter((0.9, 0.9999), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-6, "[0, inf)")
     clip: bool = hyperparameter(True, kind="flag")
 
-    def init(self, x):
-        xp = backends.of(x)
-        return xp.zeros_like(x), xp.zeros_like(x, real_=True), 0.0
-
     def apply(self, state, x, dx):
-        xp = backends.of(x)
+        xp, eta, b1, b2, c1, c2, eps = _hyper(self, x)
         m, v, t = state
-        (eta,) = xp.hyper(x, self.eta)
-        b1, b2, c1, c2 = decays(xp, x, *self.beta)
-        eps = xp.eps(x, self.epsilon)
         (on,) = xp.hyper(x, t > 0)  # 0 at the first step: u = 0 (m stays 0), v = |g|^2
         u = on * dx / xp.maximum(xp.sqrt(v), eps)
         if self.clip:
             (c,) = xp.hyper(x, t**0.25)
             u = xp.clip(u, -c, c)
-        m = xp.assign(m, b1 * m + c1 * u)
-        v = xp.assign(v, (b2 * on) * v + (c2 * on + (1 - on)) * xp.abs2(dx))
+        m = moment(xp, m, b1, c1, u, own=True)
+        v = moment(xp, v, b2 * on, c2 * on + (1 - on), xp.abs2(dx), own=True)
         return (m, v, t + 1), eta * m
