@@ -101,9 +101,10 @@ def totals(entries: list, where: dict) -> dict:
         arriving = [_arriving(at(e.leaf.rule, e.leaf.clock), e.leaf.state, e.x, e.grads[0],
                               place, copy)
                     for e in members]
-        parts = [rule.part(g) for g in arriving if g is not None]
-        if not parts:
+        arrived = [g for g in arriving if g is not None]
+        if not arrived:
             continue
+        parts = rule.parts(arrived)
         total = out[key] = rule.total(parts)
         rule.check(total, [_state_at(e.leaf.rule, e.leaf.state, place) for e in members],
                    [e.paths[0] for e in members])

@@ -165,12 +165,19 @@ def _fill(sig: Any, arrays: Any) -> Any:
     return sig
 
 
+def _counted(sig: Node, inner: bool) -> Node:
+    """Adam's state signature (``inner``: the second of a chain's) one step on."""
+    if inner:
+        return Node((sig[0], _counted(sig[1], False)))
+    return Node((*sig[:-1], sig[-1] + 1))
+
+
 class Group:
     """Leafs stepped together: their rule, state signature, arrays, and parameters."""
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
                  "large", "subtract", "prints", "t", "timed", "now", "reduced",
-                 "counts", "clocks", "owner", "params", "ngrads", "views")
+                 "counts", "clocks", "owner", "params", "ngrads", "views", "native")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -196,6 +203,10 @@ class Group:
         self.large: bool | None = None  # mostly large arrays: stepped piece by piece
         self.subtract: Any = None  # the backend's x -= d over all xs (made when needed)
         self.prints = self.xp.footprints(self.params)  # what these assume of their memory
+        self.native = None  # torch.optim's own Adam, where it computes this rule's formula
+        if write and type(self) is Group and backends.library(self.xs[0]) == "torch":
+            from optimisers.fast import torchadam
+            self.native = torchadam.native(rule, sig, self.xs, self.arrays)
 
     def moved(self) -> bool:
         """Whether a parameter's memory changed since the group was made (``p.data = ...``,
@@ -224,7 +235,9 @@ class Group:
         if self.timed or self.reduced:
             now = at(self.rule, self.t)
             self.now = given(now, found) if self.reduced and found else now
-        if not self._chunked(grads):
+        if self.native is not None and self.native.step(self.now, grads):
+            self._restate(_counted(self.sig, self.native.clip))
+        elif not self._chunked(grads):
             self._joined(grads, new)
 
     def _shaped(self, flat: Any, like: Any) -> Any:

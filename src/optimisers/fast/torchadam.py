@@ -1,0 +1,130 @@
+"""Adam and AdamW groups on PyTorch through ``torch.optim``'s own functional Adam.
+
+``torch.optim.adam.adam`` (public; ``fused=True`` on the CPU and CUDA, else
+``foreach=True``) computes the formula of :class:`~optimisers.Adam` and of
+:class:`~optimisers.AdamW` with ``couple=True`` (``x *= 1 - eta*lambd``, then Adam's step),
+``eps`` outside the square root of the bias-corrected second moment, in one pass. A group
+whose rule at its clock is one of those, alone or after :class:`~optimisers.ClipGlobalNorm`
+(the norm already on the device: the factor reaches the kernel as its ``grad_scale``), on
+float32 or float64 tensors, steps through it; any other combination (``couple=False`` with
+a decay, a hyper-parameter held in a tensor, half precision, complex numbers) keeps the
+rule's own ``apply``. The Leafs' states stay what ``Adam.init`` makes: the moments (the
+group's packed views) and the step count, a float; the group keeps the count also as the
+tensor per Leaf that torch's function advances, made from the float when the group is
+made, so a saved and loaded tree resumes bit for bit. Results equal the rule's ``apply``
+to rounding (``tests/test_fused_torch.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.optim.adam import adam
+
+from optimisers.rules import Adam, AdamW, OptimiserChain
+from optimisers.rules.tree import ClipGlobalNorm
+
+__all__ = ["native", "Native"]
+
+FLOATS = (torch.float32, torch.float64)
+FUSED = ("cpu", "cuda")  # devices where torch.optim's Adam offers fused=True
+
+
+def _adam_of(rule: Any) -> tuple[Any, bool] | None:
+    """``(the Adam or AdamW rule, whether it follows a ClipGlobalNorm)`` where the rule's
+    formula is torch's, else ``None``."""
+    clip = type(rule) is OptimiserChain and len(rule.rules) == 2 and isinstance(
+        rule.rules[0], ClipGlobalNorm) and rule.rules[0].p == 2
+    inner = rule.rules[1] if clip else rule
+    if type(inner) is Adam or type(inner) is AdamW and (inner.couple or inner.lambd == 0):
+        return inner, clip
+    return None
+
+
+def native(rule: Any, sig: Any, xs: list, arrays: list) -> Native | None:
+    """native(rule, sig, xs, arrays) -> a :class:`Native` stepping a group of tensors
+    ``xs`` whose states hold ``arrays`` (per member, in ``sig``'s order), or ``None`` where
+    torch's Adam does not compute ``rule``'s formula.
+
+    Args:
+        rule: the group's rule (schedules in its fields allowed).
+        sig: the members' one state signature (``fused.signature``).
+        xs: the parameters, written in place.
+        arrays: per member, its state's arrays (Adam's two moments).
+
+    Returns:
+        The stepper, or ``None``.
+
+    Example:
+        >>> from optimisers import AdamW, setup, update_
+        >>> xs = [torch.ones(3), torch.ones(2)]
+        >>> tree = setup(AdamW(0.1, lambd=0.1), xs)
+        >>> _ = update_(tree, xs, [torch.ones(3), torch.ones(2)])
+        >>> [round(v, 4) for v in xs[1].tolist()], tree[1].state[2]
+        ([0.89, 0.89], 1.0)
+    """
+    found = _adam_of(rule)
+    x0 = xs[0]
+    if found is None or x0.dtype not in FLOATS:
+        return None
+    inner_sig = sig[1] if found[1] else sig
+    if not isinstance(inner_sig, tuple) or len(inner_sig) != 3 or type(inner_sig[2]) not in (
+            int, float) or not all(
+            type(x) in (torch.Tensor, torch.nn.Parameter) and x.dtype == x0.dtype
+            and x.device == x0.device and not x.is_sparse for x in xs):
+        return None
+    return Native(found[1], inner_sig[2], xs, arrays)
+
+
+class Native:
+    """One group's step through ``torch.optim.adam.adam``."""
+
+    __slots__ = ("clip", "xs", "ms", "vs", "steps", "kind", "gbuf", "gviews")
+
+    def __init__(self, clip: bool, count: float, xs: list, arrays: list) -> None:
+        x0 = xs[0]
+        self.clip, self.xs = clip, xs
+        self.ms, self.vs = [a[0] for a in arrays], [a[1] for a in arrays]
+        # the count as torch's function takes it: a float32 tensor per Leaf, on its device
+        one = torch.tensor(float(count), dtype=torch.float32, device=x0.device)
+        self.steps = [one.clone() for _ in xs]
+        self.kind = {"fused": True} if x0.device.type in FUSED else {"foreach": True}
+        # for a clipped group: the gradients copied into one buffer (the kernel scales
+        # them there, leaving the caller's as they were)
+        self.gbuf = self.gviews = None
+        if clip:
+            self.gbuf = torch.empty(sum(x.numel() for x in xs), dtype=x0.dtype,
+                                    device=x0.device)
+            self.gviews = [v.view_as(x) for v, x in zip(
+                self.gbuf.split([x.numel() for x in xs]), xs)]
+
+    def step(self, now: Any, grads: list) -> bool:
+        """One step of the rule ``now`` (the group's rule at its clock, given the clip's
+        factor) with ``grads``; ``False``, nothing done, where a hyper-parameter is not a
+        plain number (the plain path then steps)."""
+        rule, scale = (now.rules[1], _scale(now.rules[0], self.gbuf.device)) if self.clip else (
+            now, None)
+        hypers = (rule.eta, *rule.beta, rule.epsilon, getattr(rule, "lambd", 0.0))
+        if not all(type(h) in (float, int) for h in hypers) or scale is False:
+            return False
+        eta, b1, b2, eps, lambd = map(float, hypers)
+        if self.clip:
+            torch.cat([g.reshape(-1) for g in grads], out=self.gbuf)
+            grads = self.gviews
+        adam(self.xs, grads, self.ms, self.vs, [], self.steps, grad_scale=scale,
+             decoupled_weight_decay=lambd != 0, amsgrad=False, beta1=b1, beta2=b2, lr=eta,
+             weight_decay=lambd, eps=eps, maximize=False, **self.kind)
+        return True
+
+
+def _scale(clipped: Any, device: Any) -> Any:
+    """What the clipped gradients are divided by (``grad_scale``): ``1 / factor`` of
+    ClipGlobalNorm's per-array form, ``None`` for no scaling, ``False`` where the factor
+    is of a kind the kernel cannot take."""
+    factor = getattr(clipped, "factor", None)
+    if isinstance(factor, torch.Tensor) and factor.dim() == 0:
+        return torch.reciprocal(factor.to(device=device, dtype=torch.float32))
+    if type(factor) in (float, int):
+        return None if factor == 1 else torch.tensor(1 / factor, device=device)
+    return False
