@@ -20,6 +20,7 @@ from optimisers.fast.fused import in_group
 from optimisers.gather import DOTGRAD, Entry, add, grad_array
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf
+from optimisers.reduce import group_totals
 from optimisers.tree import child_getter, children
 
 __all__ = ["Plan", "first_leaf"]
@@ -142,7 +143,6 @@ class Plan:
         one = groups[0] if len(groups) == 1 else None
         self.group = one if (
             one is not None and one.write and not self.tied and not one.rule.raises()
-            and not one.reduced  # (a tree-level rule reduces over the entries first)
             and len(one.leaves) == len(self.slots)
             and all(map(operator.is_, one.leaves, (leaf for leaf, _, _ in self.slots)))
         ) else None
@@ -163,7 +163,13 @@ class Plan:
             return False
         with self.nograd():  # (the maker kept: no call into the registry per step)
             try:
-                group.run(gs, {})
+                found = None  # a tree-level rule's totals, over the group (its one scope)
+                if group.reduced:
+                    found = group_totals(group.rule, group.t, gs, group.states,
+                                         [kp for _, _, kp in self.slots])
+                    if found is None:
+                        return False
+                group.run(gs, {}, found)
             except (ValueError, TypeError, ArithmeticError) as err:
                 err.add_note(in_group([kp for _, _, kp in self.slots], group.rule))
                 raise

@@ -236,7 +236,8 @@ class Group:
             now = at(self.rule, self.t)
             self.now = given(now, found) if self.reduced and found else now
         if self.native is not None and self.native.step(self.now, grads):
-            self._restate(_counted(self.sig, self.native.clip))
+            sig = _counted(self.sig, self.native.clip)
+            self._restate(sig, self.native.states(sig))
         elif not self._chunked(grads):
             self._joined(grads, new)
 
@@ -344,10 +345,12 @@ class Group:
                 xp.subtract(x, d, True)
         return newsig
 
-    def _restate(self, newsig: Any) -> None:
-        """Give each Leaf its new state, and the clock one more where the step was real
-        (:meth:`~optimisers.Leaf.advance`, for the whole group at once)."""
-        self.states = [_fill(newsig, iter(arrays)) for arrays in self.arrays]
+    def _restate(self, newsig: Any, states: list | None = None) -> None:
+        """Give each Leaf its new state (``states``, else made from ``newsig``), and the
+        clock one more where the step was real (:meth:`~optimisers.Leaf.advance`, for the
+        whole group at once)."""
+        self.states = states if states is not None else [
+            _fill(newsig, iter(arrays)) for arrays in self.arrays]
         real = not self.counts or self.rule.stepped(newsig)
         if self.t is None:  # clocks that differ: each its own (rules without a schedule)
             self.clocks = [c + 1 for c in self.clocks] if real else self.clocks

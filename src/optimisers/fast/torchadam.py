@@ -5,7 +5,7 @@
 :class:`~optimisers.AdamW` with ``couple=True`` (``x *= 1 - eta*lambd``, then Adam's step),
 ``eps`` outside the square root of the bias-corrected second moment, in one pass. A group
 whose rule at its clock is one of those, alone or after :class:`~optimisers.ClipGlobalNorm`
-(the norm already on the device: the factor reaches the kernel as its ``grad_scale``), on
+(its norm taken on the device: the clipped gradients go into a buffer of the group's), on
 float32 or float64 tensors, steps through it; any other combination (``couple=False`` with
 a decay, a hyper-parameter held in a tensor, half precision, complex numbers) keeps the
 rule's own ``apply``. The Leafs' states stay what ``Adam.init`` makes: the moments (the
@@ -103,28 +103,33 @@ class Native:
         """One step of the rule ``now`` (the group's rule at its clock, given the clip's
         factor) with ``grads``; ``False``, nothing done, where a hyper-parameter is not a
         plain number (the plain path then steps)."""
-        rule, scale = (now.rules[1], _scale(now.rules[0], self.gbuf.device)) if self.clip else (
+        rule, scale = (now.rules[1], _scale(now.rules[0], self.gbuf)) if self.clip else (
             now, None)
         hypers = (rule.eta, *rule.beta, rule.epsilon, getattr(rule, "lambd", 0.0))
         if not all(type(h) in (float, int) for h in hypers) or scale is False:
             return False
         eta, b1, b2, eps, lambd = map(float, hypers)
-        if self.clip:
-            torch.cat([g.reshape(-1) for g in grads], out=self.gbuf)
+        if self.clip:  # the clipped gradients, into the group's own buffer
+            for g, into in zip(grads, self.gviews):
+                torch.mul(g, scale, out=into)
             grads = self.gviews
-        adam(self.xs, grads, self.ms, self.vs, [], self.steps, grad_scale=scale,
+        adam(self.xs, grads, self.ms, self.vs, [], self.steps,
              decoupled_weight_decay=lambd != 0, amsgrad=False, beta1=b1, beta2=b2, lr=eta,
              weight_decay=lambd, eps=eps, maximize=False, **self.kind)
         return True
 
+    def states(self, sig: Any) -> list:
+        """Each member's new state: its moments, and the count in ``sig``."""
+        if self.clip:
+            head, (_, _, t) = sig
+            return [(head, (m, v, t)) for m, v in zip(self.ms, self.vs)]
+        return [(m, v, sig[2]) for m, v in zip(self.ms, self.vs)]
 
-def _scale(clipped: Any, device: Any) -> Any:
-    """What the clipped gradients are divided by (``grad_scale``): ``1 / factor`` of
-    ClipGlobalNorm's per-array form, ``None`` for no scaling, ``False`` where the factor
-    is of a kind the kernel cannot take."""
+
+def _scale(clipped: Any, like: Any) -> Any:
+    """The factor of ClipGlobalNorm's per-array form, as it multiplies gradients like
+    ``like``; ``False`` where it is not a number or a 0-d tensor."""
     factor = getattr(clipped, "factor", None)
     if isinstance(factor, torch.Tensor) and factor.dim() == 0:
-        return torch.reciprocal(factor.to(device=device, dtype=torch.float32))
-    if type(factor) in (float, int):
-        return None if factor == 1 else torch.tensor(1 / factor, device=device)
-    return False
+        return factor.to(device=like.device, dtype=like.dtype)
+    return float(factor) if type(factor) in (float, int) else False
