@@ -446,3 +446,26 @@ def test_native_group_is_remade_after_the_state_is_edited(native):
     O.update_(tree, xs, gs)
     now = O.state.plan_of(tree).groups[0]
     assert now is not first and now.native is not None and tree[0].state[2] == 1.0
+
+
+@pytest.mark.parametrize("rule", [O.Adam(0.01), O.OptimiserChain(O.ClipGlobalNorm(1.0),
+                                                                  O.AdamW(0.01, lambd=0.1))],
+                         ids=repr)
+@pytest.mark.parametrize("shapes", [[(5,)] * 70, [(2, 3), (4,)] * 40], ids=["vectors", "mixed"])
+def test_many_small_tensors_step_over_flat_buffers(rule, shapes, native):
+    def run(use_native):
+        with pytest.MonkeyPatch.context() as mp:
+            if not use_native:
+                mp.setattr(torchadam, "native", lambda *a: None)
+            g = torch.Generator().manual_seed(7)
+            xs = [torch.randn(s, generator=g) for s in shapes]
+            tree = O.setup(rule, xs)
+            for _ in range(4):
+                O.update_(tree, xs, [torch.randn(s, generator=g) for s in shapes])
+            return tree, xs
+
+    (tree_n, xs_n), (tree_p, xs_p) = run(True), run(False)
+    assert O.state.plan_of(tree_n).groups[0].native.flat is not None
+    for a, b in zip(xs_n, xs_p, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert_close_states(tree_n, tree_p)
