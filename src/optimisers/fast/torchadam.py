@@ -7,8 +7,8 @@
 whose rule at its clock is one of those, alone or after :class:`~optimisers.ClipGlobalNorm`
 (its norm taken on the device: the clipped gradients go into a buffer of the group's), on
 float32 or float64 tensors, steps through it; any other combination (``couple=False`` with
-a decay, a hyper-parameter held in a tensor, half precision, complex numbers) keeps the
-rule's own ``apply``. The Leafs' states stay what ``Adam.init`` makes: the moments (the
+a decay, a hyper-parameter that is not a Python number, half precision, complex numbers)
+keeps the rule's own ``apply``. The Leafs' states stay what ``Adam.init`` makes: the moments (the
 group's packed views) and the step count, a float; the group keeps the count also as the
 tensor per Leaf that torch's function advances, made from the float when the group is
 made, so a saved and loaded tree resumes bit for bit. Results equal the rule's ``apply``
@@ -81,8 +81,8 @@ def native(rule: Any, sig: Any, xs: list, arrays: list) -> Native | None:
 
 class Native:
     """One group's step through ``torch.optim.adam.adam``: over the members' tensors, or,
-    for many small ones (:data:`SMALL`) whose moments are packed, over one flat buffer
-    each (the parameters and gradients copied in, the parameters copied back), where
+    on the CPU, for many small ones (:data:`SMALL`) whose moments are packed, over one flat
+    buffer each (parameters and gradients copied in, parameters copied back), where
     torch's own per-tensor work would cost more than the copies."""
 
     __slots__ = ("clip", "xs", "ms", "vs", "steps", "kind", "gbuf", "gviews", "flat")
@@ -150,8 +150,8 @@ def _flat(xs: list, ms: list, vs: list, sizes: list) -> tuple | None:
     """``(parameters' buffer, first and second moments' packed buffers, views of the
     first shaped like each parameter, whether all are 1-d)`` for a group of many small
     tensors, else ``None``."""
-    if len(xs) < SMALL[0] or sum(sizes) > SMALL[1] * len(xs):
-        return None
+    if xs[0].device.type != "cpu" or len(xs) < SMALL[0] or sum(sizes) > SMALL[1] * len(xs):
+        return None  # (on a GPU, torch's fused kernel takes many tensors a launch)
     (m, packed_m), (v, packed_v) = tb.joined(tuple(ms)), tb.joined(tuple(vs))
     if not (packed_m and packed_v):
         return None
