@@ -469,3 +469,25 @@ def test_many_small_tensors_step_over_flat_buffers(rule, shapes, native):
     for a, b in zip(xs_n, xs_p, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert_close_states(tree_n, tree_p)
+
+
+def test_module_parameters_read_at_once_notice_a_replaced_parameter(native):
+    """The steady-state plan reads a module's parameters in one call: a parameter
+    replaced, or its name taken by a buffer's place, is noticed as before."""
+    m = torch.nn.Module()
+    m.a, m.b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    tree = O.setup(O.Adam(0.1), m)
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+    O.update_(tree, m)
+    O.update_(tree, m)
+    old = m.b
+    m.b = torch.nn.Parameter(torch.zeros(2))
+    m.b.grad = torch.ones(2)
+    O.update_(tree, m)
+    assert torch.equal(old.detach(), torch.full((2,), 0.8)) and float(m.b.detach()[0]) < 0
+    del m.b
+    m.register_buffer("b", torch.zeros(2))  # a buffer: never trained, as on the slow path
+    a = m.a.detach().clone()
+    O.update_(tree, m)
+    assert torch.equal(m.b, torch.zeros(2)) and float(m.a.detach()[0]) < float(a[0])

@@ -27,6 +27,7 @@ __all__ = ["Plan", "first_leaf"]
 
 
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+_GRAD, _LEAF = operator.attrgetter("grad"), operator.attrgetter("is_leaf")
 
 
 def first_leaf(t: Any) -> Leaf | None:
@@ -87,6 +88,7 @@ class Plan:
             seen: set[int] = set()
             self.firsts = [id(x) not in seen and not seen.add(id(x))
                            for _, x, _ in self.slots]
+            self.firsts = True if all(self.firsts) else self.firsts  # (no tensor twice)
 
     def _compile(self, t: Any, x: Any, kp: KeyPath) -> Any:
         if isinstance(t, Leaf):
@@ -130,9 +132,13 @@ class Plan:
         that are all Leafs or ``None`` (most nodes of a tree) are compared in one ``==``:
         a Leaf equals only itself, so it is the identity check, done in C."""
         by_eq = all(k is None or isinstance(k, Leaf) for k in kids)
+        bulk = getattr(get, "many", None)  # all children at once (a module's parameters)
+        bulk = bulk(node, keys) if bulk is not None else None
         if isinstance(node, (list, tuple)) and keys == tuple(range(len(node))):
             self.edges.append((None, node, tuple(kids) if by_eq and isinstance(
                 node, tuple) else kids, by_eq))
+        elif bulk is not None:
+            self.edges.append((bulk, None, tuple(kids), by_eq))
         else:
             self.edges.append((node.__getitem__ if get is operator.getitem
                                else functools.partial(get, node), keys, kids, by_eq))
@@ -183,8 +189,11 @@ class Plan:
         if grads is DOTGRAD:
             if self.firsts is None:
                 return None
+            xs = [x for _, x, _ in self.slots]
+            if self.firsts is True and all(map(_LEAF, xs)):  # (one C call a column)
+                return [list(map(_GRAD, xs))]
             return [[x.grad if first and x.is_leaf else None
-                     for (_, x, _), first in zip(self.slots, self.firsts)]]
+                     for x, first in zip(xs, self.firsts)]]
         per_tree = []
         for g in grads:
             out = [None] * len(self.slots)
@@ -199,9 +208,9 @@ class Plan:
         """Whether every node of the tree and the model still has the children it had."""
         try:
             for fetch, keys, kids, by_eq in self.edges:
-                now = keys if fetch is None else map(fetch, keys)
+                now = keys if fetch is None else fetch() if keys is None else map(fetch, keys)
                 if by_eq:
-                    same = (now if fetch is None else list(now)) == kids
+                    same = (now if fetch is None or keys is None else list(now)) == kids
                 else:
                     same = all(map(operator.is_, now, kids))
                 if not same:
