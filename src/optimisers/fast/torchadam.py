@@ -1,18 +1,12 @@
-"""Adam and AdamW groups on PyTorch through ``torch.optim``'s own functional Adam.
-
-``torch.optim.adam.adam`` (public; ``fused=True`` on the CPU and CUDA, else
-``foreach=True``) computes the formula of :class:`~optimisers.Adam` and of
-:class:`~optimisers.AdamW` with ``couple=True`` (``x *= 1 - eta*lambd``, then Adam's step),
-``eps`` outside the square root of the bias-corrected second moment, in one pass. A group
-whose rule at its clock is one of those, alone or after :class:`~optimisers.ClipGlobalNorm`
-(its norm taken on the device: the clipped gradients go into a buffer of the group's), on
-float32 or float64 tensors, steps through it; any other combination (``couple=False`` with
-a decay, a hyper-parameter that is not a Python number, half precision, complex numbers)
-keeps the rule's own ``apply``. The Leafs' states stay what ``Adam.init`` makes: the moments (the
-group's packed views) and the step count, a float; the group keeps the count also as the
-tensor per Leaf that torch's function advances, made from the float when the group is
-made, so a saved and loaded tree resumes bit for bit. Results equal the rule's ``apply``
-to rounding (``tests/test_fused_torch.py``).
+"""Adam and AdamW groups on PyTorch through ``torch.optim.adam.adam`` (public; fused on the
+CPU and CUDA, else foreach), which computes :class:`~optimisers.Adam`'s formula, and
+:class:`~optimisers.AdamW`'s with ``couple=True`` (``x *= 1 - eta*lambd``, then Adam's step),
+in one pass. Such a group (alone or after :class:`~optimisers.ClipGlobalNorm`, whose norm
+stays on the device) of float32 or float64 tensors steps through it; any other formula,
+dtype or hyper-parameter that is not a Python number keeps the rule's own ``apply``. The
+Leafs' states stay ``Adam.init``'s (the moments, and the count, a float); the group keeps
+the count also as the tensors torch advances, made from the float, so a loaded tree resumes
+bit for bit. Results equal the rule's ``apply`` to rounding (``tests/test_fused_torch.py``).
 """
 
 from __future__ import annotations
