@@ -11,9 +11,22 @@ import optimisers as O  # noqa: E402
 from conftest import rules_param, run_fused, spy_runs  # noqa: E402
 from optimisers import backends  # noqa: E402
 from optimisers.backends import packs  # noqa: E402
-from optimisers.fast import fused  # noqa: E402
+from optimisers.fast import fused, torchadam  # noqa: E402
 
 tb = backends.ops("torch")
+
+
+@pytest.fixture(autouse=True)
+def flat_path(request, monkeypatch):
+    """The tests here that do not ask for ``native`` check the rule's own ``apply`` over a
+    group's flat buffers (bit for bit): torch.optim's Adam is kept out of them."""
+    if "native" not in request.fixturenames:
+        monkeypatch.setattr(torchadam, "native", lambda *a: None)
+
+
+@pytest.fixture
+def native():
+    """torch.optim's functional Adam steps the groups whose formula it computes."""
 
 
 def make_model(dtype=torch.float32, seed=0):
@@ -294,3 +307,187 @@ def test_numpy_and_torch_agree_through_fused_paths():
         tt, mt = O.update_(tt, mt, [torch.tensor(a) for a in g])
     for a, b in zip(mn, mt):
         np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-7)
+
+
+# --- Adam and AdamW through torch.optim's functional Adam (fast/torchadam.py) -------------
+
+NATIVE_RULES = [
+    O.Adam(0.01), O.AdamW(0.01, lambd=0.1), O.AdamW(0.02), O.AdamW(0.01, couple=False),
+    O.Adam(O.Cosine(0.02, 0.001, 5), beta=(0.8, 0.99)),
+    O.OptimiserChain(O.ClipGlobalNorm(1.0), O.AdamW(0.01, lambd=0.1)),
+    O.OptimiserChain(O.ClipGlobalNorm(100.0), O.Adam(O.Linear(0.01, 0.001, 6))),
+]
+
+
+def stepped(rule, steps, dtype=torch.float32, use_native=True, seed=3, module=False):
+    """``steps`` of ``update_`` on a list of tensors (or an ``nn.Module`` reading ``.grad``)
+    with fresh gradients; ``use_native=False`` keeps torch.optim out (the rule's own
+    ``apply`` over the group's flat buffers)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not use_native:
+            mp.setattr(torchadam, "native", lambda *a: None)
+        g = torch.Generator().manual_seed(seed)
+        shapes = [(6, 5), (5,), (3, 2, 2), (7,)]
+        if module:
+            torch.manual_seed(seed)
+            model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Linear(6, 3)).to(dtype)
+        else:
+            model = [torch.randn(s, generator=g, dtype=dtype) for s in shapes]
+        tree = O.setup(rule, model)
+        for _ in range(steps):
+            params = list(model.parameters()) if module else model
+            gs = [torch.randn(p.shape, generator=g, dtype=dtype) * 3 for p in params]
+            if module:
+                for p, gr in zip(params, gs):
+                    p.grad = gr
+                O.update_(tree, model)
+            else:
+                O.update_(tree, model, gs)
+        return tree, [p.detach() for p in (model.parameters() if module else model)]
+
+
+def assert_close_states(ta, tb_):
+    for (_, la), (_, lb) in zip(O.state.leaves(ta), O.state.leaves(tb_), strict=True):
+        sa, sb = O.fleaves(la.state), O.fleaves(lb.state)
+        for a, b in zip(sa, sb, strict=True):
+            if isinstance(a, torch.Tensor):
+                # (a moment near 0 by cancellation: rounding relative to its scale)
+                scale = float(b.abs().max())
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6 * scale)
+            else:
+                assert a == b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("rule", NATIVE_RULES, ids=repr)
+def test_native_adam_equals_the_plain_path_to_rounding(rule, dtype, native):
+    tree_n, xs_n = stepped(rule, 6, dtype)
+    tree_p, xs_p = stepped(rule, 6, dtype, use_native=False)
+    (group,) = O.state.plan_of(tree_n).groups
+    assert isinstance(group.native, torchadam.Native)
+    assert O.state.plan_of(tree_p).groups[0].native is None
+    for a, b in zip(xs_n, xs_p, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert_close_states(tree_n, tree_p)
+    leaf = next(iter(O.state.leaves(tree_n)))[1]
+    count = leaf.state[1][2] if isinstance(rule, O.OptimiserChain) else leaf.state[2]
+    assert type(count) is float and count == 6.0  # the state is Adam.init's, a float count
+
+
+def test_native_adam_on_a_module_reading_grad(native):
+    rule = O.OptimiserChain(O.ClipGlobalNorm(1.0), O.AdamW(0.01, lambd=0.1))
+    tree_n, xs_n = stepped(rule, 4, module=True)
+    _, xs_p = stepped(rule, 4, module=True, use_native=False)
+    assert O.state.plan_of(tree_n).groups[0].native is not None
+    for a, b in zip(xs_n, xs_p, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_clip_keeps_the_norm_on_the_device_and_the_gradients_unchanged(native):
+    xs = [torch.ones(4), torch.ones(3)]
+    tree = O.setup(O.OptimiserChain(O.ClipGlobalNorm(1.0), O.AdamW(0.1, lambd=0.1)), xs)
+    gs = [torch.full((4,), 3.0), torch.full((3,), 4.0)]
+    for _ in range(2):
+        O.update_(tree, xs, gs)
+    assert torch.equal(gs[0], torch.full((4,), 3.0)) and torch.equal(gs[1], torch.full((3,), 4.0))
+    factor = O.state.plan_of(tree).groups[0].now.rules[0].factor
+    assert isinstance(factor, torch.Tensor)  # no float(): no wait for the device
+    torch.testing.assert_close(factor, torch.tensor(84 ** -0.5))  # 1 / the norm
+
+
+@pytest.mark.parametrize("rule", [
+    O.AdamW(0.01, lambd=0.1, couple=False),  # eta*a + lambd*x: not torch's formula
+    O.AMSGrad(0.01), O.NAdam(0.01), O.RAdam(0.01),
+    O.OptimiserChain(O.ClipGlobalNorm(1.0, 1.0), O.Adam(0.01)),  # another norm
+    O.OptimiserChain(O.ClipGrad(1.0), O.Adam(0.01)),
+], ids=repr)
+def test_other_formulas_stay_on_the_plain_path(rule, native):
+    tree_n, xs_n = stepped(rule, 3)
+    tree_p, xs_p = stepped(rule, 3, use_native=False)
+    assert all(g.native is None for g in O.state.plan_of(tree_n).groups)
+    for a, b in zip(xs_n, xs_p, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.complex64], ids=str)
+def test_other_dtypes_stay_on_the_plain_path(dtype, native):
+    xs = [torch.ones(3, dtype=dtype), torch.ones(2, dtype=dtype)]
+    tree = O.setup(O.Adam(0.1), xs)
+    O.update_(tree, xs, [torch.ones_like(x) for x in xs])
+    assert O.state.plan_of(tree).groups[0].native is None
+
+
+@pytest.mark.parametrize("rule", NATIVE_RULES[1::2], ids=repr)
+def test_native_adam_resumes_bit_for_bit(rule, native, tmp_path):
+    """Saved after 3 steps, loaded, 3 more: the same bits as 6 steps without a stop."""
+    _, whole = stepped(rule, 6)
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(s, generator=g) for s in [(6, 5), (5,), (3, 2, 2), (7,)]]
+    tree = O.setup(rule, xs)
+    for step in range(6):
+        if step == 3:
+            O.save(tmp_path / "t.zip", tree)
+            tree = O.load(tmp_path / "t.zip", like=O.setup(rule, xs))
+        O.update_(tree, xs, [torch.randn(x.shape, generator=g) * 3 for x in xs])
+    for a, b in zip(xs, whole, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_native_group_is_remade_after_the_state_is_edited(native):
+    xs = [torch.ones(3), torch.ones(2)]
+    tree = O.setup(O.Adam(0.1), xs)
+    gs = [torch.ones(3), torch.ones(2)]
+    O.update_(tree, xs, gs)
+    O.update_(tree, xs, gs)
+    first = O.state.plan_of(tree).groups[0]
+    m, v, _ = tree[0].state
+    tree[0].state = (m, v, 0.0)  # the count set back by hand
+    tree[1].state = (tree[1].state[0], tree[1].state[1], 0.0)
+    O.update_(tree, xs, gs)
+    now = O.state.plan_of(tree).groups[0]
+    assert now is not first and now.native is not None and tree[0].state[2] == 1.0
+
+
+@pytest.mark.parametrize("rule", [O.Adam(0.01), O.OptimiserChain(O.ClipGlobalNorm(1.0),
+                                                                  O.AdamW(0.01, lambd=0.1))],
+                         ids=repr)
+@pytest.mark.parametrize("shapes", [[(5,)] * 70, [(2, 3), (4,)] * 40], ids=["vectors", "mixed"])
+def test_many_small_tensors_step_over_flat_buffers(rule, shapes, native):
+    def run(use_native):
+        with pytest.MonkeyPatch.context() as mp:
+            if not use_native:
+                mp.setattr(torchadam, "native", lambda *a: None)
+            g = torch.Generator().manual_seed(7)
+            xs = [torch.randn(s, generator=g) for s in shapes]
+            tree = O.setup(rule, xs)
+            for _ in range(4):
+                O.update_(tree, xs, [torch.randn(s, generator=g) for s in shapes])
+            return tree, xs
+
+    (tree_n, xs_n), (tree_p, xs_p) = run(True), run(False)
+    assert O.state.plan_of(tree_n).groups[0].native.flat is not None
+    for a, b in zip(xs_n, xs_p, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert_close_states(tree_n, tree_p)
+
+
+def test_module_parameters_read_at_once_notice_a_replaced_parameter(native):
+    """The steady-state plan reads a module's parameters in one call: a parameter
+    replaced, or its name taken by a buffer's place, is noticed as before."""
+    m = torch.nn.Module()
+    m.a, m.b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    tree = O.setup(O.Adam(0.1), m)
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+    O.update_(tree, m)
+    O.update_(tree, m)
+    old = m.b
+    m.b = torch.nn.Parameter(torch.zeros(2))
+    m.b.grad = torch.ones(2)
+    O.update_(tree, m)
+    assert torch.equal(old.detach(), torch.full((2,), 0.8)) and float(m.b.detach()[0]) < 0
+    del m.b
+    m.register_buffer("b", torch.zeros(2))  # a buffer: never trained, as on the slow path
+    a = m.a.detach().clone()
+    O.update_(tree, m)
+    assert torch.equal(m.b, torch.zeros(2)) and float(m.a.detach()[0]) < float(a[0])

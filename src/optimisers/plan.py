@@ -21,6 +21,7 @@ from optimisers.fast.fused import in_group
 from optimisers.gather import DOTGRAD, Entry, add, grad_array
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf
+from optimisers.reduce import group_totals
 from optimisers.tree import child_getter, children
 
 __all__ = ["Plan", "first_leaf"]
@@ -28,6 +29,7 @@ __all__ = ["Plan", "first_leaf"]
 
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 _STATE, _CLOCK, _RULE, _FROZEN = map(operator.attrgetter, ("state", "clock", "rule", "frozen"))
+_GRAD, _LEAF = operator.attrgetter("grad"), operator.attrgetter("is_leaf")
 
 
 def first_leaf(t: Any) -> Leaf | None:
@@ -88,6 +90,7 @@ class Plan:
             seen: set[int] = set()
             self.firsts = [id(x) not in seen and not seen.add(id(x))
                            for _, x, _ in self.slots]
+            self.firsts = True if all(self.firsts) else self.firsts  # (no tensor twice)
 
     def _compile(self, t: Any, x: Any, kp: KeyPath) -> Any:
         if isinstance(t, Leaf):
@@ -131,9 +134,13 @@ class Plan:
         that are all Leafs or ``None`` (most nodes of a tree) are compared in one ``==``:
         a Leaf equals only itself, so it is the identity check, done in C."""
         by_eq = all(k is None or isinstance(k, Leaf) for k in kids)
+        bulk = getattr(get, "many", None)  # all children at once (a module's parameters)
+        bulk = bulk(node, keys) if bulk is not None else None
         if isinstance(node, (list, tuple)) and keys == tuple(range(len(node))):
             self.edges.append((None, node, tuple(kids) if by_eq and isinstance(
                 node, tuple) else kids, by_eq))
+        elif bulk is not None:
+            self.edges.append((bulk, None, tuple(kids), by_eq))
         else:
             self.edges.append((node.__getitem__ if get is operator.getitem
                                else functools.partial(get, node), keys, kids, by_eq))
@@ -144,7 +151,6 @@ class Plan:
         one = groups[0] if len(groups) == 1 else None
         self.group = one if (
             one is not None and one.write and not self.tied and not one.rule.raises()
-            and not one.reduced  # (a tree-level rule reduces over the entries first)
             and len(one.leaves) == len(self.slots)
             and all(map(operator.is_, one.leaves, (leaf for leaf, _, _ in self.slots)))
         ) else None
@@ -165,7 +171,13 @@ class Plan:
             return False
         with self.nograd():  # (the maker kept: no call into the registry per step)
             try:
-                group.run(gs, {})
+                found = None  # a tree-level rule's totals, over the group (its one scope)
+                if group.reduced:
+                    found = group_totals(group.rule, group.t, gs, group.states,
+                                         [kp for _, _, kp in self.slots])
+                    if found is None:
+                        return False
+                group.run(gs, {}, found)
             except (ValueError, TypeError, ArithmeticError) as err:
                 err.add_note(in_group([kp for _, _, kp in self.slots], group.rule))
                 raise
@@ -179,8 +191,11 @@ class Plan:
         if grads is DOTGRAD:
             if self.firsts is None:
                 return None
+            xs = [x for _, x, _ in self.slots]
+            if self.firsts is True and all(map(_LEAF, xs)):  # (one C call a column)
+                return [list(map(_GRAD, xs))]
             return [[x.grad if first and x.is_leaf else None
-                     for (_, x, _), first in zip(self.slots, self.firsts)]]
+                     for x, first in zip(xs, self.firsts)]]
         per_tree = []
         for g in grads:
             out = [None] * len(self.slots)
@@ -195,9 +210,9 @@ class Plan:
         """Whether every node of the tree and the model still has the children it had."""
         try:
             for fetch, keys, kids, by_eq in self.edges:
-                now = keys if fetch is None else map(fetch, keys)
+                now = keys if fetch is None else fetch() if keys is None else map(fetch, keys)
                 if by_eq:
-                    same = (now if fetch is None else list(now)) == kids
+                    same = (now if fetch is None or keys is None else list(now)) == kids
                 else:
                     same = all(map(operator.is_, now, kids))
                 if not same:

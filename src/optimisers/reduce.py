@@ -22,7 +22,7 @@ from optimisers.rules.tree import TreeRule
 from optimisers.schedules import at
 from optimisers.walk import fmap
 
-__all__ = ["places", "totals", "given", "copier"]
+__all__ = ["places", "totals", "group_totals", "given", "copier"]
 
 
 def copier() -> Any:
@@ -101,12 +101,37 @@ def totals(entries: list, where: dict) -> dict:
         arriving = [_arriving(at(e.leaf.rule, e.leaf.clock), e.leaf.state, e.x, e.grads[0],
                               place, copy)
                     for e in members]
-        parts = [rule.part(g) for g in arriving if g is not None]
-        if not parts:
+        arrived = [g for g in arriving if g is not None]
+        if not arrived:
             continue
+        parts = rule.parts(arrived)
         total = out[key] = rule.total(parts)
         rule.check(total, [_state_at(e.leaf.rule, e.leaf.state, place) for e in members],
                    [e.paths[0] for e in members])
+    return out
+
+
+def group_totals(rule: Rule, clock: Any, grads: list, states: list, paths: list
+                 ) -> dict | None:
+    """group_totals(rule, clock, grads, states, paths) -> :func:`totals` for Leafs that all
+    step ``rule`` at ``clock`` (one scope per tree-level rule) with ``grads``; ``None`` where
+    a rule runs before a tree-level one (the gradient reaching it is not the one given).
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers import ClipGlobalNorm
+        >>> found = group_totals(ClipGlobalNorm(), 0, [np.array([3.0]), np.array([4.0])],
+        ...                      [None, None], ["a", "b"])
+        >>> [float(v) for v in found.values()]
+        [5.0]
+    """
+    out = {}
+    for place, tree_rule in places(at(rule, clock)):
+        if any(step != 0 for step in place):
+            return None
+        total = out[_key(place, tree_rule)] = tree_rule.total(tree_rule.parts(grads))
+        if type(tree_rule).check is not TreeRule.check:
+            tree_rule.check(total, [_state_at(rule, s, place) for s in states], paths)
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy as _copy
 import functools
+import operator
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -70,6 +71,22 @@ def _child(m: nn.Module, k: str) -> Any:
         if k in found:
             return found[k]
     raise KeyError(k)
+
+
+def _parameters_at(m: nn.Module, keys: tuple) -> Callable[[], tuple] | None:
+    """What ``_child`` gives at each of two or more ``keys``, read in one call, where all
+    are parameters of ``m`` (``nn.Module`` keeps a name in one of its dicts only: a
+    module or buffer given a parameter's name takes it out, and the read raises
+    ``KeyError``); else ``None``."""
+    params = m._parameters
+    if len(keys) < 2 or not all(k in params and k not in m._modules and k not in m._buffers
+                                for k in keys):
+        return None
+    get = operator.itemgetter(*keys)
+    return lambda: get(params)
+
+
+_child.many = _parameters_at  # type: ignore[attr-defined]
 
 
 def _wrapped_child(m: nn.Module, k: str) -> Any:

@@ -36,6 +36,7 @@ Array = torch.Tensor
 
 CONCATENATES = True  # fused.Group steps groups over concatenations (protocol.Grouping)
 FUSES_ITSELF = False
+ASYNC = True  # reading a result on the host (float) waits for the device: keep it there
 _SHAPE = operator.attrgetter("shape")
 
 _REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32,
@@ -200,6 +201,23 @@ abs2 = functools.partial(common.abs2, _SELF)
 clip = functools.partial(common.clip, _SELF)
 norm = functools.partial(common.norm, _SELF)
 eps = functools.partial(common.eps, _SELF)
+
+
+def total_norm(arrays: list, p: float) -> Array | None:
+    """The ``p``-norm of all ``arrays`` together, a 0-d tensor on their device (no host
+    read), by ``torch.nn.utils.get_total_norm``; ``None`` unless they are dense float32 or
+    float64 tensors of one dtype and device (then a norm each: ``ClipGlobalNorm.part``).
+
+    Example:
+        >>> float(total_norm([torch.tensor([3.0]), torch.tensor([4.0])], 2.0))
+        5.0
+    """
+    a0 = arrays[0]
+    if a0.dtype not in (torch.float32, torch.float64) or not all(
+            type(a) is torch.Tensor and a.dtype == a0.dtype and a.device == a0.device
+            and a.layout == torch.strided for a in arrays):
+        return None
+    return torch.nn.utils.get_total_norm(arrays, p)
 
 
 def isfinite(n: Any) -> bool | None:

@@ -177,6 +177,13 @@ def _fill(sig: Any, arrays: Any) -> Any:
     return sig
 
 
+def _counted(sig: Node, inner: bool) -> Node:
+    """Adam's state signature (``inner``: the second of a chain's) one step on."""
+    if inner:
+        return Node((sig[0], _counted(sig[1], False)))
+    return Node((*sig[:-1], sig[-1] + 1))
+
+
 class Group:
     """Leafs stepped together: their rule, state signature, arrays, and parameters."""
 
@@ -184,7 +191,8 @@ class Group:
 
     __slots__ = ("rule", "sig", "leaves", "arrays", "xs", "write", "states", "xp", "uses_x",
                  "large", "subtract", "prints", "t", "timed", "now", "reduced",
-                 "counts", "clocks", "owner", "params", "ngrads", "views", "steps")
+                 "counts", "clocks", "owner", "params", "ngrads", "views", "steps",
+                 "native")
 
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
@@ -211,6 +219,10 @@ class Group:
         self.subtract: Any = None  # the backend's x -= d over all xs (made when needed)
         self.steps: Any = None  # the step of the last piecewise run (see _over)
         self.prints = self.xp.footprints(self.params)  # what these assume of their memory
+        self.native = None  # torch.optim's own Adam, where it computes this rule's formula
+        if write and type(self) is Group and backends.library(self.xs[0]) == "torch":
+            from optimisers.fast import torchadam
+            self.native = torchadam.native(rule, sig, self.xs, self.arrays)
 
     def moved(self) -> bool:
         """Whether a parameter's memory changed since the group was made (``p.data = ...``,
@@ -239,7 +251,10 @@ class Group:
         if self.timed or self.reduced:
             now = at(self.rule, self.t)
             self.now = given(now, found) if self.reduced and found else now
-        if not self._chunked(grads):
+        if self.native is not None and self.native.step(self.now, grads):
+            sig = _counted(self.sig, self.native.clip)
+            self._restate(sig, self.native.states(sig))
+        elif not self._chunked(grads):
             self._joined(grads, new)
 
     def _shaped(self, flat: Any, like: Any) -> Any:
@@ -380,10 +395,11 @@ class Group:
                 xp.subtract(x, d, True)
         return newsig
 
-    def _restate(self, newsig: Any) -> None:
-        """Give each Leaf its new state, and the clock one more where the step was real
-        (:meth:`~optimisers.Leaf.advance`, for the whole group at once)."""
-        self.states = _states(newsig, self.arrays)
+    def _restate(self, newsig: Any, states: list | None = None) -> None:
+        """Give each Leaf its new state (``states``, else made from ``newsig``), and the
+        clock one more where the step was real (:meth:`~optimisers.Leaf.advance`, for the
+        whole group at once)."""
+        self.states = states if states is not None else _states(newsig, self.arrays)
         real = not self.counts or self.rule.stepped(newsig)
         if self.t is None:  # clocks that differ: each its own (rules without a schedule)
             self.clocks = [c + 1 for c in self.clocks] if real else self.clocks

@@ -40,6 +40,10 @@ class TreeRule(Rule):
         """This Leaf's part of the reduction, from the gradient reaching the rule."""
         raise NotImplementedError
 
+    def parts(self, dxs: list) -> list:
+        """The parts of the gradients ``dxs`` (each Leaf's, or fewer that reduce the same)."""
+        return [self.part(dx) for dx in dxs]
+
     def total(self, parts: list) -> Any:
         """The reduction of every Leaf's part."""
         raise NotImplementedError
@@ -99,14 +103,25 @@ class ClipGlobalNorm(TreeRule):
         xp = backends.of(dx)  # (a half-precision sum of squares overflows: float32)
         return xp.norm(xp.astype(dx, np.float32) if xp.ishalf(dx) else dx, self.p)
 
+    def parts(self, dxs: list) -> list:
+        """One norm of them all where the backend takes arrays together, on their device
+        (``total_norm``), else each one's (:meth:`part`)."""
+        many = getattr(backends.of(dxs[0]), "total_norm", None) if len(dxs) > 1 else None
+        whole = many(dxs, self.p) if many is not None else None
+        return [self.part(dx) for dx in dxs] if whole is None else [whole]
+
     def total(self, parts: list) -> Any:
+        if len(parts) == 1:
+            return parts[0]
         if self.p == float("inf"):
             return functools.reduce(_larger, parts)
         return sum(n ** self.p for n in parts) ** (1 / self.p)
 
     def given(self, total: Any) -> Rule:
-        if not backends.istraced(total):
-            n = float(total)
+        lib = backends.library(total)
+        if not backends.istraced(total) and not getattr(lib and backends.ops(lib), "ASYNC",
+                                                        False):
+            n = float(total)  # (a host read: only where it waits for no device)
             return _Scaled(self.omega / n if n > self.omega else 1.0)
         xp = backends.of(total)
         big = total > self.omega
