@@ -1,30 +1,16 @@
 """Multi-array fast paths: one rule application over a whole group of arrays.
 
-Every fusible rule is elementwise: the step of one element depends only on that
-element's parameter, gradient and state, and on scalars (hyper-parameters, bias
-corrections, counters) that are equal across arrays updated together. So the rule's
-ordinary ``apply``, run once on the concatenation of a group's gradients and states,
-gives exactly (bit for bit: the same operations in the same dtype) what running it on
-each array would give, at the cost of a handful of large array operations instead of a
-handful per array. Tests prove the equality rule by rule.
-
-A group is the Leafs stepped in one update that share a rule (by value), a dtype, a
-device and an array library, and whose non-array state (``Adam``'s step count,
-``AccumGrad``'s counter) is equal. :func:`pack` lays a group's state arrays out in one
-buffer with per-Leaf views when ``setup`` runs, so that the group's state is a slice of
-that buffer, not a copy. A :class:`Group` found in one step is kept (by ``update_``'s
-plan) and checked cheaply by identity in the next, so that a training loop does not
-pay for grouping again.
-
-A rule that is not elementwise but :attr:`~optimisers.Rule.stacks` (``Muon``: it works
-on each matrix of a stack) is grouped with the Leafs of its shape instead: a
-:class:`Stack` runs ``apply`` once over their arrays stacked along a new first axis, so
-that each matrix product is one batched product, and gives what stepping each alone
-gives (tests compare).
-
-A backend that ``FUSES_ITSELF`` (JAX) groups its entries itself: under ``jax.jit`` XLA
-fuses the plain path's operations, and the backend stacks only what stacks (``Muon``, by
-``jax.vmap``: ``fast/batched.py``).
+An elementwise rule's step of one element depends only on that element's parameter,
+gradient and state and on scalars equal across the group, so its own ``apply`` run once
+over a group's flat buffers gives bit for bit what it gives array by array (tests prove
+it rule by rule). A group is the Leafs stepped in one update that share a rule (by
+value), a dtype, a device, a library and their non-array state; :func:`pack` lays their
+state out in one buffer with per-Leaf views at ``setup``, and ``update_``'s plan keeps a
+:class:`Group` and checks it by identity at the next step. A rule that
+:attr:`~optimisers.Rule.stacks` (``Muon``) runs once over its Leafs of one shape stacked
+(:class:`Stack`). On torch, Adam and AdamW groups step through torch.optim's own
+functional Adam (``fast/torchadam.py``). JAX groups its entries itself: XLA fuses the
+plain path under ``jax.jit``, and ``fast/batched.py`` vmaps what stacks.
 """
 
 from __future__ import annotations
