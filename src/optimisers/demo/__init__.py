@@ -11,14 +11,14 @@ for biases with ``where=``, ``AccumGrad``, a checkpoint resumed bit for bit, and
 
 from optimisers.demo.cli import add_arguments, run
 from optimisers.demo.model import (
-    HIDDEN,
-    Backend,
-    forward,
-    init_arrays,
-    logistic_loss,
-    make_model,
-    numpy_grads,
-    spirals,
+           HIDDEN,
+           Backend,
+           forward,
+           init_arrays,
+           logistic_loss,
+           make_model,
+           numpy_grads,
+           spirals,
 )
 
 __all__ = ["HIDDEN", "Backend", "add_arguments", "forward", "init_arrays", "logistic_loss",
