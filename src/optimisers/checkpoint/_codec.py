@@ -243,7 +243,7 @@ class Reader:
             j = self.node(ref, kp)
             if j is None or like is None:
                 if j is not None or like is not None:
-                    raise _mismatch(kp, None, _describe(j, True), like)
+                    raise _mismatch(kp, None, describe(j, True), like)
                 continue
             tag, body = _tag(j, ("leaf", "dict", "tuple", "list"), "a node of the state tree")
             if tag == "leaf" and not isinstance(like, Leaf):
@@ -290,7 +290,7 @@ class Reader:
             fits = like is FREE or isinstance(like, SEQUENCES[tag]) and len(body) == len(
                 like)
         if not fits:
-            raise _mismatch(kp, sub, _describe({tag: body}, True), like)
+            raise _mismatch(kp, sub, describe({tag: body}, True), like)
         if tag != "dict":
             return list(range(len(body))), body
         keys = list(got if like is FREE else like)
@@ -355,7 +355,7 @@ class Reader:
             j, kp, depth, tag) if tag in ("rule", "schedule") else self.function(
             body, kp) if tag == "function" else _dtype(j)
         if like is not FREE and not _compatible(out, like):
-            raise _mismatch(kp, sub, _describe(out), like)
+            raise _mismatch(kp, sub, describe(out), like)
         return out
 
     def rule(self, j: dict, kp: KeyPath, depth: int = 0, tag: str = "rule") -> Rule | Schedule:
@@ -393,11 +393,11 @@ class Reader:
         name, shape, bits = j["dtype"], tuple(j["shape"]), j.get("bits")
         lib = None if like is FREE else backends.library(like)
         is_array = lib is not None or isinstance(like, np.generic)
-        if like is not FREE and not (is_array or shape == () and _isnumber(like)):
-            raise _mismatch(kp, sub, _describe(j, True), like)
+        if like is not FREE and not (is_array or shape == () and isnumber(like)):
+            raise _mismatch(kp, sub, describe(j, True), like)
         like_name = dtype_name(like) if is_array else None
         if is_array and (name != like_name or shape != tuple(like.shape)):
-            raise _mismatch(kp, sub, _describe(j, True), like, "make like by setup on the "
+            raise _mismatch(kp, sub, describe(j, True), like, "make like by setup on the "
                             "same model (from the same rule classes)")
         idx = j["array"]
         owner = id(like) if is_array else FREE if like is FREE else object()
@@ -407,7 +407,7 @@ class Reader:
                 raise Invalid(f"the checkpoint is malformed: array {idx} is used at "
                               f"{_where(kp, sub)} and at {_where(first_kp, first_sub)}, but "
                               f"like does not share one array there, or the records differ "
-                              f"({_describe(j, True)} and {_describe(first, True)})")
+                              f"({describe(j, True)} and {describe(first, True)})")
             return out
         stored = STANDARD.get(name if bits is None else bits if bits in (
             "uint8", "uint16", "uint32", "uint64") else "")
@@ -446,7 +446,7 @@ def _where(kp: KeyPath, sub: str | None) -> str:
     return f"{kp!r}" + (f", state{sub}" if sub is not None else "")
 
 
-def _describe(t: Any, form: bool = False) -> str:
+def describe(t: Any, form: bool = False) -> str:
     """How a node or value of a state tree (``form``: its JSON) reads in a message."""
     tag, body = next(iter(t.items())) if form and isinstance(t, dict) and t else (None, t)
     if tag == "array" or tag is None and (backends.library(t) is not None
@@ -466,7 +466,7 @@ def _describe(t: Any, form: bool = False) -> str:
 
 def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: str = "") -> Invalid:
     return Invalid(f"the checkpoint does not match like at {_where(kp, sub)}: the file has "
-                   f"{file}, like has {_describe(like)}" + (f"; {hint}" if hint else ""))
+                   f"{file}, like has {describe(like)}" + (f"; {hint}" if hint else ""))
 
 
 def _dtype(j: dict) -> Any:
@@ -525,7 +525,7 @@ def _first_array(x: Any) -> Any:
     return None
 
 
-def _isnumber(x: Any) -> bool:
+def isnumber(x: Any) -> bool:
     if isinstance(x, (int, float, complex, np.number)):
         return not isinstance(x, bool)
     return backends.library(x) is not None and tuple(x.shape) == ()
@@ -537,7 +537,7 @@ def _compatible(value: Any, like: Any) -> bool:
     if isinstance(value, bool) or isinstance(like, bool) or value is None or like is None:
         return type(value) is type(like)
     if isinstance(value, (int, float, complex)):
-        return _isnumber(like)
+        return isnumber(like)
     return type(value) is type(like) or isinstance(value, np.dtype) and isinstance(
         like, np.dtype)
 
