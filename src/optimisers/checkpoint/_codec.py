@@ -62,10 +62,10 @@ class Writer:
     """A state tree as the document's nodes and Leaf records, its arrays in :attr:`arrays`."""
 
     def __init__(self) -> None:
-        self.leaves: list[dict] = []
+        self.leaves: list[dict] = []  # the Leaf records
         self.arrays: list[np.ndarray] = []
-        self.ids: dict[int, Any] = {}  # id of a Leaf, rule or array -> index or record
-        self.keep: list[Any] = []  # the arrays of those ids, alive so that ids stay unique
+        self.ids: dict[int, Any] = {}  # id of a Leaf, rule or array -> index or record; the
+        self.keep: list[Any] = []  # arrays of those ids kept alive, so that ids stay unique
 
     def document(self, tree: Any) -> str:
         """The JSON document: nodes flat, parents first, containers holding their children's
@@ -208,13 +208,12 @@ class Reader:
     the whole tree matched; functions taken from ``like`` (:attr:`functions`)."""
 
     def __init__(self, doc: Any, like: Any, archive: Any = None) -> None:
-        self.like, self.archive, self.functions = like, archive, {}
+        self.like, self.archive, self.functions, self.used = like, archive, {}, set()
         self.here: Any = None  # the state of like's Leaf being read: where arrays go
         self.arrays: dict[int, tuple] = {}  # index -> record, owner, path, item, array
         self.kinds: dict[Any, str] = {}  # a file's rule form, or id of like's -> its classes
-        self.used: set[int] = set()  # the nodes read
-        self.built: dict[int, tuple[Leaf, KeyPath, int]] = {}  # index -> Leaf, path, like's id
-        self.seen: dict[int, tuple[int, KeyPath]] = {}  # id of like's Leaf -> index, path
+        self.built: dict[int, tuple] = {}  # Leaf index -> Leaf, path, id of like's Leaf
+        self.seen: dict[int, tuple] = {}  # id of like's Leaf -> Leaf index, path
         self.rules: list[tuple] = []  # Leaf, form, its text, path, like's state: built last
         if doc is None:
             return
@@ -299,17 +298,15 @@ class Reader:
     def leaf(self, i: Any, like: Leaf, kp: KeyPath) -> Leaf:
         if type(i) is not int or not 0 <= i < len(self.records):
             raise Invalid(f"the checkpoint is malformed: a Leaf reference {i!r} at {kp!r}")
-        if id(like) in self.seen and self.seen[id(like)][0] != i:
-            raise Invalid(f"the checkpoint does not match like at {kp!r}: like's Leaf there is "
-                          f"shared with {self.seen[id(like)][1]!r}, but the file's Leafs are "
-                          f"separate (a different model, or tied parameters were untied)")
+        first, ours = self.seen.get(id(like), (i,)), self.built.get(i, (None, kp, id(like)))
+        if first[0] != i or ours[2] != id(like):
+            whose = ("like's", "the file's") if first[0] != i else ("the file's", "like's")
+            raise Invalid(f"the checkpoint does not match like at {kp!r}: {whose[0]} Leaf there "
+                          f"is shared with {(first if first[0] != i else ours)[1]!r}, but "
+                          f"{whose[1]} Leafs are separate (a different model, or tied "
+                          f"parameters were untied)")
         if i in self.built:
-            leaf, first, like_id = self.built[i]
-            if like_id != id(like):
-                raise Invalid(f"the checkpoint does not match like at {kp!r}: the file's "
-                              f"Leaf there is shared with {first!r}, but like's Leafs are "
-                              f"separate (a different model, or tied parameters)")
-            return leaf
+            return ours[0]
         self.seen[id(like)], rec = (i, kp), self.records[i]
         text = repr(rec["rule"])
         for key, rule in ((text, rec["rule"]), (id(like.rule), like.rule)):
