@@ -261,7 +261,8 @@ class Reader:
                 self.functions, self.here = functions(leaf.rule), here  # like's rule till set
                 leaf.rule = self.rule(j, kp)
                 if "'array'" in text or "'function'" in text or not all(
-                        type(v).__module__.startswith("optimisers.") for v in _parts(leaf.rule)):
+                        type(v).__module__.startswith("optimisers.") for v in _inside(
+                            leaf.rule) if isinstance(v, (Rule, Schedule))):
                     continue  # a user's rule: its constructor runs for each Leaf
                 built[text] = leaf.rule
             leaf.rule = built[text]
@@ -280,33 +281,27 @@ class Reader:
     def fit(self, tag: str, body: Any, like: Any, kp: KeyPath, sub: str | None,
             depth: int) -> tuple[list, list]:
         """A container's keys and items, in ``like``'s order, once ``like`` has the same."""
-        if tag == "dict":
-            got = {k if type(k) is str else self.value(k, FREE, kp, depth=depth + 1): v
-                   for k, v in body}
-            fits = like is FREE or isinstance(like, dict) and len(got) == len(
-                body) and got.keys() == like.keys()
-        else:
-            fits = like is FREE or isinstance(like, SEQUENCES[tag]) and len(body) == len(
-                like)
-        if not fits:
+        got = {k if type(k) is str else self.value(k, FREE, kp, depth=depth + 1): v
+               for k, v in body} if tag == "dict" else body
+        if like is not FREE and not (isinstance(like, SEQUENCES.get(tag, dict)) and len(
+                got) == len(body) == len(like) and (tag != "dict" or got.keys() == like.keys())):
             raise _mismatch(kp, sub, describe({tag: body}, True), like)
-        if tag != "dict":
-            return list(range(len(body))), body
-        keys = list(got if like is FREE else like)
-        return keys, [got[k] for k in keys]
+        keys = list(got if like is FREE else like) if tag == "dict" else range(len(body))
+        return list(keys), [got[k] for k in keys]
 
     def leaf(self, i: Any, like: Leaf, kp: KeyPath) -> Leaf:
         if type(i) is not int or not 0 <= i < len(self.records):
             raise Invalid(f"the checkpoint is malformed: a Leaf reference {i!r} at {kp!r}")
-        first, ours = self.seen.get(id(like), (i,)), self.built.get(i, (None, kp, id(like)))
-        if first[0] != i or ours[2] != id(like):
-            whose = ("like's", "the file's") if first[0] != i else ("the file's", "like's")
-            raise Invalid(f"the checkpoint does not match like at {kp!r}: {whose[0]} Leaf there "
-                          f"is shared with {(first if first[0] != i else ours)[1]!r}, but "
-                          f"{whose[1]} Leafs are separate (a different model, or tied "
-                          f"parameters were untied)")
-        if i in self.built:
-            return ours[0]
+        met, (leaf, at, like_id) = self.seen.get(id(like), (i,)), self.built.get(i, (
+            None, kp, id(like)))  # like's Leaf met before, with file Leaf met[0]; and the file's
+        if met[0] != i or like_id != id(like):
+            shared, separate, at = ("like's", "the file's", met[1]) if met[0] != i else (
+                "the file's", "like's", at)
+            raise Invalid(f"the checkpoint does not match like at {kp!r}: {shared} Leaf there is "
+                          f"shared with {at!r}, but {separate} Leafs are separate (a different "
+                          f"model, or tied parameters were untied)")
+        if leaf is not None:
+            return leaf
         self.seen[id(like)], rec = (i, kp), self.records[i]
         text = repr(rec["rule"])
         for key, rule in ((text, rec["rule"]), (id(like.rule), like.rule)):
@@ -390,12 +385,10 @@ class Reader:
         name, shape, bits = j["dtype"], tuple(j["shape"]), j.get("bits")
         lib = None if like is FREE else backends.library(like)
         is_array = lib is not None or isinstance(like, np.generic)
-        if like is not FREE and not (is_array or shape == () and isnumber(like)):
-            raise _mismatch(kp, sub, describe(j, True), like)
-        like_name = dtype_name(like) if is_array else None
-        if is_array and (name != like_name or shape != tuple(like.shape)):
-            raise _mismatch(kp, sub, describe(j, True), like, "make like by setup on the "
-                            "same model (from the same rule classes)")
+        if like is not FREE and not (shape == () and isnumber(like) if not is_array else (
+                name, shape) == (dtype_name(like), tuple(like.shape))):
+            raise _mismatch(kp, sub, describe(j, True), like, is_array and "make like by setup "
+                            "on the same model (from the same rule classes)")
         idx = j["array"]
         owner = id(like) if is_array else FREE if like is FREE else object()
         if idx in self.arrays:
@@ -406,8 +399,8 @@ class Reader:
                               f"like does not share one array there, or the records differ "
                               f"({describe(j, True)} and {describe(first, True)})")
             return out
-        stored = STANDARD.get(name if bits is None else bits if bits in (
-            "uint8", "uint16", "uint32", "uint64") else "")
+        stored = STANDARD.get(name if bits is None else bits if str(bits).startswith("uint")
+                              else "")
         if stored is None:
             raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name!r}, "
                           f"neither NumPy's nor stored as bits")
@@ -415,10 +408,10 @@ class Reader:
         if j.get("scalar") is True and bits is None and lib is None:
             out = out[()]
         else:
-            ref = like if is_array else next((a for t in itertools.chain(
-                [self.here], (t.state for _, t in leaves(self.like)))
-                if (a := _first_array(t)) is not None), None)  # like's Leaf's first, or like's
-            if bits is not None and (ref is None or (like_name or dtype_name(ref)) != name):
+            ref = like if is_array else next((a for t in itertools.chain([self.here], (
+                t.state for _, t in leaves(self.like))) for a in _inside(t)
+                if backends.library(a) is not None), None)  # like's Leaf's first, or like's
+            if bits is not None and (ref is None or dtype_name(ref) != name):
                 raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name}; "
                               f"like has no array of that dtype there to say what it is")
             lib = backends.library(ref) if not is_array and ref is not None else lib
@@ -461,7 +454,7 @@ def describe(t: Any, form: bool = False) -> str:
     return "a Leaf" if tag == "leaf" else f"a {tag}"
 
 
-def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: str = "") -> Invalid:
+def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: Any = "") -> Invalid:
     return Invalid(f"the checkpoint does not match like at {_where(kp, sub)}: the file has "
                    f"{file}, like has {describe(like)}" + (f"; {hint}" if hint else ""))
 
@@ -513,15 +506,6 @@ def _kinds(rule: Any, kp: KeyPath = KeyPath()) -> str:
     return f"{cls.__name__}({', '.join(inner)})" if inner else cls.__name__
 
 
-def _first_array(x: Any) -> Any:
-    if backends.library(x) is not None:
-        return x
-    for v in x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ():
-        if (a := _first_array(v)) is not None:
-            return a
-    return None
-
-
 def isnumber(x: Any) -> bool:
     if isinstance(x, (int, float, complex, np.number)):
         return not isinstance(x, bool)
@@ -539,19 +523,18 @@ def _compatible(value: Any, like: Any) -> bool:
         like, np.dtype)
 
 
-def _parts(rule: Any) -> Iterator[Rule | Schedule]:
-    """``rule`` and the rules and schedules in its fields, at any depth."""
-    stack = [rule]
+def _inside(x: Any) -> Iterator[Any]:
+    """``x`` and what its tuples, lists, dicts, rules and schedules hold, in order, lazily."""
+    stack = [x]
     while stack:
-        v = stack.pop()
-        if isinstance(v, (tuple, list)):
-            stack.extend(v)
+        yield (v := stack.pop())
+        if isinstance(v, (tuple, list, dict)):
+            stack.extend(reversed(v.values() if isinstance(v, dict) else v))
         elif isinstance(v, (Rule, Schedule)):
-            yield v
-            stack.extend(getattr(v, p.name, None) for p in params(type(v)))
+            stack.extend(getattr(v, p.name, None) for p in reversed(params(type(v))))
 
 
 def functions(rule: Any) -> dict[str, Any]:
     """The functions of the :class:`Function` schedules in ``rule``, by their stored names."""
-    return {v.reference: v.function for v in _parts(rule)
+    return {v.reference: v.function for v in _inside(rule)
             if isinstance(v, Function) and v.reference is not None}
