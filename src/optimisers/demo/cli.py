@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="seed of the data, the initial weights and the minibatches "
                              "(default: 0)")
-    parser.add_argument("--backend", choices=list(net.BACKENDS), default="numpy",
+    parser.add_argument("--backend", choices=list(net.Backend.KINDS), default="numpy",
                         help="the array library and its gradients: numpy (hand-written "
                              "backward pass; the default), torch (torch.autograd) or jax "
                              "(jax.grad)")
@@ -59,9 +59,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"optimisers demo: --plot {args.plot}: there is no folder {folder}",
                       file=sys.stderr)
                 return 2
-        cls = net.BACKENDS[args.backend]
-        need = cls.library, f"--backend {args.backend}", args.backend
-        bk = cls()
+        need = net.Backend.KINDS[args.backend][0], f"--backend {args.backend}", args.backend
+        bk = net.Backend(args.backend)
     except ImportError:
         print(f"optimisers demo: {need[1]} needs {need[0]}, which is not installed; install "
               f'it with: pip install "optimisers[{need[2]}]"', file=sys.stderr)

@@ -184,88 +184,66 @@ def evaluate(task: Task, model: MLP) -> tuple[float, float, float]:
 
 
 class Backend:
-    """NumPy, with the hand-written backward pass; also the base of the others."""
+    """The array library that trains the network: NumPy by the hand-written backward pass,
+    PyTorch by ``torch.autograd`` (on one thread), JAX by ``jax.grad`` under ``jax.jit``."""
 
-    name, library, how, xp = "numpy", "NumPy", "hand-written forward and backward passes", np
+    KINDS = {"numpy": ("NumPy", "hand-written forward and backward passes"),
+             "torch": ("PyTorch", "gradients by torch.autograd"),
+             "jax": ("JAX", "gradients by jax.grad, each step under jax.jit")}
+
+    def __init__(self, name: str = "numpy") -> None:
+        self.name, (self.library, self.how), self.xp, self.threads = name, self.KINDS[name], np, 0
+        if name == "torch":
+            import torch
+
+            self.xp, self.threads = torch, torch.get_num_threads()
+            torch.set_num_threads(1)  # arrays this small: threads cost more than they save
+        if name == "jax":
+            import jax
+
+            self.xp, self.jitted = jax.numpy, jax.jit(functools.partial(_jax_step, jax))
+            for cls in (Dense, BatchNorm, MLP):  # jax.grad then returns an MLP
+                with contextlib.suppress(ValueError):  # registered by an earlier Backend
+                    jax.tree_util.register_dataclass(cls)
 
     def array(self, a: np.ndarray) -> Any:
-        return self.xp.array(a, self.xp.float32)  # a copy: every run starts from the same
+        """A float32 copy of ``a`` in the backend's library (every run starts from the same)."""
+        return (self.xp.tensor if self.name == "torch" else self.xp.array)(a, dtype=self.xp.float32)
 
     def numpy(self, a: Any) -> np.ndarray:
-        return np.asarray(a)
+        return np.asarray(a.detach() if self.name == "torch" else a)
 
     def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
         """One training step: ``(tree, model, loss, batch statistics)``."""
-        loss, grads, stats = numpy_grads(model, x, s)
-        return *update_(tree, model, grads), loss, stats
-
-    def logits(self, model: MLP, x: Any) -> np.ndarray:
-        return self.numpy(forward(model, x, self.xp, train=False)[0])
-
-    def close(self) -> None:
-        """Give back what the backend changed."""
-
-
-class TorchBackend(Backend):
-    """PyTorch: gradients by ``torch.autograd``, updates in place, one thread."""
-
-    name, library, how = "torch", "PyTorch", "gradients by torch.autograd"
-
-    def __init__(self) -> None:
-        import torch
-
-        self.xp, self.threads = torch, torch.get_num_threads()
-        torch.set_num_threads(1)  # arrays this small: threads cost more than they save
-
-    def array(self, a: np.ndarray) -> Any:
-        return self.xp.tensor(a, dtype=self.xp.float32)
-
-    def numpy(self, a: Any) -> np.ndarray:
-        return a.detach().numpy()
-
-    def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
-        params = trainables(model, path=True)
+        if self.name == "numpy":
+            loss, grads, stats = numpy_grads(model, x, s)
+            return *update_(tree, model, grads), loss, stats
+        if self.name == "jax":
+            tree, model, loss, stats = self.jitted(tree, model, x, s)
+            return tree, model, float(loss), stats
+        params = trainables(model, path=True)  # the tie once, at block1.weight
         for _, p in params:
             p.grad = None
         z, (mean, var) = forward(model, x, self.xp, train=True)
-        loss = logistic_loss(z, s, self.xp)
-        loss.backward()  # the tie's gradient summed, given once at block1.weight
+        (loss := logistic_loss(z, s, self.xp)).backward()  # the tie's gradient summed
         grads: dict = {}
         for kp, p in params:
             grads.setdefault(kp[0], {})[kp[1]] = p.grad
         return *update_(tree, model, grads), float(loss), (mean.detach(), var.detach())
 
+    def logits(self, model: MLP, x: Any) -> np.ndarray:
+        return self.numpy(forward(model, x, self.xp, train=False)[0])
+
     def close(self) -> None:
-        self.xp.set_num_threads(self.threads)
+        """Give back what the backend changed (torch's threads)."""
+        if self.threads:
+            self.xp.set_num_threads(self.threads)
 
 
-class JaxBackend(Backend):
-    """JAX: gradients by ``jax.grad``; the pure ``update``; the whole step under ``jax.jit``."""
+def _jax_step(jax: Any, tree: Any, model: MLP, x: Any, s: Any) -> tuple:
+    def loss(model: MLP) -> tuple[Any, tuple]:
+        z, stats = forward(model, x, jax.numpy, train=True)
+        return logistic_loss(z, s, jax.numpy), stats
 
-    name, library, how = "jax", "JAX", "gradients by jax.grad, each step under jax.jit"
-
-    def __init__(self) -> None:
-        import jax
-        import jax.numpy as jnp
-
-        self.xp = jnp
-        for cls in (Dense, BatchNorm, MLP):  # jax.grad then returns an MLP
-            with contextlib.suppress(ValueError):  # registered by an earlier JaxBackend
-                jax.tree_util.register_dataclass(cls)
-
-        def step(tree: Any, model: MLP, x: Any, s: Any) -> tuple:
-            def loss(model: MLP) -> tuple[Any, tuple]:
-                z, stats = forward(model, x, jnp, train=True)
-                return logistic_loss(z, s, jnp), stats
-
-            (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(model)
-            return *update(tree, model, grads), value, stats  # grads: an MLP
-
-        self.jitted = jax.jit(step)
-
-    def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
-        tree, model, loss, stats = self.jitted(tree, model, x, s)
-        return tree, model, float(loss), stats
-
-
-BACKENDS = {"numpy": Backend, "torch": TorchBackend, "jax": JaxBackend}
+    (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(model)
+    return *update(tree, model, grads), value, stats  # grads: an MLP
