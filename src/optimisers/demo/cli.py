@@ -66,33 +66,29 @@ def run(args: argparse.Namespace) -> int:
               f'it with: pip install "optimisers[{need[2]}]"', file=sys.stderr)
         return 1
     try:
-        return _run(bk, args)
+        out, t0, task = functools.partial(print, flush=True), time.perf_counter(), net.make_task(
+            bk, args.steps, args.seed)
+        out(f"optimisers {opt.__version__} demo, backend {bk.name} ({bk.how})")
+        out(f"data: two interleaved spirals, {len(task.labels)} training and "
+            f"{len(task.test_labels)} test points; model: an MLP 2-{net.HIDDEN}-BatchNorm-"
+            f"{net.HIDDEN}-{net.HIDDEN}-1 with a tied weight; {args.steps} steps of {net.BATCH} "
+            f"points; seed {args.seed}")
+        out("\n== one run that shows every feature ==")
+        tour(task, args.steps, out)
+        out(f"\n== {len(comparison.COMPARED)} rules on the same task: the same initial weights "
+            f"and batches ==")
+        curves = comparison.compare(task, args.steps, out)
+        if args.plot is not None:
+            eta = TOUR_RULE.rules[2].eta  # per real step: one per two micro-batches
+            lr = range(args.steps), [eta(i // 2) for i in range(args.steps)]
+            comparison.plot(args.plot, curves, f"optimisers demo: two spirals, {bk.name}, "
+                            f"seed {args.seed}", lr)
+            out(f"plot: wrote the loss curves of {len(curves)} rules and the tour's learning "
+                f"rate to {args.plot}")
+        out(f"done in {time.perf_counter() - t0:.1f} s")
+        return 0
     finally:
         bk.close()
-
-
-def _run(bk: net.Backend, args: argparse.Namespace) -> int:
-    out, t0, task = functools.partial(print, flush=True), time.perf_counter(), net.make_task(
-        bk, args.steps, args.seed)
-    h = net.HIDDEN
-    out(f"optimisers {opt.__version__} demo, backend {bk.name} ({bk.how})")
-    out(f"data: two interleaved spirals, {len(task.labels)} training and "
-        f"{len(task.test_labels)} test points; model: an MLP 2-{h}-BatchNorm-{h}-{h}-1 with a "
-        f"tied weight; {args.steps} steps of {net.BATCH} points; seed {args.seed}")
-    out("\n== one run that shows every feature ==")
-    tour(task, args.steps, out)
-    out(f"\n== {len(comparison.COMPARED)} rules on the same task: the same initial weights "
-        f"and batches ==")
-    curves = comparison.compare(task, args.steps, out)
-    if args.plot is not None:
-        eta = TOUR_RULE.rules[2].eta  # per real step: one per two micro-batches
-        comparison.plot(args.plot, curves, f"optimisers demo: two spirals, {bk.name}, seed "
-                        f"{args.seed}", (range(args.steps), [eta(i // 2) for i in
-                                                             range(args.steps)]))
-        out(f"plot: wrote the loss curves of {len(curves)} rules and the tour's learning "
-            f"rate to {args.plot}")
-    out(f"done in {time.perf_counter() - t0:.1f} s")
-    return 0
 
 
 def _arrays(bk: net.Backend, tree: Any, model: net.MLP) -> list[bytes]:

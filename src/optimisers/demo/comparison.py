@@ -16,15 +16,9 @@ COMPARED = [Descent(0.2), Momentum(0.02, 0.9), Nesterov(0.02, 0.9), Adam(0.005),
 
 
 def name(rule: Any) -> str:
-    """A compared entry's short name: its rule's class, or the mapping's classes joined.
-
-    Example:
-        >>> name({"*.w": Muon(), "*": AdamW()}), name(Adam())
-        ('Muon+AdamW', 'Adam')
-    """
-    if isinstance(rule, dict):
-        return "+".join(dict.fromkeys(type(r).__name__ for r in rule.values()))
-    return type(rule).__name__
+    """A compared entry's short name: its rule's class, or the mapping's, ``Muon+AdamW``."""
+    return "+".join(dict.fromkeys(type(r).__name__ for r in (
+        rule.values() if isinstance(rule, dict) else [rule])))
 
 
 def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tuple]:
@@ -38,9 +32,8 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
             if i % max(1, steps // 100) == 0:
                 curve[i] = evaluate(task, model)[0]
 
-        t0 = time.perf_counter()
-        _, model = train(task, setup(rule, model := make_model(task.bk, task.init)), model, 0,
-                         steps, name(rule), record)
+        t0, model = time.perf_counter(), make_model(task.bk, task.init)
+        _, model = train(task, setup(rule, model), model, 0, steps, name(rule), record)
         seconds, result = time.perf_counter() - t0, evaluate(task, model)
         curves[name(rule)] = (list(curve) + [steps], list(curve.values()) + [result[0]])
         rows.append((name(rule) if isinstance(rule, dict) else repr(rule), *result, seconds))
@@ -70,6 +63,5 @@ def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple) -> None:
     right = ax.twinx()
     right.plot(*lr, color="grey", ls="--", lw=1.2)
     right.set_ylabel("the tour's learning rate (dashed)")
-    fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)

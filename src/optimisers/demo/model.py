@@ -21,9 +21,7 @@ HIDDEN, MOMENTUM, EPS, BATCH = 32, 0.1, 1e-5, 64  # MOMENTUM: of the running sta
 
 
 @dataclass
-class Dense:
-    """``x @ weight + bias``."""
-
+class Dense:  # x @ weight + bias
     weight: Any
     bias: Any
 
@@ -40,9 +38,7 @@ class BatchNorm:
 
 
 @dataclass
-class MLP:
-    """Encoder, BatchNorm, two residual blocks sharing one weight, head."""
-
+class MLP:  # two residual blocks, sharing one weight, between the BatchNorm and the head
     encoder: Dense
     norm: BatchNorm
     block1: Dense
