@@ -91,11 +91,10 @@ def run(args: argparse.Namespace) -> int:
         bk.close()
 
 
-def _arrays(bk: net.Backend, tree: Any, model: net.MLP) -> list[bytes]:
-    """Every array of the model and of the optimiser state, as bytes with dtype and shape."""
-    states = [leaf.state for leaf in opt.select(tree)]
-    arrays = [bk.numpy(a) for a in opt.fleaves((model, states)) if opt.isnumeric(a)]
-    return [(a.dtype, a.shape, a.tobytes()) for a in arrays]
+def _arrays(bk: net.Backend, *parts: Any) -> list[tuple]:
+    """Every array in ``parts``, as NumPy dtype, shape and bytes."""
+    return [(a.dtype, a.shape, a.tobytes()) for a in map(bk.numpy, (
+        a for a in opt.fleaves(parts) if opt.isnumeric(a)))]
 
 
 def tour(task: net.Task, steps: int, out: Callable[[str], None]) -> None:
@@ -143,19 +142,19 @@ def _run_and_resume(task: net.Task, steps: int, tree: Any, model: net.MLP,
     save_at = adjust_at | 1  # odd: half-way through an AccumGrad(2) cycle
     seen: dict[Any, Any] = {}
 
-    def snap(model: net.MLP, layer: str) -> list:
-        return [task.bk.numpy(a).tobytes() for a in vars(getattr(model, layer)).values()]
+    def everything(tree: Any, model: net.MLP) -> list[tuple]:
+        return _arrays(task.bk, model, [leaf.state for leaf in opt.select(tree)])
 
     def hook(i: int, tree: Any, model: net.MLP, say: Callable[[str], None]) -> None:
         if i < 3:  # AccumGrad(2): the first micro-batch of each pair moves nothing
-            seen[i] = snap(model, "head")
+            seen[i] = _arrays(task.bk, model.head)
             if i == 2:
                 say(f"AccumGrad(2): after micro-batch 1 the weights are unchanged "
                     f"({seen[0] == seen[1]}); after micro-batch 2 they took one step with "
                     f"the mean gradient ({seen[1] != seen[2]})")
         if i == freeze_at:
             opt.freeze_(tree["encoder"])
-            seen["encoder"] = snap(model, "encoder")
+            seen["encoder"] = _arrays(task.bk, model.encoder)
             say(f"freeze_: step {i}: freeze_(tree['encoder']) marks the encoder's Leafs "
                 f"frozen; updates skip them")
         if i == adjust_at:
@@ -170,7 +169,7 @@ def _run_and_resume(task: net.Task, steps: int, tree: Any, model: net.MLP,
         if i == thaw_at:
             say(f"thaw_: step {i}: thaw_(tree['encoder']): the encoder trains again; it "
                 f"did not move while frozen for {i - freeze_at} steps: "
-                f"{seen['encoder'] == snap(model, 'encoder')}")
+                f"{seen['encoder'] == _arrays(task.bk, model.encoder)}")
             opt.thaw_(tree["encoder"])
 
     with tempfile.TemporaryDirectory(prefix="optimisers-demo-") as folder:
@@ -179,10 +178,10 @@ def _run_and_resume(task: net.Task, steps: int, tree: Any, model: net.MLP,
         again = opt.load(ckpt, like=opt.setup(TOUR_RULE, seen["model"]))
         again = net.train(task, again, seen["model"], save_at, steps, "resumed",  # quiet
                           lambda i, *a: i > save_at and hook(i, *a[:2], lambda _: None))
-        same = _arrays(task.bk, tree, model) == _arrays(task.bk, *again)
+        same = everything(tree, model) == everything(*again)
         out(f"checkpoint: save(path, tree) at step {save_at} (mid-accumulation, encoder "
             f"frozen, eta {new_eta}; {os.path.getsize(ckpt)} bytes, no pickle), load(path, "
             f"like=setup(rule, model)), {steps - save_at} more steps: "
-            f"{len(_arrays(task.bk, tree, model))} arrays "
+            f"{len(everything(tree, model))} arrays "
             f"{'match' if same else 'MISMATCH'} the uninterrupted run bit for bit")
     return tree, model

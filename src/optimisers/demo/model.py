@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,11 +146,10 @@ def train(task: Task, tree: Any, model: MLP, start: int, stop: int, label: str,
         with contextlib.suppress(ImportError):
             from tqdm import tqdm
 
-            bar = tqdm(total=stop - start, desc=f"{label:>10}", file=sys.stdout, unit="step",
-                       ncols=min(shutil.get_terminal_size().columns, 120))
+            bar = tqdm(total=stop - start, desc=f"{label:>10}", file=sys.stdout, unit="step")
     say = functools.partial(print, flush=True) if bar is None else functools.partial(
         bar.write, file=sys.stdout)
-    try:
+    with bar or contextlib.nullcontext():
         for i in range(start, stop):
             if hook is not None:
                 hook(i, tree, model, say)
@@ -165,9 +163,6 @@ def train(task: Task, tree: Any, model: MLP, start: int, stop: int, label: str,
                 bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
             elif i + 1 in ((start + stop) // 2, stop):
                 say(f"  {label:>10}  step {i + 1:>5}/{stop}  loss {loss:.4f}")
-    finally:
-        if bar is not None:
-            bar.close()
     return tree, model
 
 
