@@ -36,12 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=_steps, default=2000, metavar="N",
                         help="training steps of each run (default: 2000; at least 8)")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="seed of the data, the initial weights and the minibatches "
-                             "(default: 0)")
+                        help="seed of the data, weights and minibatches (default: 0)")
     parser.add_argument("--backend", choices=list(net.Backend.KINDS), default="numpy",
-                        help="the array library and its gradients: numpy (hand-written "
-                             "backward pass; the default), torch (torch.autograd) or jax "
-                             "(jax.grad)")
+                        help="gradients by hand in numpy (the default), by torch.autograd "
+                             "or by jax.grad")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="write the loss curves of the compared rules to this image "
                              '(needs matplotlib: pip install "optimisers[plot]")')
