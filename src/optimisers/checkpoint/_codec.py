@@ -490,19 +490,16 @@ def _registered(tag: str, name: str, kp: KeyPath) -> type:
 def _kinds(rule: Any, kp: KeyPath = KeyPath()) -> str:
     """A rule's class and those of the rules inside it, ``OptimiserChain(ClipGrad, Adam)``:
     of a Rule, or of a rule's JSON in the file (nothing constructed)."""
-    if isinstance(rule, Rule):
-        cls, fields = type(rule), {p.name: getattr(rule, p.name, None) for p in
-                                   params(type(rule))}
-    else:
-        cls = _registered("rule", _tag(rule, ("rule",), "a rule")[1], kp)
-        fields = rule.get("fields") if isinstance(rule.get("fields"), dict) else {}
-        fields = {k: v[next(iter(v))] if isinstance(v, dict) and v and next(iter(v)) in
-                  SEQUENCES and isinstance(v[next(iter(v))], list) else v
-                  for k, v in fields.items()}
-    inner = [_kinds(r, kp) for p in params(cls) for r in (
-        fields.get(p.name) if isinstance(fields.get(p.name), (tuple, list)) else
-        (fields.get(p.name),)) if (isinstance(r, Rule) if isinstance(rule, Rule) else
-                                   isinstance(r, dict) and "rule" in r)]
+    live = isinstance(rule, Rule)
+    cls = type(rule) if live else _registered("rule", _tag(rule, ("rule",), "a rule")[1], kp)
+    fields = {} if live or not isinstance(rule.get("fields"), dict) else rule["fields"]
+    inner = []
+    for p in params(cls):
+        v = getattr(rule, p.name, None) if live else fields.get(p.name)
+        if not live and isinstance(v, dict) and v and next(iter(v)) in SEQUENCES:
+            v = v[next(iter(v))]  # a tuple or list of rules
+        inner += [_kinds(r, kp) for r in (v if isinstance(v, (tuple, list)) else (v,)) if (
+            isinstance(r, Rule) if live else isinstance(r, dict) and "rule" in r)]
     return f"{cls.__name__}({', '.join(inner)})" if inner else cls.__name__
 
 
