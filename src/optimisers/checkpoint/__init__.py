@@ -1,28 +1,24 @@
 """Checkpoints: ``save`` and ``load`` a state tree, without pickle.
 
-A checkpoint is a ZIP file of stored members (``numpy.load`` and ``unzip`` read it):
-``arrays/<i>.npy``, array ``i`` in NumPy's format (a dtype NumPy lacks, ``bfloat16``, as
-its bits: an unsigned integer array of its item size), and ``checkpoint.json``::
-
-    {"format": "optimisers.checkpoint", "version": 2, "nodes": [...], "leaves": [...],
-     "arrays": <count>}
-
-``nodes`` is the state tree flat, parents first, ``nodes[0]`` the root: ``null``,
-``{"leaf": i}`` (a tied Leaf is stored once), ``{"dict": [[<key>, n], ...]}``,
-``{"tuple": [n, ...]}`` or ``{"list": [n, ...]}``, each ``n`` a node referenced once
-(version 1 nested them in ``"tree"``). A leaf is ``{"path": "layers.0.weight", "rule":
-<value>, "frozen": false, "clock": 3, "state": <value>}``. A value is ``null``, a bool, an
-integer or a string, or one tag: ``{"float": "0.9"}`` (its ``repr``), ``{"complex": [re,
-im]}``, ``{"tuple"|"list": [...]}``, ``{"dict": [[k, v], ...]}``, ``{"array": i, "dtype":
-"float32", "shape": [3], "library": "torch"}`` (plus ``"bits"``, ``"scalar"``, ``"weak"``),
-``{"rule"|"schedule": "Adam", "fields": {...}}`` (by its name in ``RULES`` or
-``SCHEDULES``), ``{"function": "module:name"}`` and ``{"dtype": "float32", "as":
-"numpy"|"type"|"torch"|"jax"}``; nested at most 100 deep.
+A checkpoint is a ZIP file of stored members (``numpy.load`` and ``unzip`` read it): array
+``i`` as ``arrays/<i>.npy`` (a dtype NumPy lacks, ``bfloat16``, as the unsigned integers of
+its bits), and ``checkpoint.json``: ``{"format": "optimisers.checkpoint", "version": 2,
+"nodes": [...], "leaves": [...], "arrays": <count>}``. ``nodes`` is the state tree flat,
+parents first, each node referenced once: ``null``, ``{"leaf": i}`` (a tied Leaf stored
+once), ``{"dict": [[<key>, n], ...]}``, ``{"tuple"|"list": [n, ...]}`` (version 1 nested
+them in ``"tree"``). A leaf is ``{"path": "layers.0.weight", "rule": <value>, "frozen":
+false, "clock": 3, "state": <value>}``. A value is ``null``, a bool, an integer, a string,
+or a tag: ``{"float": "0.9"}`` (its ``repr``), ``{"complex": [re, im]}``, ``{"tuple"|"list":
+[...]}``, ``{"dict": [[k, v], ...]}``, ``{"array": i, "dtype": "float32", "shape": [3],
+"library": "torch"}`` (and ``"bits"``, ``"scalar"``, ``"weak"``), ``{"rule"|"schedule":
+"Adam", "fields": {...}}`` (by name in ``RULES`` or ``SCHEDULES``), ``{"function":
+"module:name"}``, ``{"dtype": "float32", "as": "numpy"|"type"|"torch"|"jax"}``; at most 100
+deep.
 
 A file is untrusted: loading never unpickles, runs or imports what it names (rules from
 the registries, functions from ``like``, dtypes from libraries already imported), builds
-rules only after the whole file matched ``like``, reads regular files only, refuses
-compressed members, names used twice and members larger than their records, and a
+rules only after the whole file matched ``like``, reads regular files only, and refuses
+compressed members, names used twice, members larger than their records, and a
 ``checkpoint.json`` over 4 times what ``like``'s own takes plus 1 MiB.
 """
 

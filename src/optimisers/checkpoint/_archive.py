@@ -68,8 +68,7 @@ class Archive:
             self.infos[name] = info
 
     def read(self, info: zipfile.ZipInfo, idx: int | None = None, kp: Any = None) -> bytearray:
-        """A member's bytes (array ``idx``'s, at ``kp``), from the offset its local header
-        gives, CRC checked."""
+        """A member's bytes (array ``idx``'s, at ``kp``), from its local header, CRC checked."""
         self.file.seek(info.header_offset)
         head = self.file.read(30)
         data = bytearray(min(info.file_size, self.size))  # never more than the file holds
@@ -94,8 +93,7 @@ class Archive:
         return bytes(self.read(info))
 
     def npy(self, idx: int, dtype: np.dtype, shape: tuple, kp: KeyPath) -> np.ndarray:
-        """Array ``idx``, its member's size checked against its record (``dtype`` and
-        ``shape``) before it is read; never unpickled."""
+        """Array ``idx``, its size checked against its record before it is read; no pickle."""
         info, count = self.infos.get(f"arrays/{idx}.npy"), math.prod(shape)
         if info is None:
             raise Invalid(f"the checkpoint is damaged: array {idx} (at {kp!r}) is missing")
@@ -122,8 +120,7 @@ class Archive:
 
 @functools.lru_cache(maxsize=64)
 def _npy_header(version: bytes, raw: bytes) -> tuple:
-    """Shape, Fortran flag, dtype and its native form (None if it holds objects) of a
-    ``.npy`` header, parsed by NumPy once per distinct header (a tree's arrays share few)."""
+    """Shape, Fortran flag, dtype, native dtype (None for objects) of a ``.npy`` header."""
     read = (np.lib.format.read_array_header_1_0 if version == b"\x01\x00"
             else np.lib.format.read_array_header_2_0)
     shape, fortran, dtype = read(io.BytesIO(raw))
@@ -131,13 +128,8 @@ def _npy_header(version: bytes, raw: bytes) -> tuple:
 
 
 def write_atomic(path: str, doc: bytes, arrays: list[np.ndarray]) -> None:
-    """Write the ZIP to a locked temporary file beside ``path`` (a symlink's target),
-    fsync it and rename it over ``path``, keeping the permission bits of the file it
-    replaces; a failed write removes it. Temporary files of a killed ``save`` go first.
-
-    Raises:
-        ValueError: ``path`` (or its symlink's target) is not a regular file.
-    """
+    """Write the ZIP to a locked temporary file beside ``path``'s target, fsync it, rename it
+    over (keeping the permission bits), remove it if that fails; first those of dead saves."""
     target = os.path.realpath(path)
     _check_replaceable(path, target)
     folder, base = os.path.split(target)

@@ -62,10 +62,10 @@ class Writer:
     """A state tree as the document's nodes and Leaf records, its arrays in :attr:`arrays`."""
 
     def __init__(self) -> None:
-        self.leaves: list[dict] = []
+        self.leaves: list[dict] = []  # the Leaf records
         self.arrays: list[np.ndarray] = []
-        self.ids: dict[int, Any] = {}  # id of a Leaf, rule or array -> index or record
-        self.keep: list[Any] = []  # the arrays of those ids, alive so that ids stay unique
+        self.ids: dict[int, Any] = {}  # id of a Leaf, rule or array -> index or record; the
+        self.keep: list[Any] = []  # arrays of those ids kept alive, so that ids stay unique
 
     def document(self, tree: Any) -> str:
         """The JSON document: nodes flat, parents first, containers holding their children's
@@ -208,13 +208,12 @@ class Reader:
     the whole tree matched; functions taken from ``like`` (:attr:`functions`)."""
 
     def __init__(self, doc: Any, like: Any, archive: Any = None) -> None:
-        self.like, self.archive, self.functions = like, archive, {}
+        self.like, self.archive, self.functions, self.used = like, archive, {}, set()
         self.here: Any = None  # the state of like's Leaf being read: where arrays go
         self.arrays: dict[int, tuple] = {}  # index -> record, owner, path, item, array
         self.kinds: dict[Any, str] = {}  # a file's rule form, or id of like's -> its classes
-        self.used: set[int] = set()  # the nodes read
-        self.built: dict[int, tuple[Leaf, KeyPath, int]] = {}  # index -> Leaf, path, like's id
-        self.seen: dict[int, tuple[int, KeyPath]] = {}  # id of like's Leaf -> index, path
+        self.built: dict[int, tuple] = {}  # Leaf index -> Leaf, path, id of like's Leaf
+        self.seen: dict[int, tuple] = {}  # id of like's Leaf -> Leaf index, path
         self.rules: list[tuple] = []  # Leaf, form, its text, path, like's state: built last
         if doc is None:
             return
@@ -243,7 +242,7 @@ class Reader:
             j = self.node(ref, kp)
             if j is None or like is None:
                 if j is not None or like is not None:
-                    raise _mismatch(kp, None, _describe(j, True), like)
+                    raise _mismatch(kp, None, describe(j, True), like)
                 continue
             tag, body = _tag(j, ("leaf", "dict", "tuple", "list"), "a node of the state tree")
             if tag == "leaf" and not isinstance(like, Leaf):
@@ -262,7 +261,8 @@ class Reader:
                 self.functions, self.here = functions(leaf.rule), here  # like's rule till set
                 leaf.rule = self.rule(j, kp)
                 if "'array'" in text or "'function'" in text or not all(
-                        type(v).__module__.startswith("optimisers.") for v in _parts(leaf.rule)):
+                        type(v).__module__.startswith("optimisers.") for v in _inside(
+                            leaf.rule) if isinstance(v, (Rule, Schedule))):
                     continue  # a user's rule: its constructor runs for each Leaf
                 built[text] = leaf.rule
             leaf.rule = built[text]
@@ -281,34 +281,26 @@ class Reader:
     def fit(self, tag: str, body: Any, like: Any, kp: KeyPath, sub: str | None,
             depth: int) -> tuple[list, list]:
         """A container's keys and items, in ``like``'s order, once ``like`` has the same."""
-        if tag == "dict":
-            got = {k if type(k) is str else self.value(k, FREE, kp, depth=depth + 1): v
-                   for k, v in body}
-            fits = like is FREE or isinstance(like, dict) and len(got) == len(
-                body) and got.keys() == like.keys()
-        else:
-            fits = like is FREE or isinstance(like, SEQUENCES[tag]) and len(body) == len(
-                like)
-        if not fits:
-            raise _mismatch(kp, sub, _describe({tag: body}, True), like)
-        if tag != "dict":
-            return list(range(len(body))), body
-        keys = list(got if like is FREE else like)
-        return keys, [got[k] for k in keys]
+        got = {k if type(k) is str else self.value(k, FREE, kp, depth=depth + 1): v
+               for k, v in body} if tag == "dict" else body
+        if like is not FREE and not (isinstance(like, SEQUENCES.get(tag, dict)) and len(
+                got) == len(body) == len(like) and (tag != "dict" or got.keys() == like.keys())):
+            raise _mismatch(kp, sub, describe({tag: body}, True), like)
+        keys = list(got if like is FREE else like) if tag == "dict" else range(len(body))
+        return list(keys), [got[k] for k in keys]
 
     def leaf(self, i: Any, like: Leaf, kp: KeyPath) -> Leaf:
         if type(i) is not int or not 0 <= i < len(self.records):
             raise Invalid(f"the checkpoint is malformed: a Leaf reference {i!r} at {kp!r}")
-        if id(like) in self.seen and self.seen[id(like)][0] != i:
-            raise Invalid(f"the checkpoint does not match like at {kp!r}: like's Leaf there is "
-                          f"shared with {self.seen[id(like)][1]!r}, but the file's Leafs are "
-                          f"separate (a different model, or tied parameters were untied)")
-        if i in self.built:
-            leaf, first, like_id = self.built[i]
-            if like_id != id(like):
-                raise Invalid(f"the checkpoint does not match like at {kp!r}: the file's "
-                              f"Leaf there is shared with {first!r}, but like's Leafs are "
-                              f"separate (a different model, or tied parameters)")
+        met, (leaf, at, like_id) = self.seen.get(id(like), (i,)), self.built.get(i, (
+            None, kp, id(like)))  # like's Leaf met before, with file Leaf met[0]; and the file's
+        if met[0] != i or like_id != id(like):
+            shared, separate, at = ("like's", "the file's", met[1]) if met[0] != i else (
+                "the file's", "like's", at)
+            raise Invalid(f"the checkpoint does not match like at {kp!r}: {shared} Leaf there is "
+                          f"shared with {at!r}, but {separate} Leafs are separate (a different "
+                          f"model, or tied parameters were untied)")
+        if leaf is not None:
             return leaf
         self.seen[id(like)], rec = (i, kp), self.records[i]
         text = repr(rec["rule"])
@@ -355,7 +347,7 @@ class Reader:
             j, kp, depth, tag) if tag in ("rule", "schedule") else self.function(
             body, kp) if tag == "function" else _dtype(j)
         if like is not FREE and not _compatible(out, like):
-            raise _mismatch(kp, sub, _describe(out), like)
+            raise _mismatch(kp, sub, describe(out), like)
         return out
 
     def rule(self, j: dict, kp: KeyPath, depth: int = 0, tag: str = "rule") -> Rule | Schedule:
@@ -393,12 +385,10 @@ class Reader:
         name, shape, bits = j["dtype"], tuple(j["shape"]), j.get("bits")
         lib = None if like is FREE else backends.library(like)
         is_array = lib is not None or isinstance(like, np.generic)
-        if like is not FREE and not (is_array or shape == () and _isnumber(like)):
-            raise _mismatch(kp, sub, _describe(j, True), like)
-        like_name = dtype_name(like) if is_array else None
-        if is_array and (name != like_name or shape != tuple(like.shape)):
-            raise _mismatch(kp, sub, _describe(j, True), like, "make like by setup on the "
-                            "same model (from the same rule classes)")
+        if like is not FREE and not (shape == () and isnumber(like) if not is_array else (
+                name, shape) == (dtype_name(like), tuple(like.shape))):
+            raise _mismatch(kp, sub, describe(j, True), like, is_array and "make like by setup "
+                            "on the same model (from the same rule classes)")
         idx = j["array"]
         owner = id(like) if is_array else FREE if like is FREE else object()
         if idx in self.arrays:
@@ -407,10 +397,10 @@ class Reader:
                 raise Invalid(f"the checkpoint is malformed: array {idx} is used at "
                               f"{_where(kp, sub)} and at {_where(first_kp, first_sub)}, but "
                               f"like does not share one array there, or the records differ "
-                              f"({_describe(j, True)} and {_describe(first, True)})")
+                              f"({describe(j, True)} and {describe(first, True)})")
             return out
-        stored = STANDARD.get(name if bits is None else bits if bits in (
-            "uint8", "uint16", "uint32", "uint64") else "")
+        stored = STANDARD.get(name if bits is None else bits if str(bits).startswith("uint")
+                              else "")
         if stored is None:
             raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name!r}, "
                           f"neither NumPy's nor stored as bits")
@@ -418,10 +408,10 @@ class Reader:
         if j.get("scalar") is True and bits is None and lib is None:
             out = out[()]
         else:
-            ref = like if is_array else next((a for t in itertools.chain(
-                [self.here], (t.state for _, t in leaves(self.like)))
-                if (a := _first_array(t)) is not None), None)  # like's Leaf's first, or like's
-            if bits is not None and (ref is None or (like_name or dtype_name(ref)) != name):
+            ref = like if is_array else next((a for t in itertools.chain([self.here], (
+                t.state for _, t in leaves(self.like))) for a in _inside(t)
+                if backends.library(a) is not None), None)  # like's Leaf's first, or like's
+            if bits is not None and (ref is None or dtype_name(ref) != name):
                 raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name}; "
                               f"like has no array of that dtype there to say what it is")
             lib = backends.library(ref) if not is_array and ref is not None else lib
@@ -446,7 +436,7 @@ def _where(kp: KeyPath, sub: str | None) -> str:
     return f"{kp!r}" + (f", state{sub}" if sub is not None else "")
 
 
-def _describe(t: Any, form: bool = False) -> str:
+def describe(t: Any, form: bool = False) -> str:
     """How a node or value of a state tree (``form``: its JSON) reads in a message."""
     tag, body = next(iter(t.items())) if form and isinstance(t, dict) and t else (None, t)
     if tag == "array" or tag is None and (backends.library(t) is not None
@@ -464,9 +454,9 @@ def _describe(t: Any, form: bool = False) -> str:
     return "a Leaf" if tag == "leaf" else f"a {tag}"
 
 
-def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: str = "") -> Invalid:
+def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: Any = "") -> Invalid:
     return Invalid(f"the checkpoint does not match like at {_where(kp, sub)}: the file has "
-                   f"{file}, like has {_describe(like)}" + (f"; {hint}" if hint else ""))
+                   f"{file}, like has {describe(like)}" + (f"; {hint}" if hint else ""))
 
 
 def _dtype(j: dict) -> Any:
@@ -500,32 +490,20 @@ def _registered(tag: str, name: str, kp: KeyPath) -> type:
 def _kinds(rule: Any, kp: KeyPath = KeyPath()) -> str:
     """A rule's class and those of the rules inside it, ``OptimiserChain(ClipGrad, Adam)``:
     of a Rule, or of a rule's JSON in the file (nothing constructed)."""
-    if isinstance(rule, Rule):
-        cls, fields = type(rule), {p.name: getattr(rule, p.name, None) for p in
-                                   params(type(rule))}
-    else:
-        cls = _registered("rule", _tag(rule, ("rule",), "a rule")[1], kp)
-        fields = rule.get("fields") if isinstance(rule.get("fields"), dict) else {}
-        fields = {k: v[next(iter(v))] if isinstance(v, dict) and v and next(iter(v)) in
-                  SEQUENCES and isinstance(v[next(iter(v))], list) else v
-                  for k, v in fields.items()}
-    inner = [_kinds(r, kp) for p in params(cls) for r in (
-        fields.get(p.name) if isinstance(fields.get(p.name), (tuple, list)) else
-        (fields.get(p.name),)) if (isinstance(r, Rule) if isinstance(rule, Rule) else
-                                   isinstance(r, dict) and "rule" in r)]
+    live = isinstance(rule, Rule)
+    cls = type(rule) if live else _registered("rule", _tag(rule, ("rule",), "a rule")[1], kp)
+    fields = {} if live or not isinstance(rule.get("fields"), dict) else rule["fields"]
+    inner = []
+    for p in params(cls):
+        v = getattr(rule, p.name, None) if live else fields.get(p.name)
+        if not live and isinstance(v, dict) and v and next(iter(v)) in SEQUENCES:
+            v = v[next(iter(v))]  # a tuple or list of rules
+        inner += [_kinds(r, kp) for r in (v if isinstance(v, (tuple, list)) else (v,)) if (
+            isinstance(r, Rule) if live else isinstance(r, dict) and "rule" in r)]
     return f"{cls.__name__}({', '.join(inner)})" if inner else cls.__name__
 
 
-def _first_array(x: Any) -> Any:
-    if backends.library(x) is not None:
-        return x
-    for v in x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ():
-        if (a := _first_array(v)) is not None:
-            return a
-    return None
-
-
-def _isnumber(x: Any) -> bool:
+def isnumber(x: Any) -> bool:
     if isinstance(x, (int, float, complex, np.number)):
         return not isinstance(x, bool)
     return backends.library(x) is not None and tuple(x.shape) == ()
@@ -537,24 +515,23 @@ def _compatible(value: Any, like: Any) -> bool:
     if isinstance(value, bool) or isinstance(like, bool) or value is None or like is None:
         return type(value) is type(like)
     if isinstance(value, (int, float, complex)):
-        return _isnumber(like)
+        return isnumber(like)
     return type(value) is type(like) or isinstance(value, np.dtype) and isinstance(
         like, np.dtype)
 
 
-def _parts(rule: Any) -> Iterator[Rule | Schedule]:
-    """``rule`` and the rules and schedules in its fields, at any depth."""
-    stack = [rule]
+def _inside(x: Any) -> Iterator[Any]:
+    """``x`` and what its tuples, lists, dicts, rules and schedules hold, in order, lazily."""
+    stack = [x]
     while stack:
-        v = stack.pop()
-        if isinstance(v, (tuple, list)):
-            stack.extend(v)
+        yield (v := stack.pop())
+        if isinstance(v, (tuple, list, dict)):
+            stack.extend(reversed(v.values() if isinstance(v, dict) else v))
         elif isinstance(v, (Rule, Schedule)):
-            yield v
-            stack.extend(getattr(v, p.name, None) for p in params(type(v)))
+            stack.extend(getattr(v, p.name, None) for p in reversed(params(type(v))))
 
 
 def functions(rule: Any) -> dict[str, Any]:
     """The functions of the :class:`Function` schedules in ``rule``, by their stored names."""
-    return {v.reference: v.function for v in _parts(rule)
+    return {v.reference: v.function for v in _inside(rule)
             if isinstance(v, Function) and v.reference is not None}

@@ -19,11 +19,10 @@ __all__ = ["save", "load"]
 def save(path: str | os.PathLike, tree: Any) -> None:
     """save(path, tree) -> None: write the state tree to a checkpoint file, atomically.
 
-    Stores each Leaf's rule and hyper-parameters, state (arrays with their dtypes, numbers
-    exactly), frozen flag and clock, and which Leafs are shared, without pickle. The file is
-    written beside ``path``, flushed, then renamed over it: a crash or a full disk leaves the
-    previous checkpoint as it was. A replaced file keeps its permission bits; a symlink is
-    written through; anything but a regular file at ``path`` is refused.
+    Stores each Leaf's rule, state (arrays with their dtypes, numbers exactly), frozen flag
+    and clock, and which Leafs are shared, without pickle. The file is written beside
+    ``path``, flushed, then renamed over it (keeping its permission bits; through a
+    symlink): a crash or a full disk leaves the previous checkpoint as it was.
 
     Args:
         path: the file to write (``.ckpt`` or ``.npz`` are customary).
@@ -43,9 +42,8 @@ def save(path: str | os.PathLike, tree: Any) -> None:
         >>> os.listdir(folder.name), folder.cleanup()
         (['opt.ckpt'], None)
     """
-    writer = Writer()
     with _paused_collector():
-        doc = writer.document(tree).encode("utf-8")
+        doc = (writer := Writer()).document(tree).encode("utf-8")
     write_atomic(os.fspath(path), doc, writer.arrays)
 
 
@@ -85,11 +83,9 @@ def load(path: str | os.PathLike, like: Any) -> Any:
     name = os.fspath(path)
     with open_regular(name) as f, _paused_collector():
         try:
-            archive = Archive(f)
-            doc = json.loads(archive.json(cap).decode("utf-8"), parse_float=_no_floats,
-                             parse_constant=_no_floats)
-            reader = Reader(doc, like, archive)
-            tree = reader.tree()
+            doc = json.loads((archive := Archive(f)).json(cap).decode("utf-8"),
+                             parse_float=_no_floats, parse_constant=_no_floats)
+            tree = (reader := Reader(doc, like, archive)).tree()
         except Invalid as e:
             raise ValueError(str(e)) from None
         except Exception as e:  # whatever a damaged file makes the decoders raise
@@ -102,8 +98,7 @@ def load(path: str | os.PathLike, like: Any) -> Any:
 
 @contextlib.contextmanager
 def _paused_collector() -> Iterator[None]:
-    """Python's cyclic garbage collector paused: reading or writing a document makes
-    millions of objects, all kept, which its passes would only walk."""
+    """The cyclic garbage collector paused: a document makes millions of objects, all kept."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -9,13 +9,14 @@ Each Leaf, once at its first path, gives ``"<path>.rule"`` (the form :func:`save
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from optimisers import backends
-from optimisers.checkpoint._codec import STANDARD, Invalid, Reader, Writer, functions
+from optimisers.checkpoint import _codec as codec
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
 from optimisers.rules import Rule
@@ -53,13 +54,12 @@ def state_dict(tree: Any) -> dict:
     """
     out: dict = {}
     for kp, leaf in _first_paths(tree):
-        items = [("rule", rule_form(leaf.rule, kp)), ("frozen", bool(leaf.frozen)),
-                 ("clock", int(leaf.clock))]
-        _map(lambda v, k, items=items: v is None or items.append((k, v.item() if isinstance(
-            v, np.generic) else v)), leaf.state, "state")  # NumPy scalars as Python numbers
-        for name, value in items:
-            key = _key(kp, name)
-            if key in out:
+        items = {"rule": rule_form(leaf.rule, kp), "frozen": bool(leaf.frozen),
+                 "clock": int(leaf.clock)}
+        _map(lambda v, k, items=items: v is None or items.update({k: v.item() if isinstance(
+            v, np.generic) else v}), leaf.state, "state")  # NumPy scalars as Python numbers
+        for name, value in items.items():
+            if (key := _key(kp, name)) in out:
                 raise ValueError(f"two Leafs give the state dict key {key!r} (the second at "
                                  f"{kp!r}): a key of the model holds a dot")
             out[key] = value
@@ -67,25 +67,7 @@ def state_dict(tree: Any) -> dict:
 
 
 def rule_form(rule: Rule, kp: KeyPath = KeyPath()) -> dict:
-    """rule_form(rule) -> the plain, JSON-able form of ``rule`` that :func:`save` writes (a
-    hyper-parameter in a 0-d array, as ``jax.jit`` leaves them, as its number).
-
-    Args:
-        rule: a rule.
-        kp: its path, for messages.
-
-    Returns:
-        ``{"rule": <class name>, "fields": {...}}``.
-
-    Raises:
-        TypeError: the rule holds what a checkpoint cannot store, or an array hyper-parameter
-            of more than one number.
-
-    Example:
-        >>> from optimisers import Descent
-        >>> rule_form(Descent(0.5))
-        {'rule': 'Descent', 'fields': {'eta': {'float': '0.5'}}}
-    """
+    """The JSON-able form of ``rule`` that :func:`save` writes, 0-d arrays as numbers."""
     return _Plain().value(rule, kp, "the rule")
 
 
@@ -101,12 +83,12 @@ def _key(kp: KeyPath, name: str) -> str:
     return f"{kp}.{name}" if kp else name
 
 
-class _Plain(Writer):
-    """A :class:`Writer` that gives each array (a 0-d one of a standard dtype) as its number."""
+class _Plain(codec.Writer):
+    """A Writer that gives each array (a 0-d one of a standard dtype) as its number."""
 
     def array(self, a: Any, kp: KeyPath, where: str) -> Any:
         arr, name = backends.ops(backends.library(a) or "numpy").host(a, where)
-        if arr.shape != () or name not in STANDARD:
+        if arr.shape != () or name not in codec.STANDARD:
             raise TypeError(f"cannot put the rule at {kp!r} in a state dict: a hyper-parameter "
                             f"holds an array of shape {arr.shape} and dtype {name}; give a "
                             f"number")
@@ -153,7 +135,7 @@ def load_state_dict(tree: Any, d: Mapping) -> Any:
                          f"made for another model or rule")
     for leaf, rule, frozen, clock, state in loads:
         leaf.rule, leaf.frozen = rule, frozen
-        leaf.state = _map(lambda v, _: v() if isinstance(v, _Write) else v, state, "")
+        leaf.state = _map(lambda v, _: v() if isinstance(v, functools.partial) else v, state, "")
         if clock is not None:
             leaf.clock = clock
     return tree
@@ -175,27 +157,24 @@ def _read_leaf(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> tuple:
     frozen = _take(d, key, used, f"the frozen flag at {kp!r}")
     if not isinstance(frozen, (bool, np.bool_)):
         raise ValueError(f"the state dict's {key!r} is {frozen!r:.40}; a frozen flag is a bool")
-    key, clock = _key(kp, "clock"), None
-    if key in d:
-        clock = _take(d, key, used, "")
-        if isinstance(clock, (bool, np.bool_)) or not isinstance(clock, (int, np.integer)) \
-                or clock < 0:
-            raise ValueError(f"the state dict's {key!r} is {clock!r:.40}; a clock is a whole "
-                             f"number >= 0")
-        clock = int(clock)
+    key, clock = _key(kp, "clock"), d.get(_key(kp, "clock"))
+    if key in d and (isinstance(clock, (bool, np.bool_)) or not isinstance(
+            _take(d, key, used, ""), (int, np.integer)) or clock < 0):
+        raise ValueError(f"the state dict's {key!r} is {clock!r:.40}; a clock is a whole "
+                         f"number >= 0")
     state = _map(lambda v, k: _state(v, d, k, used), leaf.state, _key(kp, "state"))
-    return rule, bool(frozen), clock, state
+    return rule, bool(frozen), None if clock is None else int(clock), state
 
 
 def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
     """The rule from its form, by the checkpoint's reader: its classes compared with
     ``like``'s before it is built; ``like`` itself when equal."""
     form = rule_form(form, kp) if isinstance(form, Rule) else form
-    reader = Reader(None, None)
-    reader.functions = functions(like)
+    reader = codec.Reader(None, None)
+    reader.functions = codec.functions(like)
     try:
         rule = reader.value(form, like, kp)
-    except Invalid as err:
+    except codec.Invalid as err:
         raise ValueError(f"the state dict's {key!r} does not fit the tree: {err}") from None
     except (LookupError, AttributeError, TypeError) as err:
         raise ValueError(f"the state dict's {key!r} is not a rule's form ({type(err).__name__}: "
@@ -208,63 +187,33 @@ def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
 
 def _state(like: Any, d: Mapping, key: str, used: set) -> Any:
     """An item of ``like``'s state from ``d``, checked: an array as a write to make later."""
-    if like is None:
-        if d.get(key) is not None:
-            raise ValueError(f"the state dict's {key!r} is {_shown(d[key])}, but the tree "
-                             f"holds None there")
-        used.add(key)
-        return None
-    v = _take(d, key, used, "an item of a state")
-    if backends.library(like) is not None:
-        xp, lib = backends.of(like), backends.library(v)
-        if lib is None and xp.shape(like) == () and _isnumber(v) or lib is not None and (
-                backends.ops(lib).shape(v), backends.ops(lib).dtype_name(v)) == (
-                xp.shape(like), xp.dtype_name(like)):
-            return _Write(like, v)
-        raise ValueError(f"the state dict's {key!r} is {_shown(v)}, but the tree holds an "
-                         f"array of shape {xp.shape(like)} and dtype {xp.dtype_name(like)} "
-                         f"there")
-    if _isnumber(like) and not isinstance(v, bool) and (
-            _isnumber(v) or backends.library(v) is not None and tuple(v.shape) == ()):
+    v = d.get(key) if like is None else _take(d, key, used, "an item of a state")
+    if like is None and v is None:
+        return used.add(key)
+    if backends.library(like) is not None and (  # the same shape and dtype, or a number
+            codec.describe(v) == codec.describe(like) or backends.library(v) is None
+            and backends.of(like).shape(like) == () and codec.isnumber(v)):
+        return functools.partial(_write, like, v)
+    if backends.library(like) is None and codec.isnumber(like) and codec.isnumber(v):
         return type(like)(v.item() if hasattr(v, "item") else v)
-    if type(v) is type(like):
+    if like is not None and backends.library(like) is None and type(v) is type(like):
         return v
-    raise ValueError(f"the state dict's {key!r} is {_shown(v)}, but the tree holds "
-                     f"{_shown(like)} there")
+    raise ValueError(f"the state dict's {key!r} is {codec.describe(v)}, but the tree holds "
+                     f"{codec.describe(like)} there")
 
 
-class _Write:
-    """An array of the tree to write from the dict's value (in place where it may be)."""
-
-    def __init__(self, dst: Any, value: Any) -> None:
-        self.dst, self.value = dst, value
-
-    def __call__(self, *_: Any) -> Any:
-        if self.value is self.dst:  # loaded into in place already (a checkpointer's load)
-            return self.dst
-        xp = backends.of(self.dst)
-        return xp.assign(self.dst, xp.cast(self.value, self.dst))
+def _write(dst: Any, value: Any) -> Any:
+    """``dst`` written from ``value`` (in place where it may be); itself if loaded into."""
+    xp = backends.of(dst)
+    return dst if value is dst else xp.assign(dst, xp.cast(value, dst))
 
 
 def _map(f: Any, x: Any, key: str) -> Any:
     """``f(item, key)`` for each item of a state, its tuples, lists and dicts rebuilt."""
-    if not isinstance(x, (tuple, list, dict)):
+    if isinstance(x, dict):
+        return {k: _map(f, v, f"{key}.{k}") for k, v in x.items()}
+    if not isinstance(x, (tuple, list)):
         return f(x, key)
-    items = {k: _map(f, v, f"{key}.{k}") for k, v in (
-        x.items() if isinstance(x, dict) else enumerate(x))}
-    if isinstance(x, dict) or isinstance(x, list):
-        return items if isinstance(x, dict) else list(items.values())
-    return type(x)._make(items.values()) if hasattr(type(x), "_make") else tuple(
-        items.values())
-
-
-def _shown(v: Any) -> str:
-    lib = backends.library(v)
-    if lib is not None:
-        xp = backends.ops(lib)
-        return f"an array of shape {xp.shape(v)} and dtype {xp.dtype_name(v)}"
-    return f"the {type(v).__name__} {v!r:.40}"
-
-
-def _isnumber(v: Any) -> bool:
-    return isinstance(v, (int, float, complex, np.number)) and not isinstance(v, bool)
+    items = [_map(f, v, f"{key}.{i}") for i, v in enumerate(x)]
+    return items if isinstance(x, list) else type(x)._make(items) if hasattr(
+        type(x), "_make") else tuple(items)

@@ -7,8 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from optimisers import Adam, AdamW, Descent, Lion, Momentum, Muon, Nesterov, setup
-from optimisers.demo.model import make_model
-from optimisers.demo.tour import Task, evaluate, train
+from optimisers.demo.model import Task, evaluate, make_model, train
 
 #: The compared rules; the last, a mapping for ``setup``, gives the hidden matrix to ``Muon``.
 COMPARED = [Descent(0.2), Momentum(0.02, 0.9), Nesterov(0.02, 0.9), Adam(0.005),
@@ -17,39 +16,26 @@ COMPARED = [Descent(0.2), Momentum(0.02, 0.9), Nesterov(0.02, 0.9), Adam(0.005),
 
 
 def name(rule: Any) -> str:
-    """A compared entry's short name: its rule's class, or the mapping's classes joined.
-
-    Example:
-        >>> name({"*.w": Muon(), "*": AdamW()}), name(Adam())
-        ('Muon+AdamW', 'Adam')
-    """
-    if isinstance(rule, dict):
-        return "+".join(dict.fromkeys(type(r).__name__ for r in rule.values()))
-    return type(rule).__name__
+    """A compared entry's short name: its rule's class, or the mapping's, ``Muon+AdamW``."""
+    return "+".join(dict.fromkeys(type(r).__name__ for r in (
+        rule.values() if isinstance(rule, dict) else [rule])))
 
 
 def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tuple]:
     """Train a fresh copy of the network with each rule; print the table; return each
     rule's loss curve (the loss on all training points, every 1% of the run)."""
     rows, curves = [], {}
-    every = max(1, steps // 100)
     for rule in COMPARED:
-        label = name(rule)
-        model = make_model(task.bk, task.init)
-        at: list[int] = []
-        losses: list[float] = []
+        curve: dict[int, float] = {}
 
-        def record(i: int, tree: Any, model: Any, bar: Any, at: list = at,
-                   losses: list = losses) -> None:
-            if i % every == 0:
-                at.append(i)
-                losses.append(evaluate(task, model)[0])
+        def record(i: int, tree: Any, model: Any, say: Any, curve: dict = curve) -> None:
+            if i % max(1, steps // 100) == 0:
+                curve[i] = evaluate(task, model)[0]
 
-        t0 = time.perf_counter()
-        _, model = train(task, setup(rule, model), model, 0, steps, label, record)
-        seconds = time.perf_counter() - t0
-        result = evaluate(task, model)
-        curves[label] = (at + [steps], losses + [result[0]])
+        t0, model = time.perf_counter(), make_model(task.bk, task.init)
+        _, model = train(task, setup(rule, model), model, 0, steps, name(rule), record)
+        seconds, result = time.perf_counter() - t0, evaluate(task, model)
+        curves[name(rule)] = (list(curve) + [steps], list(curve.values()) + [result[0]])
         rows.append((name(rule) if isinstance(rule, dict) else repr(rule), *result, seconds))
     width = max(len(r[0]) for r in rows)
     out(f"{'rule':<{width}}  final loss  train acc  test acc  time")
@@ -57,8 +43,7 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
         out(f"{rule:<{width}}  {loss:>10.4f}  {acc:>9.1%}  {test:>8.1%}  {seconds:4.1f} s")
     for rule in (r for r in COMPARED if isinstance(r, dict)):  # a mapping, in full
         out(f"{name(rule)}: setup(mapping, model) with the mapping")
-        for k, r in rule.items():
-            out(f"  {k!r} -> {r!r}")
+        out("\n".join(f"  {k!r} -> {r!r}" for k, r in rule.items()))
     return curves
 
 
@@ -70,17 +55,13 @@ def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for name, (steps, losses) in curves.items():
-        ax.plot(steps, losses, label=name, lw=1.6)
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss on all training points")
-    ax.set_title(title)
+    for label, (steps, losses) in curves.items():
+        ax.plot(steps, losses, label=label, lw=1.6)
+    ax.set(yscale="log", xlabel="step", ylabel="loss on all training points", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     right = ax.twinx()
     right.plot(*lr, color="grey", ls="--", lw=1.2)
     right.set_ylabel("the tour's learning rate (dashed)")
-    fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)

@@ -1,43 +1,43 @@
-"""The demo's network (an MLP with a BatchNorm layer and a tied weight), its data, and the
-array libraries that train it: NumPy by a hand-written backward pass, PyTorch, JAX."""
+"""The demo's data, its network (an MLP with a BatchNorm layer and a tied weight), its
+training loop, and the array libraries that train it: NumPy by a hand-written backward
+pass, PyTorch, JAX."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from optimisers import functor, trainables, update, update_
 
-HIDDEN = 32
-MOMENTUM = 0.1  # of the BatchNorm running statistics
-EPS = 1e-5
+HIDDEN, MOMENTUM, EPS, BATCH = 32, 0.1, 1e-5, 64  # MOMENTUM: of the running statistics
 
 
 @dataclass
-class Dense:
-    """A fully connected layer, ``x @ weight + bias``; all its fields are trainable."""
-
+class Dense:  # x @ weight + bias
     weight: Any
     bias: Any
 
 
 @functor(trainable=("beta", "gamma"))
+@dataclass
 class BatchNorm:
-    """Batch normalisation: ``beta`` and ``gamma`` trainable; ``mu`` and ``var`` follow the
-    forward pass."""
+    """``beta`` and ``gamma`` trained; ``mu`` and ``var`` follow the forward pass."""
 
-    def __init__(self, beta: Any, gamma: Any, mu: Any, var: Any) -> None:
-        self.beta, self.gamma, self.mu, self.var = beta, gamma, mu, var
+    beta: Any
+    gamma: Any
+    mu: Any
+    var: Any
 
 
 @dataclass
-class MLP:
-    """The network: encoder, BatchNorm, two residual blocks sharing one weight, head."""
-
+class MLP:  # two residual blocks, sharing one weight, between the BatchNorm and the head
     encoder: Dense
     norm: BatchNorm
     block1: Dense
@@ -46,54 +46,43 @@ class MLP:
 
 
 def spirals(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` points of two interleaved spirals (1.5 turns each): inputs ``(n, 2)`` and
-    labels ``+1`` / ``-1``, both float32, the same for the same ``seed``."""
+    """``n`` points of two interleaved spirals: inputs ``(n, 2)``, labels ``±1``, float32."""
     rng = np.random.default_rng([seed, n])
     t = np.sqrt(rng.uniform(0.02, 1.0, n)) * 3 * np.pi
     label = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
-    angle = t + np.where(label > 0, 0.0, np.pi)
-    r = t / (3 * np.pi)
+    angle, r = t + np.where(label > 0, 0.0, np.pi), t / (3 * np.pi)
     x = np.stack([r * np.cos(angle), r * np.sin(angle)], 1) + rng.normal(0, 0.03, (n, 2))
     return x.astype(np.float32), label.astype(np.float32)
 
 
 def init_arrays(seed: int) -> dict[str, np.ndarray]:
-    """The network's initial arrays, drawn once in NumPy so every backend starts alike."""
-    rng = np.random.default_rng(seed)
-    h, f32 = HIDDEN, np.float32
-    return {
-        "w1": rng.normal(0, 1, (2, h)).astype(f32), "b1": np.zeros(h, f32),
-        "beta": np.zeros(h, f32), "gamma": np.ones(h, f32),
-        "mu": np.zeros(h, f32), "var": np.ones(h, f32),
-        "w": rng.normal(0, 1 / math.sqrt(h), (h, h)).astype(f32),
-        "c1": np.zeros(h, f32), "c2": np.zeros(h, f32),
-        "v": rng.normal(0, 1 / math.sqrt(h), (h, 1)).astype(f32), "c": np.zeros(1, f32),
-    }
+    """The initial arrays, drawn in NumPy so that every backend starts alike."""
+    rng, h, z = np.random.default_rng(seed), HIDDEN, np.zeros(HIDDEN, np.float32)
+    w1, w, v = (rng.normal(0, s, shape).astype(np.float32) for s, shape in
+                ((1, (2, h)), (1 / math.sqrt(h), (h, h)), (1 / math.sqrt(h), (h, 1))))
+    return {"w1": w1, "b1": z, "beta": z, "gamma": z + 1, "mu": z, "var": z + 1, "w": w,
+            "c1": z, "c2": z, "v": v, "c": np.zeros(1, np.float32)}
 
 
 def make_model(bk: Backend, a: dict[str, np.ndarray]) -> MLP:
     """The model, ``block1`` and ``block2`` tied (with JAX, ``block2.weight`` is ``None``
     and the forward pass reuses ``block1``'s)."""
-    w = bk.array(a["w"])
-    return bk.prepare(MLP(
-        encoder=Dense(bk.array(a["w1"]), bk.array(a["b1"])),
-        norm=BatchNorm(*(bk.array(a[k]) for k in ("beta", "gamma", "mu", "var"))),
-        block1=Dense(w, bk.array(a["c1"])),
-        block2=Dense(None if bk.name == "jax" else w, bk.array(a["c2"])),
-        head=Dense(bk.array(a["v"]), bk.array(a["c"]))))
+    p = {k: bk.array(v) for k, v in a.items()}
+    for k in p.keys() - {"mu", "var"} if bk.name == "torch" else ():
+        p[k].requires_grad_()  # autograd for the trainable arrays
+    return MLP(Dense(p["w1"], p["b1"]), BatchNorm(p["beta"], p["gamma"], p["mu"], p["var"]),
+               Dense(p["w"], p["c1"]), Dense(None if bk.name == "jax" else p["w"], p["c2"]),
+               Dense(p["v"], p["c"]))
 
 
 def forward(m: MLP, x: Any, xp: Any, train: bool) -> tuple[Any, tuple]:
     """The logits and the batch statistics, for any array library ``xp``."""
     a = x @ m.encoder.weight + m.encoder.bias
-    if train:
-        mean = xp.mean(a, 0)
-        var = xp.mean((a - mean) ** 2, 0)
-    else:
-        mean, var = m.norm.mu, m.norm.var
+    mean = xp.mean(a, 0) if train else m.norm.mu
+    var = xp.mean((a - mean) ** 2, 0) if train else m.norm.var
     h = xp.tanh((a - mean) / xp.sqrt(var + EPS) * m.norm.gamma + m.norm.beta)
-    w2 = m.block1.weight if m.block2.weight is None else m.block2.weight
     h = h + xp.tanh(h @ m.block1.weight + m.block1.bias)
+    w2 = m.block1.weight if m.block2.weight is None else m.block2.weight
     h = h + xp.tanh(h @ w2 + m.block2.bias)
     return (h @ m.head.weight + m.head.bias)[:, 0], (mean, var)
 
@@ -107,156 +96,145 @@ def logistic_loss(z: Any, s: Any, xp: Any) -> Any:
 def numpy_grads(m: MLP, x: np.ndarray, s: np.ndarray) -> tuple[float, dict, tuple]:
     """Loss, gradients (dicts by child name, one per path of the tie) and batch statistics
     by a hand-written backward pass."""
-    n = len(s)
-    a = x @ m.encoder.weight + m.encoder.bias
+    n, a = len(s), x @ m.encoder.weight + m.encoder.bias
     mean = a.mean(0)
-    d = a - mean
-    var = (d * d).mean(0)
+    var = ((a - mean) ** 2).mean(0)
     inv = 1 / np.sqrt(var + EPS)
-    xn = d * inv
+    xn = (a - mean) * inv
     h1 = np.tanh(xn * m.norm.gamma + m.norm.beta)
     t2 = np.tanh(h1 @ m.block1.weight + m.block1.bias)
-    h2 = h1 + t2
-    t3 = np.tanh(h2 @ m.block2.weight + m.block2.bias)
-    h3 = h2 + t3
-    z = (h3 @ m.head.weight + m.head.bias)[:, 0]
+    t3 = np.tanh((h1 + t2) @ m.block2.weight + m.block2.bias)
+    z = ((h1 + t2 + t3) @ m.head.weight + m.head.bias)[:, 0]
     dz = (-s / (1 + np.exp(s * z)) / n)[:, None]  # d loss / d z
-    head = {"weight": h3.T @ dz, "bias": dz.sum(0)}
     dh3 = dz @ m.head.weight.T
     du3 = dh3 * (1 - t3 * t3)
-    block2 = {"weight": h2.T @ du3, "bias": du3.sum(0)}
     dh2 = dh3 + du3 @ m.block2.weight.T
     du2 = dh2 * (1 - t2 * t2)
-    block1 = {"weight": h1.T @ du2, "bias": du2.sum(0)}
     dy = (dh2 + du2 @ m.block1.weight.T) * (1 - h1 * h1)
-    norm = {"beta": dy.sum(0), "gamma": (dy * xn).sum(0)}
     dxn = dy * m.norm.gamma
     da = inv / n * (n * dxn - dxn.sum(0) - xn * (dxn * xn).sum(0))
-    encoder = {"weight": x.T @ da, "bias": da.sum(0)}
-    grads = {"encoder": encoder, "norm": norm, "block1": block1, "block2": block2,
-             "head": head}
+    grads = {"encoder": (x, da), "block1": (h1, du2), "block2": (h1 + t2, du3),
+             "head": (h1 + t2 + t3, dz)}
+    grads = {k: {"weight": i.T @ d, "bias": d.sum(0)} for k, (i, d) in grads.items()}
+    grads["norm"] = {"beta": dy.sum(0), "gamma": (dy * xn).sum(0)}
     return float(logistic_loss(z, s, np)), grads, (mean, var)
-class Backend:
-    """NumPy, with the hand-written backward pass; also the base of the others."""
 
-    name, how, xp = "numpy", "hand-written forward and backward passes", np
+
+class Task(NamedTuple):
+    """What every run shares: backend, data, initial weights, and each step's minibatch."""
+
+    bk: Backend
+    points: np.ndarray
+    labels: np.ndarray
+    test_points: np.ndarray
+    test_labels: np.ndarray
+    batches: np.ndarray
+    init: dict[str, np.ndarray]
+
+
+def make_task(bk: Backend, steps: int, seed: int, n: int = 512) -> Task:
+    batches = np.random.default_rng([seed, 1]).integers(0, n, (steps, BATCH))
+    return Task(bk, *spirals(n, seed), *spirals(n, seed + 10_000), batches, init_arrays(seed))
+
+
+def train(task: Task, tree: Any, model: MLP, start: int, stop: int, label: str,
+          hook: Callable | None = None) -> tuple[Any, MLP]:
+    """Steps ``start`` to ``stop``; ``hook(i, tree, model, say)`` runs before step ``i``.
+    Progress: a tqdm bar on a terminal (when installed), else a line half-way and at the end."""
+    bar, bk = None, task.bk
+    if sys.stdout.isatty():
+        with contextlib.suppress(ImportError):
+            from tqdm import tqdm
+
+            bar = tqdm(total=stop - start, desc=f"{label:>10}", file=sys.stdout, unit="step")
+    say = functools.partial(print, flush=True) if bar is None else functools.partial(
+        bar.write, file=sys.stdout)
+    with bar or contextlib.nullcontext():
+        for i in range(start, stop):
+            if hook is not None:
+                hook(i, tree, model, say)
+            idx = task.batches[i]
+            tree, model, loss, (mean, var) = bk.step(
+                tree, model, bk.array(task.points[idx]), bk.array(task.labels[idx]))
+            model.norm.mu = (1 - MOMENTUM) * model.norm.mu + MOMENTUM * mean
+            model.norm.var = (1 - MOMENTUM) * model.norm.var + MOMENTUM * var
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            elif i + 1 in ((start + stop) // 2, stop):
+                say(f"  {label:>10}  step {i + 1:>5}/{stop}  loss {loss:.4f}")
+    return tree, model
+
+
+def evaluate(task: Task, model: MLP) -> tuple[float, float, float]:
+    """Loss and accuracy on the training points, accuracy on the test points."""
+    z, zt = (task.bk.logits(model, task.bk.array(x)) for x in (task.points, task.test_points))
+    z = z.astype(np.float64)
+    return (float(logistic_loss(z, task.labels, np)), float(np.mean(z * task.labels > 0)),
+            float(np.mean(zt * task.test_labels > 0)))
+
+
+class Backend:
+    """The array library that trains the network: NumPy by the hand-written backward pass,
+    PyTorch by ``torch.autograd`` (on one thread), JAX by ``jax.grad`` under ``jax.jit``."""
+
+    KINDS = {"numpy": ("NumPy", "hand-written forward and backward passes"),
+             "torch": ("PyTorch", "gradients by torch.autograd"),
+             "jax": ("JAX", "gradients by jax.grad, each step under jax.jit")}
+
+    def __init__(self, name: str = "numpy") -> None:
+        self.name, (self.library, self.how), self.xp, self.threads = name, self.KINDS[name], np, 0
+        if name == "torch":
+            import torch
+
+            self.xp, self.threads = torch, torch.get_num_threads()
+            torch.set_num_threads(1)  # arrays this small: threads cost more than they save
+        if name == "jax":
+            import jax
+
+            self.xp, self.jitted = jax.numpy, jax.jit(functools.partial(_jax_step, jax))
+            for cls in (Dense, BatchNorm, MLP):  # jax.grad then returns an MLP
+                with contextlib.suppress(ValueError):  # registered by an earlier Backend
+                    jax.tree_util.register_dataclass(cls)
 
     def array(self, a: np.ndarray) -> Any:
-        return np.array(a, np.float32)
+        """A float32 copy of ``a`` in the backend's library (every run starts from the same)."""
+        return (self.xp.tensor if self.name == "torch" else self.xp.array)(a, dtype=self.xp.float32)
 
     def numpy(self, a: Any) -> np.ndarray:
-        return np.asarray(a)
-
-    def prepare(self, model: MLP) -> MLP:
-        return model
+        return np.asarray(a.detach() if self.name == "torch" else a)
 
     def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
         """One training step: ``(tree, model, loss, batch statistics)``."""
-        loss, grads, stats = numpy_grads(model, x, s)
-        return *update_(tree, model, grads), loss, stats
+        if self.name == "numpy":
+            loss, grads, stats = numpy_grads(model, x, s)
+            return *update_(tree, model, grads), loss, stats
+        if self.name == "jax":
+            tree, model, loss, stats = self.jitted(tree, model, x, s)
+            return tree, model, float(loss), stats
+        params = trainables(model, path=True)  # the tie once, at block1.weight
+        for _, p in params:
+            p.grad = None
+        z, (mean, var) = forward(model, x, self.xp, train=True)
+        (loss := logistic_loss(z, s, self.xp)).backward()  # the tie's gradient summed
+        grads: dict = {}
+        for kp, p in params:
+            grads.setdefault(kp[0], {})[kp[1]] = p.grad
+        return *update_(tree, model, grads), float(loss), (mean.detach(), var.detach())
 
     def logits(self, model: MLP, x: Any) -> np.ndarray:
         return self.numpy(forward(model, x, self.xp, train=False)[0])
 
-    def __enter__(self) -> Backend:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-class TorchBackend(Backend):
-    """PyTorch: gradients by ``torch.autograd``, updates in place."""
-
-    name, how = "torch", "gradients by torch.autograd"
-
-    def __init__(self) -> None:
-        import torch
-
-        self.xp = self.torch = torch
-        self.threads = torch.get_num_threads()
-
-    def array(self, a: np.ndarray) -> Any:
-        return self.torch.tensor(a, dtype=self.torch.float32)
-
-    def numpy(self, a: Any) -> np.ndarray:
-        return a.detach().cpu().numpy()
-
-    def prepare(self, model: MLP) -> MLP:
-        for p in trainables(model):
-            p.requires_grad_()
-        return model
-
-    def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
-        params = trainables(model, path=True)
-        for _, p in params:
-            p.grad = None
-        z, (mean, var) = forward(model, x, self.torch, train=True)
-        loss = logistic_loss(z, s, self.torch)
-        loss.backward()
-        # autograd summed the tie's gradient: give it once, at block1.weight
-        grads: dict = {}
-        for kp, p in params:
-            grads.setdefault(kp[0], {})[kp[1]] = p.grad
-        tree, model = update_(tree, model, grads)
-        return tree, model, float(loss.detach()), (mean.detach(), var.detach())
-
-    def logits(self, model: MLP, x: Any) -> np.ndarray:
-        with self.torch.no_grad():
-            return super().logits(model, x)
-
-    def __enter__(self) -> Backend:
-        self.torch.set_num_threads(1)  # arrays this small: threads cost more than they save
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.torch.set_num_threads(self.threads)
+    def close(self) -> None:
+        """Give back what the backend changed (torch's threads)."""
+        if self.threads:
+            self.xp.set_num_threads(self.threads)
 
 
-class JaxBackend(Backend):
-    """JAX: gradients by ``jax.grad``; the pure ``update``; the whole step under ``jax.jit``."""
+def _jax_step(jax: Any, tree: Any, model: MLP, x: Any, s: Any) -> tuple:
+    def loss(model: MLP) -> tuple[Any, tuple]:
+        z, stats = forward(model, x, jax.numpy, train=True)
+        return logistic_loss(z, s, jax.numpy), stats
 
-    name, how = "jax", "gradients by jax.grad, each step under jax.jit"
-
-    def __init__(self) -> None:
-        import jax
-        import jax.numpy as jnp
-
-        self.xp = jnp
-        _register_pytrees(jax)
-
-        def loss(model: MLP, x: Any, s: Any) -> tuple[Any, tuple]:
-            z, stats = forward(model, x, jnp, train=True)
-            return logistic_loss(z, s, jnp), stats
-
-        def step(tree: Any, model: MLP, x: Any, s: Any) -> tuple:
-            (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(model, x, s)
-            tree, model = update(tree, model, grads)  # grads: an MLP, as jax.grad gives
-            return tree, model, value, stats
-
-        self._step = jax.jit(step)
-        self._logits = jax.jit(lambda m, x: forward(m, x, jnp, train=False)[0])
-
-    def array(self, a: np.ndarray) -> Any:
-        return self.xp.asarray(a, dtype=self.xp.float32)
-
-    def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
-        tree, model, loss, stats = self._step(tree, model, x, s)
-        return tree, model, float(loss), stats
-
-    def logits(self, model: MLP, x: Any) -> np.ndarray:
-        return self.numpy(self._logits(model, x))
-
-
-@functools.cache
-def _register_pytrees(jax: Any) -> None:
-    """Make the demo's classes JAX pytrees, once (jax.grad then returns an MLP)."""
-    for cls, names in ((Dense, ("weight", "bias")), (MLP, tuple(MLP.__dataclass_fields__)),
-                       (BatchNorm, ("beta", "gamma", "mu", "var"))):
-        jax.tree_util.register_pytree_node(
-            cls, lambda x, names=names: (tuple(getattr(x, n) for n in names), None),
-            lambda _, kids, cls=cls: cls(*kids))
-
-
-BACKENDS: dict[str, tuple[type[Backend], str]] = {
-    "numpy": (Backend, "NumPy"), "torch": (TorchBackend, "PyTorch"), "jax": (JaxBackend, "JAX")}
+    (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(model)
+    return *update(tree, model, grads), value, stats  # grads: an MLP
