@@ -109,11 +109,10 @@ def pair(tree: Any, model: Any) -> list[Entry]:
 
     Checked as :func:`gather` checks, and each state against its parameter
     (:func:`check_fit`), for what reads a tree beside its model without stepping it."""
-    found: dict[int, Entry] = {}
-    _gather(tree, model, (), KeyPath(), found, {})
-    for e in found.values():
+    entries = gather(tree, model, ())
+    for e in entries:
         check_fit(e)
-    return list(found.values())
+    return entries
 
 
 def check_fit(e: Entry) -> None:
