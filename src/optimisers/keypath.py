@@ -77,9 +77,8 @@ def haskeypath(x: Any, kp: KeyPath | tuple) -> bool:
         >>> haskeypath({"a": (1, 2)}, KeyPath("a", 1)), haskeypath({"a": (1, 2)}, ("a", 2))
         (True, False)
     """
-    for key in kp:
-        kids = children(x)
-        if key not in kids:
-            return False
-        x = kids[key]
+    try:
+        getkeypath(x, kp)
+    except KeyError:
+        return False
     return True

@@ -11,7 +11,7 @@ import dataclasses
 import operator
 import types
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from optimisers import backends
@@ -226,15 +226,9 @@ def register(cls: type, children: Iterable[str] | None = None,
     if names is not None and train is not None and not set(train) <= set(names):
         raise ValueError(f"trainable {train} names children that {cls.__name__} lacks; "
                          f"its children are {names}")
-    return register_node(cls, Node(children=_attributes(names), rebuild=_copied,
-                                   trainable=lambda x, kids: train, mutable=True))
-
-
-def _attributes(names: tuple | None) -> Callable[[Any], dict]:
-    """``children`` of a registered class: the attributes ``names`` (``None``: all)."""
-    if names is None:
-        return lambda x: {n: getattr(x, n) for n in vars(x)}
-    return lambda x: {n: getattr(x, n) for n in names}
+    return register_node(cls, Node(
+        children=lambda x: {n: getattr(x, n) for n in (vars(x) if names is None else names)},
+        rebuild=_copied, trainable=lambda x, kids: train, mutable=True))
 
 
 def register_node(cls: type, node: Node) -> type:
@@ -306,11 +300,9 @@ def keys_shown(keys: Iterable, most: int = 8, show: Callable[[Any], str] = repr)
 
 
 def _iskey(kids: dict, item: Any) -> bool:
-    if not isinstance(item, Hashable):
-        return False
     try:
         return item in kids
-    except TypeError:
+    except TypeError:  # unhashable
         return False
 
 
