@@ -198,10 +198,8 @@ def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields
 
     Example:
         >>> from optimisers import Adam
-        >>> adjust(Adam(), 0.01) == Adam(0.01)
-        True
-        >>> adjust(Adam(), beta=(0.8, 0.99))
-        Adam(eta=0.001, beta=(0.8, 0.99), epsilon=1e-08)
+        >>> adjust(Adam(), 0.01) == Adam(0.01), adjust(Adam(), beta=(0.8, 0.99))
+        (True, Adam(eta=0.001, beta=(0.8, 0.99), epsilon=1e-08))
     """
     if isinstance(tree, Rule):
         return _adjust_rule(tree, _changes([tree], eta, fields))

@@ -21,10 +21,8 @@ class KeyPath(tuple):
 
     Example:
         >>> kp = KeyPath("layers", 0) + ("weight",)
-        >>> kp
-        KeyPath('layers', 0, 'weight')
-        >>> str(kp)
-        'layers.0.weight'
+        >>> kp, str(kp)
+        (KeyPath('layers', 0, 'weight'), 'layers.0.weight')
     """
 
     def __new__(cls, *keys: Hashable) -> KeyPath:

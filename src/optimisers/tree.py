@@ -72,12 +72,8 @@ def children(x: Any) -> dict:
     parameters, buffers and submodules. Anything else is a leaf.
 
     Example:
-        >>> children((10, [20]))
-        {0: 10, 1: [20]}
-        >>> children({"w": 1.0, "b": 2.0})
-        {'w': 1.0, 'b': 2.0}
-        >>> children(3.0)
-        {}
+        >>> children((10, [20])), children({"w": 1.0, "b": 2.0}), children(3.0)
+        ({0: 10, 1: [20]}, {'w': 1.0, 'b': 2.0}, {})
     """
     if isinstance(x, (str, bytes)) or x is None:
         return {}
@@ -140,10 +136,8 @@ def rebuild(x: T, new_children: Mapping) -> T:
         ValueError: when a key is not one of ``x``'s children.
 
     Example:
-        >>> rebuild((1, 2, 3), {1: 20})
-        (1, 20, 3)
-        >>> rebuild({"w": 1.0, "b": 2.0}, {"b": 0.0})
-        {'w': 1.0, 'b': 0.0}
+        >>> rebuild((1, 2, 3), {1: 20}), rebuild({"w": 1.0, "b": 2.0}, {"b": 0.0})
+        ((1, 20, 3), {'w': 1.0, 'b': 0.0})
     """
     old = children(x)
     unknown = [k for k in new_children if k not in old]

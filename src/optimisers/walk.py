@@ -28,9 +28,8 @@ Example:
 
 
 def enter(path: tuple, x: Any, inside: dict, what: str) -> None:
-    """enter(path, x, inside, what): note the container ``x`` as open in a recursive walk
-    (``inside``: id to path; the caller deletes ``id(x)`` when done), or refuse it, past
-    :data:`MAX_DEPTH` or already open (a cycle), with a ``ValueError`` naming the paths."""
+    """Note the container ``x`` as open in a walk (``inside``: id to path; the caller deletes
+    ``id(x)`` when done), or refuse it past :data:`MAX_DEPTH` or already open (a cycle)."""
     if len(path) >= MAX_DEPTH:
         shown = ", ".join([*map(repr, path[:3]), "...", *map(repr, path[-3:])])
         raise ValueError(f"{what} is nested more than {MAX_DEPTH} containers deep: the "

@@ -14,9 +14,7 @@ __all__ = ["Muon", "Adafactor"]
 
 
 def _orthogonalised(xp: Any, u: Any, coefficients: tuple, steps: int, epsilon: Any) -> Any:
-    """Newton–Schulz on each matrix of ``u`` (its last two axes), every intermediate rounded
-    to bfloat16 as ``torch.optim.Muon`` runs it.
-    """
+    """Newton–Schulz on each matrix of ``u``, every intermediate in bfloat16 as torch's."""
     low = xp.to_bfloat16
     a, b, c = coefficients
     rows, cols = xp.shape(u)[-2:]

@@ -31,9 +31,7 @@ _NUMBERS = types.SimpleNamespace(  # the functions schedules call, for Python nu
 
 
 def _maths(t: Any, *counts: Any) -> Any:
-    """The backend of the first array among ``t`` and the step counts (traced under ``jit``),
-    else Python's numbers.
-    """
+    """The backend of the first array among ``t`` and the step counts, else Python's numbers."""
     for v in (t, *counts):
         if type(v) not in (int, float) and backends.library(v) is not None:
             return backends.of(v)
