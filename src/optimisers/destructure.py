@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from optimisers import backends
@@ -45,15 +46,10 @@ class Restructure:
     """
 
     def __init__(self, model: Any, index: Any, params: list[Any]) -> None:
-        self.model = model
-        self._index = index
-        self._params = params
-        self._stops = []  # where each parameter's segment of the vector ends
-        start = 0
-        for x in params:
-            start += backends.of(x).size(x)
-            self._stops.append(start)
-        self.length = start
+        self.model, self._index, self._params = model, index, params
+        # where each parameter's segment of the vector ends
+        self._stops = list(itertools.accumulate(backends.of(x).size(x) for x in params))
+        self.length = self._stops[-1] if params else 0
 
     def __len__(self) -> int:
         return self.length

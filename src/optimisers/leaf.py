@@ -55,14 +55,12 @@ def nodes(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Any]]:
     stack = [iter(((kp, tree),))]
     while stack:
         for kp, t in stack[-1]:
-            if isinstance(t, Leaf) or t is None:
-                yield kp, t
-            elif isinstance(t, (dict, tuple, list)):
-                yield kp, t
+            if not isinstance(t, (Leaf, dict, tuple, list)) and t is not None:
+                raise not_a_tree(t, kp)
+            yield kp, t
+            if isinstance(t, (dict, tuple, list)):
                 stack.append(_below(kp, t))
                 break
-            else:
-                raise not_a_tree(t, kp)
         else:
             stack.pop()
 

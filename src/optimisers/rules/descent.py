@@ -89,8 +89,7 @@ class Nesterov(Rule):
     rho: float = hyperparameter(0.9, "[0, 1]")
     eta_outside: bool = hyperparameter(False, kind="flag")
 
-    def init(self, x):
-        return backends.of(x).zeros_like(x)
+    init = Momentum.init
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
