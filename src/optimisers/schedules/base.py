@@ -72,11 +72,9 @@ class Schedule:
         """Check every declared field; an ``int`` given for a number becomes a ``float``."""
         fields.check(self)
         for f in dataclasses.fields(self):
-            allowed = f.metadata.get("allowed")
-            if allowed is not None and allowed.kind == "number":
-                value = getattr(self, f.name)
-                if type(value) is int:
-                    object.__setattr__(self, f.name, float(value))
+            value = getattr(self, f.name)
+            if type(value) is int and getattr(f.metadata.get("allowed"), "kind", "") == "number":
+                object.__setattr__(self, f.name, float(value))
 
 
 def timed(rule: Any) -> bool:
