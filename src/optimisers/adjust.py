@@ -137,13 +137,8 @@ def _fields(rule: Rule) -> set[str]:
     names = set()
     for f in dataclasses.fields(rule):
         v = getattr(rule, f.name)
-        if isinstance(v, Rule):
-            names |= _fields(v)
-        elif f.name == "rules":
-            for r in v:
-                names |= _fields(r)
-        else:
-            names.add(f.name)
+        inner = (v,) if isinstance(v, Rule) else v if f.name == "rules" else None
+        names |= {f.name} if inner is None else set().union(*map(_fields, inner))
     return names
 
 

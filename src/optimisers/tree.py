@@ -50,13 +50,10 @@ _FOUND: dict[type, Node | None] = {}
 
 def _node(cls: type) -> Node | None:
     """The Node registered for ``cls`` or its nearest base (backends register theirs first)."""
-    try:
-        return _FOUND[cls]
-    except KeyError:
-        pass
-    backends.register_nodes(cls)
-    found = next((_REGISTRY[base] for base in cls.__mro__ if base in _REGISTRY), None)
-    _FOUND[cls] = found
+    found = _FOUND.get(cls, False)
+    if found is False:
+        backends.register_nodes(cls)
+        found = _FOUND[cls] = next((_REGISTRY[b] for b in cls.__mro__ if b in _REGISTRY), None)
     return found
 
 

@@ -54,11 +54,7 @@ def mirror(x: Any, new_children: Mapping) -> Any:
 
 def _child_of(y: Any, key: Any) -> Any:
     """The child of a companion tree ``y`` under ``key``, or ``None``."""
-    if y is None:
-        return None
-    if isinstance(y, Mapping):
-        return y.get(key)
-    return children(y).get(key)
+    return None if y is None else (y if isinstance(y, Mapping) else children(y)).get(key)
 
 
 def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, build: Callable,
