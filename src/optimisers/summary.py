@@ -109,12 +109,8 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     """The header and one line per row, each column as wide as its widest cell."""
     head = ("path", "rule", "params", "state", "frozen")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
-    lines = []
-    for r in [head, *rows]:
-        cells = [r[0].ljust(widths[0] + 3), r[1].ljust(widths[1]), r[2].rjust(widths[2] + 2),
-                 r[3].rjust(widths[3] + 2), "  " + r[4]]
-        lines.append("".join(cells).rstrip())
-    return lines
+    return ["".join([r[0].ljust(widths[0] + 3), r[1].ljust(widths[1]), r[2].rjust(widths[2] + 2),
+                     r[3].rjust(widths[3] + 2), "  " + r[4]]).rstrip() for r in [head, *rows]]
 
 
 def _wrapped(text: str) -> list[str]:

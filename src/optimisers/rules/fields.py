@@ -136,11 +136,10 @@ class Allowed:
                 index: int | str) -> None:
         """Raise :class:`InvalidKind` for ``value``, a value of the wrong kind."""
         need = Allowed(self.kind, within).requirement(name)
-        if self.kind in ("number", "whole") and backends.library(value) is not None:
-            shape = tuple(value.shape)
-            if shape:
-                need += (f": one number (a scalar, or a 0-d array), not an array of shape "
-                         f"{shape}")
+        array = self.kind in ("number", "whole") and backends.library(value) is not None
+        if array and tuple(value.shape):
+            need += (f": one number (a scalar, or a 0-d array), not an array of shape "
+                     f"{tuple(value.shape)}")
         raise InvalidKind(f"{_invalid(name, value, index)} ({type(value).__name__}); "
                           f"{_subject(rule, name, index)} must be {need}")
 
