@@ -83,33 +83,13 @@ def matches(pattern: str, kp: KeyPath | tuple) -> bool:
     only the dot between two keys, and a backslash makes the next character literal
     (``b\.c`` is the one key ``"b.c"``); every other character is itself. A pattern also
     picks every path below the one it matches (``encoder``; ``layers.1``, not ``layers.10``).
-
-    Raises:
-        ValueError: when the pattern ends in a lone backslash.
-
-    Example:
-        >>> matches("encoder", KeyPath("encoder", "layers", 0, "weight"))
-        True
-        >>> matches("b.c", KeyPath("b.c")), matches(r"b\.c", KeyPath("b.c"))
-        (False, True)
-        >>> matches("a[0]", KeyPath("a0")), matches("a[0]", KeyPath("a[0]"))
-        (False, True)
     """
     return _compiled(pattern).fullmatch(_text(kp)) is not None
 
 
 def covering(paths: list[KeyPath], others: list[KeyPath]) -> list[str]:
-    r"""covering(paths, others) -> ``where=`` patterns that together pick every one of
-    ``paths`` and none of ``others``.
-
-    Each is the shortest ``*.``-suffix of a path that picks none of ``others``, else the
-    path itself (what an error message of ``setup`` suggests).
-
-    Example:
-        >>> covering([KeyPath("fc", "bias"), KeyPath("ln", "weight"), KeyPath("ln", "bias")],
-        ...          [KeyPath("fc", "weight")])
-        ['*.bias', 'ln.weight']
-    """
+    """covering(paths, others) -> ``where=`` patterns picking all of ``paths``, none of
+    ``others``: each the shortest ``*.``-suffix of a path that can, else the path itself."""
     found: list[str] = []
     for kp in paths:
         if any(matches(pattern, kp) for pattern in found):
@@ -157,13 +137,8 @@ def _fields(rule: Rule) -> set[str]:
     names = set()
     for f in dataclasses.fields(rule):
         v = getattr(rule, f.name)
-        if isinstance(v, Rule):
-            names |= _fields(v)
-        elif f.name == "rules":
-            for r in v:
-                names |= _fields(r)
-        else:
-            names.add(f.name)
+        inner = (v,) if isinstance(v, Rule) else v if f.name == "rules" else None
+        names |= {f.name} if inner is None else set().union(*map(_fields, inner))
     return names
 
 
@@ -180,9 +155,11 @@ def _adjust_rule(rule: Rule, changes: dict) -> Rule:
     return dataclasses.replace(rule, **new) if new else rule
 
 
-def _adjuster(changes: dict) -> Any:
-    """``_adjust_rule`` with ``changes``, once per rule object: Leafs that shared a rule
-    share the new one (fused groups stay whole)."""
+def _chosen(tree: Any, where: Where, eta: float | None, fields: dict) -> tuple[list, Any]:
+    """The Leafs ``where`` picks, and ``_adjust_rule`` with the changes, once per rule object:
+    Leafs that shared a rule share the new one (fused groups stay whole)."""
+    chosen = select(tree, where)
+    changes = _changes([leaf.rule for leaf in chosen], eta, fields)
     made: dict[int, tuple[Rule, Rule]] = {}
 
     def new(rule: Rule) -> Rule:
@@ -190,7 +167,7 @@ def _adjuster(changes: dict) -> Any:
             made[id(rule)] = (rule, _adjust_rule(rule, changes))  # keeps the id taken
         return made[id(rule)][1]
 
-    return new
+    return chosen, new
 
 
 def _changes(rules: list[Rule], eta: float | None, fields: dict) -> dict:
@@ -216,18 +193,14 @@ def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields
 
     Example:
         >>> from optimisers import Adam
-        >>> adjust(Adam(), 0.01) == Adam(0.01)
-        True
-        >>> adjust(Adam(), beta=(0.8, 0.99))
-        Adam(eta=0.001, beta=(0.8, 0.99), epsilon=1e-08)
+        >>> adjust(Adam(), 0.01) == Adam(0.01), adjust(Adam(), beta=(0.8, 0.99))
+        (True, Adam(eta=0.001, beta=(0.8, 0.99), epsilon=1e-08))
     """
     if isinstance(tree, Rule):
         return _adjust_rule(tree, _changes([tree], eta, fields))
-    chosen = select(tree, where)
-    changes = _changes([leaf.rule for leaf in chosen], eta, fields)
+    chosen, adjusted = _chosen(tree, where, eta, fields)
     ids = {id(leaf) for leaf in chosen}
     memo: dict[int, Leaf] = {}
-    adjusted = _adjuster(changes)
 
     def renew(leaf: Leaf) -> Leaf:
         if id(leaf) not in memo:
@@ -251,9 +224,7 @@ def adjust_(tree: Any, eta: float | None = None, *, where: Where = None, **field
         >>> tree["w"].rule.lambd, tree["bias"].rule.lambd
         (0.1, 0.0)
     """
-    chosen = select(tree, where)
-    changes = _changes([leaf.rule for leaf in chosen], eta, fields)
-    adjusted = _adjuster(changes)
+    chosen, adjusted = _chosen(tree, where, eta, fields)
     new = [adjusted(leaf.rule) for leaf in chosen]  # validate all, then write
     for leaf, rule in zip(chosen, new):
         leaf.rule = rule

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from optimisers import backends
@@ -45,15 +46,10 @@ class Restructure:
     """
 
     def __init__(self, model: Any, index: Any, params: list[Any]) -> None:
-        self.model = model
-        self._index = index
-        self._params = params
-        self._stops = []  # where each parameter's segment of the vector ends
-        start = 0
-        for x in params:
-            start += backends.of(x).size(x)
-            self._stops.append(start)
-        self.length = start
+        self.model, self._index, self._params = model, index, params
+        # where each parameter's segment of the vector ends
+        self._stops = list(itertools.accumulate(backends.of(x).size(x) for x in params))
+        self.length = self._stops[-1] if params else 0
 
     def __len__(self) -> int:
         return self.length
@@ -62,19 +58,16 @@ class Restructure:
         return f"Restructure({type(self.model).__name__}, ..., {self.length})"
 
     def __call__(self, flat: Any) -> Any:
-        """re(flat) -> the model with its trainable parameters taken from ``flat``.
-
-        Raises:
-            ValueError: when ``flat`` does not have length ``len(re)``.
-        """
+        """re(flat) -> the model with its trainable parameters taken from ``flat`` (a
+        ``ValueError`` unless a vector of length ``len(re)``)."""
         shape = getattr(flat, "shape", None)
         if shape is None or len(shape) != 1 or shape[0] != self.length:
+            got = f"shape {tuple(shape)}" if shape is not None else f"a {type(flat).__name__}"
             raise ValueError(f"Restructure expected a 1-D vector of length {self.length}, "
-                             f"got {_describe(flat)}")
+                             f"got {got}")
         if not self._params:
             return self.model
-        xp = backends.of(flat)
-        new = xp.split(flat, self._stops, self._params)
+        new = backends.of(flat).split(flat, self._stops, self._params)
         return place(self._index, self.model, lambda i, old: new[i])
 
 
@@ -96,11 +89,8 @@ def destructure(model: Any) -> tuple[Any, Restructure]:
     """
     index, found = _index(model)
     params = [x for _, x in found]
-    if params:
-        flat = backends.of(params[0]).concat(params, params)
-    else:
-        flat = backends.ops("numpy").concat([], [])
-    return flat, Restructure(model, index, params)
+    xp = backends.of(params[0]) if params else backends.ops("numpy")
+    return xp.concat(params, params), Restructure(model, index, params)
 
 
 def trainables(model: Any, path: bool = False) -> list:
@@ -116,8 +106,3 @@ def trainables(model: Any, path: bool = False) -> list:
     """
     _, found = _index(model)
     return found if path else [x for _, x in found]
-
-
-def _describe(v: Any) -> str:
-    shape = getattr(v, "shape", None)
-    return f"shape {tuple(shape)}" if shape is not None else f"a {type(v).__name__}"

@@ -53,13 +53,11 @@ def _numbers(v: Any) -> Any:
         return new
     if type(v) is tuple:
         return tuple(map(_numbers, v))
-    if isinstance(v, np.generic):
-        a = v
-    elif backends.library(v) is None or backends.istraced(v) or getattr(v, "shape", 0) != ():
-        return v
-    else:
+    if not isinstance(v, np.generic):
+        if backends.library(v) is None or backends.istraced(v) or getattr(v, "shape", 0) != ():
+            return v
         try:
-            a = np.asarray(v)[()]
+            v = np.asarray(v)[()]
         except Exception:  # a tensor off the CPU, say: shown as it is
             return v
-    return float(str(a)) if isinstance(a, np.floating) else a.item()  # float32 0.01: 0.01
+    return float(str(v)) if isinstance(v, np.floating) else v.item()  # float32 0.01: 0.01

@@ -74,8 +74,8 @@ def _grad_children(g: Any, kids: dict, x: Any, kp: KeyPath) -> Mapping | None:
 
 
 def add(plan: dict, leaf: Leaf, x: Any, grads: list, kp: KeyPath) -> None:
-    """Add one path's gradients for ``leaf``: a second path to a tied Leaf sums them (the
-    tree is trusted: the first path's array is stepped, the result placed at every path)."""
+    """Add one path's gradients for ``leaf``; a tied Leaf's second path sums them (the first
+    path's array is stepped, the result placed at every path)."""
     entry = plan.get(id(leaf))
     if entry is None:
         plan[id(leaf)] = Entry(leaf, x, grads, kp)
@@ -95,25 +95,20 @@ def add(plan: dict, leaf: Leaf, x: Any, grads: list, kp: KeyPath) -> None:
 
 
 def gather(tree: Any, model: Any, grads: tuple) -> list[Entry]:
-    """gather(tree, model, grads) -> the entries of one update: each Leaf to step once.
-
-    Validates all of it (every error names its KeyPath) and sums the gradients of tied
-    Leafs; frozen Leafs and Leafs without a gradient have no entry. Nothing is written."""
+    """The entries of one update, each Leaf to step once, all validated (errors name the
+    KeyPath), tied Leafs' gradients summed; frozen or gradient-less Leafs have none."""
     found: dict[int, Entry] = {}
     _gather(tree, model, grads, KeyPath(), found, {})
     return list(found.values())
 
 
 def pair(tree: Any, model: Any) -> list[Entry]:
-    """pair(tree, model) -> an entry without gradients for every Leaf, frozen ones too.
-
-    Checked as :func:`gather` checks, and each state against its parameter
-    (:func:`check_fit`), for what reads a tree beside its model without stepping it."""
-    found: dict[int, Entry] = {}
-    _gather(tree, model, (), KeyPath(), found, {})
-    for e in found.values():
+    """An entry without gradients for every Leaf, frozen ones too, checked as :func:`gather`
+    checks and each state against its parameter (:func:`check_fit`)."""
+    entries = gather(tree, model, ())
+    for e in entries:
         check_fit(e)
-    return list(found.values())
+    return entries
 
 
 def check_fit(e: Entry) -> None:
@@ -130,8 +125,7 @@ def check_fit(e: Entry) -> None:
 
 
 def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict, inside: dict) -> None:
-    """Validate tree, model and gradients together; fill ``plan`` (with ``gs == ()``, an
-    entry for every Leaf, frozen ones too)."""
+    """Validate tree, model and gradients together; fill ``plan`` (``gs == ()``: every Leaf)."""
     if t is None:
         return
     if isinstance(t, Leaf):
@@ -162,9 +156,8 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict, inside: dict) ->
 
 
 def nest_dotted(g: Any, model: Any) -> Any:
-    """nest_dotted(g, model) -> a gradient dict keyed by dotted paths (as
-    ``named_parameters()`` names them) as nested dicts mirroring the model; any other
-    gradient as it is. A key that leads nowhere is left for the gather's error."""
+    """A gradient dict keyed by dotted paths (``named_parameters()``'s) as nested dicts like
+    the model; any other gradient (or a key that leads nowhere) as it is."""
     if not isinstance(g, Mapping) or not g:
         return g
     kids = children(model)

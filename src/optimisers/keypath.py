@@ -21,10 +21,8 @@ class KeyPath(tuple):
 
     Example:
         >>> kp = KeyPath("layers", 0) + ("weight",)
-        >>> kp
-        KeyPath('layers', 0, 'weight')
-        >>> str(kp)
-        'layers.0.weight'
+        >>> kp, str(kp)
+        (KeyPath('layers', 0, 'weight'), 'layers.0.weight')
     """
 
     def __new__(cls, *keys: Hashable) -> KeyPath:
@@ -77,9 +75,8 @@ def haskeypath(x: Any, kp: KeyPath | tuple) -> bool:
         >>> haskeypath({"a": (1, 2)}, KeyPath("a", 1)), haskeypath({"a": (1, 2)}, ("a", 2))
         (True, False)
     """
-    for key in kp:
-        kids = children(x)
-        if key not in kids:
-            return False
-        x = kids[key]
+    try:
+        getkeypath(x, kp)
+    except KeyError:
+        return False
     return True

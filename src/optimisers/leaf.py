@@ -41,18 +41,8 @@ class Leaf:
         return type(self), (self.rule, self.state, self.frozen, self.clock)
 
     def advance(self, state: Any) -> None:
-        """advance(state): take the new state, and count the step on the clock where
-        :meth:`~optimisers.Rule.stepped` says it was real (traced: added as 0 or 1).
-
-        Example:
-            >>> import numpy as np
-            >>> from optimisers import AccumGrad
-            >>> leaf = Leaf(AccumGrad(2), AccumGrad(2).init(np.zeros(1)))
-            >>> leaf.advance((np.zeros(1), 2)); leaf.clock    # accumulated only
-            0
-            >>> leaf.advance((np.zeros(1), 1)); leaf.clock    # a real step
-            1
-        """
+        """Take the new state; count the step on the clock where
+        :meth:`~optimisers.Rule.stepped` says it was real (traced: added as 0 or 1)."""
         self.state = state
         real = self.rule.stepped(state)
         if real is not False:
@@ -60,24 +50,17 @@ class Leaf:
 
 
 def nodes(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Any]]:
-    """nodes(tree) -> every ``(KeyPath, node)`` of a state tree, parents before children.
-
-    The one walk of a state tree: lazy, and without recursion (any depth walks).
-
-    Raises:
-        TypeError: when the tree holds anything else (a model passed as the tree).
-    """
+    """Every ``(KeyPath, node)`` of a state tree, parents first: the one walk of a state tree,
+    lazy and of any depth; a ``TypeError`` for anything else (a model passed as the tree)."""
     stack = [iter(((kp, tree),))]
     while stack:
         for kp, t in stack[-1]:
-            if isinstance(t, Leaf) or t is None:
-                yield kp, t
-            elif isinstance(t, (dict, tuple, list)):
-                yield kp, t
+            if not isinstance(t, (Leaf, dict, tuple, list)) and t is not None:
+                raise not_a_tree(t, kp)
+            yield kp, t
+            if isinstance(t, (dict, tuple, list)):
                 stack.append(_below(kp, t))
                 break
-            else:
-                raise not_a_tree(t, kp)
         else:
             stack.pop()
 
@@ -88,23 +71,13 @@ def _below(kp: KeyPath, t: Any) -> Iterator[tuple[KeyPath, Any]]:
 
 
 def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]:
-    """leaves(tree) -> every ``(KeyPath, Leaf)`` of a state tree (a tied Leaf once a path).
-
-    Raises:
-        TypeError: when the tree holds what ``setup`` never puts there (a model).
-    """
+    """Every ``(KeyPath, Leaf)`` of a state tree (a tied Leaf once a path)."""
     return ((kp, t) for kp, t in nodes(tree, kp) if isinstance(t, Leaf))
 
 
 def map_leaves(f: Callable[[Leaf], Any], tree: Any) -> Any:
-    """map_leaves(f, tree) -> the state tree with ``f(leaf)`` in place of each Leaf.
-
-    ``f`` is called once per path (memoise on the Leaf to keep ties); a tree of any
-    depth maps.
-
-    Raises:
-        TypeError: when the tree holds what ``setup`` never puts there (a model).
-    """
+    """The state tree with ``f(leaf)`` for each Leaf, called once a path (memoise on the Leaf
+    to keep ties); a tree of any depth maps."""
     root: list = []
     building = [(None, root, 1)]  # each open container: the node, its new children, how many
     for _, t in nodes(tree):

@@ -84,10 +84,8 @@ def summary(tree: Any, model: Any = None) -> str:
     for leaf, paths, x in found.values():
         states = _arrays(leaf.state)
         nbytes = sum(backends.of(a).nbytes(a) for a in states)
-        if model is not None:
-            n: int | None = backends.of(x).size(x)
-        else:
-            n = max((backends.of(a).size(a) for a in states), default=None)
+        n = (backends.of(x).size(x) if model is not None
+             else max((backends.of(a).size(a) for a in states), default=None))
         total_n += n or 0
         total_b += nbytes
         frozen += leaf.frozen
@@ -111,18 +109,13 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     """The header and one line per row, each column as wide as its widest cell."""
     head = ("path", "rule", "params", "state", "frozen")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
-    lines = []
-    for r in [head, *rows]:
-        cells = [r[0].ljust(widths[0] + 3), r[1].ljust(widths[1]), r[2].rjust(widths[2] + 2),
-                 r[3].rjust(widths[3] + 2), "  " + r[4]]
-        lines.append("".join(cells).rstrip())
-    return lines
+    return ["".join([r[0].ljust(widths[0] + 3), r[1].ljust(widths[1]), r[2].rjust(widths[2] + 2),
+                     r[3].rjust(widths[3] + 2), "  " + r[4]]).rstrip() for r in [head, *rows]]
 
 
 def _wrapped(text: str) -> list[str]:
-    """``text`` (a rule's ``repr``) broken after commas into lines of at most :data:`WIDTH`
-    columns where it can be, the least nested comma that fits, indented to the first
-    argument."""
+    """A rule's ``repr`` broken after the least nested commas that fit :data:`WIDTH` columns,
+    indented to the first argument."""
     breaks, depth = [], 0  # (where the next line starts, how deep in brackets)
     for i, c in enumerate(text):
         depth += (c in "([{") - (c in ")]}")

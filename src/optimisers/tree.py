@@ -11,7 +11,7 @@ import dataclasses
 import operator
 import types
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from optimisers import backends
@@ -26,22 +26,21 @@ T = TypeVar("T")
 
 class Node(NamedTuple):
     """Node(children=None, rebuild=None, ...): how the tree protocol treats the instances
-    of a class given to :func:`register_node`; ``None`` fields do what the type would."""
+    of a class given to :func:`register_node`; ``None`` fields do what the type would.
+
+    ``children(x) -> dict``; ``rebuild(x, new_children) -> a new node``, ``x`` untouched;
+    ``trainable(x, kids) -> keys`` (``None``: all); ``getter(x) -> get(node, key)``;
+    ``wrapper(x) ->`` the key of the node ``x`` wraps, left out of paths; ``assign(x,
+    new_children) -> whether x`` (a cell made to be written) took them; ``mutable``:
+    whether identity means a tie (``None``: by type)."""
 
     children: Callable[[Any], dict] | None = None
-    """``children(x) -> dict`` of ``x``'s children by key."""
     rebuild: Callable[[Any, Mapping], Any] | None = None
-    """``rebuild(x, new_children) -> a new node like x``, ``x`` untouched."""
     trainable: Callable[[Any, dict], tuple | None] | None = None
-    """``trainable(x, kids) -> the trainable keys``, or ``None`` for all of them."""
     getter: Callable[[Any], Callable[[Any, Any], Any]] | None = None
-    """``getter(x) -> get(node, key)``, reading one child of a node of ``x``'s class."""
     wrapper: Callable[[Any], str | None] | None = None
-    """``wrapper(x) ->`` the key under which ``x`` wraps another node, left out of paths."""
     assign: Callable[[Any, Mapping], bool] | None = None
-    """``assign(x, new_children) -> whether x`` (a cell made to be written) took them."""
     mutable: bool | None = None
-    """Whether the instances are mutable (identity means a tie); ``None``: by type."""
 
 
 # cls -> its Node, looked up along the MRO (cached in _FOUND, emptied on each change)
@@ -51,13 +50,10 @@ _FOUND: dict[type, Node | None] = {}
 
 def _node(cls: type) -> Node | None:
     """The Node registered for ``cls`` or its nearest base (backends register theirs first)."""
-    try:
-        return _FOUND[cls]
-    except KeyError:
-        pass
-    backends.register_nodes(cls)
-    found = next((_REGISTRY[base] for base in cls.__mro__ if base in _REGISTRY), None)
-    _FOUND[cls] = found
+    found = _FOUND.get(cls, False)
+    if found is False:
+        backends.register_nodes(cls)
+        found = _FOUND[cls] = next((_REGISTRY[b] for b in cls.__mro__ if b in _REGISTRY), None)
     return found
 
 
@@ -73,12 +69,8 @@ def children(x: Any) -> dict:
     parameters, buffers and submodules. Anything else is a leaf.
 
     Example:
-        >>> children((10, [20]))
-        {0: 10, 1: [20]}
-        >>> children({"w": 1.0, "b": 2.0})
-        {'w': 1.0, 'b': 2.0}
-        >>> children(3.0)
-        {}
+        >>> children((10, [20])), children({"w": 1.0, "b": 2.0}), children(3.0)
+        ({0: 10, 1: [20]}, {'w': 1.0, 'b': 2.0}, {})
     """
     if isinstance(x, (str, bytes)) or x is None:
         return {}
@@ -141,10 +133,8 @@ def rebuild(x: T, new_children: Mapping) -> T:
         ValueError: when a key is not one of ``x``'s children.
 
     Example:
-        >>> rebuild((1, 2, 3), {1: 20})
-        (1, 20, 3)
-        >>> rebuild({"w": 1.0, "b": 2.0}, {"b": 0.0})
-        {'w': 1.0, 'b': 0.0}
+        >>> rebuild((1, 2, 3), {1: 20}), rebuild({"w": 1.0, "b": 2.0}, {"b": 0.0})
+        ((1, 20, 3), {'w': 1.0, 'b': 0.0})
     """
     old = children(x)
     unknown = [k for k in new_children if k not in old]
@@ -156,31 +146,20 @@ def rebuild(x: T, new_children: Mapping) -> T:
     node = _node(type(x))
     if node is not None and node.rebuild is not None:
         return node.rebuild(x, new_children)
-    y = _rebuild_known(x, old, new_children)
-    return y if y is not None else _rebuild_attributes(x, new_children)
-
-
-def _rebuild_attributes(x: Any, new_children: Mapping) -> Any:
-    """A copy of ``x`` (never re-initialised) with some attributes set."""
-    y = copy.copy(x)
-    for k, v in new_children.items():
-        object.__setattr__(y, k, v)
-    return y
-
-
-def _rebuild_known(x: Any, old: dict, new_children: Mapping) -> Any:
-    """:func:`rebuild` for tuples, lists and mappings; ``None`` for any other object."""
     if isinstance(x, tuple):
         vals = [new_children.get(k, v) for k, v in old.items()]
         return type(x)(*vals) if _isnamedtuple(x) else type(x)(vals)
-    if isinstance(x, list):
-        y = copy.copy(x)
-        for k, v in new_children.items():
-            y[k] = v
-        return y
-    if isinstance(x, Mapping):
+    if isinstance(x, Mapping) and not isinstance(x, list):
         return _rebuild_mapping(x, old, new_children)
-    return None
+    return _copied(x, new_children, operator.setitem if isinstance(x, list) else None)
+
+
+def _copied(x: Any, new_children: Mapping, put: Callable | None = None) -> Any:
+    """A copy of ``x`` (never re-initialised) with some attributes (or items) set."""
+    y = copy.copy(x)
+    for k, v in new_children.items():
+        (put or object.__setattr__)(y, k, v)
+    return y
 
 
 def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
@@ -238,30 +217,14 @@ def register(cls: type, children: Iterable[str] | None = None,
     if names is not None and train is not None and not set(train) <= set(names):
         raise ValueError(f"trainable {train} names children that {cls.__name__} lacks; "
                          f"its children are {names}")
-    return register_node(cls, Node(children=_attributes(names), rebuild=_rebuild_attributes,
-                                   trainable=lambda x, kids: train, mutable=True))
-
-
-def _attributes(names: tuple | None) -> Callable[[Any], dict]:
-    """``children`` of a registered class: the attributes ``names`` (``None``: all)."""
-    if names is None:
-        return lambda x: {n: getattr(x, n) for n in vars(x)}
-    return lambda x: {n: getattr(x, n) for n in names}
+    return register_node(cls, Node(
+        children=lambda x: {n: getattr(x, n) for n in (vars(x) if names is None else names)},
+        rebuild=_copied, trainable=lambda x, kids: train, mutable=True))
 
 
 def register_node(cls: type, node: Node) -> type:
     """register_node(cls, node) -> cls, whose instances (and subclasses') the tree protocol
-    now reads and rebuilds with the functions of ``node``.
-
-    Example:
-        >>> class Cell:
-        ...     def __init__(self, value):
-        ...         self.value = value
-        >>> _ = register_node(Cell, Node(children=lambda c: {"value": c.value},
-        ...                              rebuild=lambda c, new: Cell(new["value"])))
-        >>> children(Cell(1.0)), rebuild(Cell(1.0), {"value": 2.0}).value
-        ({'value': 1.0}, 2.0)
-    """
+    now reads and rebuilds with the functions of ``node``."""
     _REGISTRY[cls] = node
     _FOUND.clear()
     return cls
@@ -328,11 +291,9 @@ def keys_shown(keys: Iterable, most: int = 8, show: Callable[[Any], str] = repr)
 
 
 def _iskey(kids: dict, item: Any) -> bool:
-    if not isinstance(item, Hashable):
-        return False
     try:
         return item in kids
-    except TypeError:
+    except TypeError:  # unhashable
         return False
 
 

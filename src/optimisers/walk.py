@@ -28,9 +28,8 @@ Example:
 
 
 def enter(path: tuple, x: Any, inside: dict, what: str) -> None:
-    """enter(path, x, inside, what): note the container ``x`` as open in a recursive walk
-    (``inside``: id to path; the caller deletes ``id(x)`` when done), or refuse it, past
-    :data:`MAX_DEPTH` or already open (a cycle), with a ``ValueError`` naming the paths."""
+    """Note the container ``x`` as open in a walk (``inside``: id to path; the caller deletes
+    ``id(x)`` when done), or refuse it past :data:`MAX_DEPTH` or already open (a cycle)."""
     if len(path) >= MAX_DEPTH:
         shown = ", ".join([*map(repr, path[:3]), "...", *map(repr, path[-3:])])
         raise ValueError(f"{what} is nested more than {MAX_DEPTH} containers deep: the "
@@ -55,11 +54,7 @@ def mirror(x: Any, new_children: Mapping) -> Any:
 
 def _child_of(y: Any, key: Any) -> Any:
     """The child of a companion tree ``y`` under ``key``, or ``None``."""
-    if y is None:
-        return None
-    if isinstance(y, Mapping):
-        return y.get(key)
-    return children(y).get(key)
+    return None if y is None else (y if isinstance(y, Mapping) else children(y)).get(key)
 
 
 def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, build: Callable,
@@ -168,26 +163,47 @@ def fleaves(x: Any, exclude: Callable = isleaf) -> list:
 
 def place(t: Any, x: Any, value: Callable[[Any, Any], Any], inplace: bool = False) -> Any:
     """The model ``x`` with ``value(marker, old)`` where the mirror tree ``t`` holds a
-    marker (a Leaf, an index; ``None``: unchanged). Only nodes with a changed child are
-    rebuilt, each mutable one once (ties kept); ``inplace`` uses :func:`rebuild_`.
-    """
-    build = rebuild_ if inplace else rebuild
+    marker (a Leaf, an index; ``None``: unchanged); ``inplace`` uses :func:`rebuild_`."""
+
+    def at(t: Any, x: Any) -> tuple[Any, Any]:
+        if t is None or not isinstance(t, (dict, tuple, list)):
+            return (x if t is None else value(t, x)), None
+        kids = children(x)
+        return None, ((k, t[k], kids[k]) for k in (t if isinstance(t, dict) else range(len(t))))
+
+    return _rewritten(t, x, at, rebuild_ if inplace else rebuild, "the state tree")
+
+
+def substitute(x: Any, new: dict) -> Any:
+    """``x`` with every leaf whose ``id`` is a key of ``new`` replaced (ties kept)."""
+
+    def at(x: Any, _: Any) -> tuple[Any, Any]:
+        if id(x) in new:
+            return new[id(x)], None
+        kids = children(x)
+        return (x, None) if not kids else (None, ((k, c, c) for k, c in kids.items()))
+
+    return _rewritten(x, x, at, rebuild, "the model")
+
+
+def _rewritten(t: Any, x: Any, at: Callable, build: Callable, what: str) -> Any:
+    """``x`` rebuilt: ``at(t, x)`` gives ``(new value, None)``, or ``(None, (key, t's child,
+    x's child) triples)`` to walk into; only nodes with a changed child are rebuilt, each
+    mutable one once (ties kept)."""
     memo: dict[int, tuple[Any, Any]] = {}
     inside: dict[int, tuple] = {}
 
     def go(path: tuple, t: Any, x: Any) -> Any:
-        if t is None:
-            return x
-        if not isinstance(t, (dict, tuple, list)):
-            return value(t, x)
+        out, below = at(t, x)
+        if below is None:
+            return out
         if id(x) in memo:
             return memo[id(x)][1]
-        enter(path, t, inside, "the state tree")
-        kids = children(x)
+        enter(path, t, inside, what)
         changed = {}
-        for k in t.keys() if isinstance(t, dict) else range(len(t)):
-            y = go((*path, k), t[k], kids[k])
-            if y is not kids[k]:
+        for k, tk, xk in below:
+            y = go((*path, k), tk, xk)
+            if y is not xk:
                 changed[k] = y
         del inside[id(t)]
         out = build(x, changed) if changed else x
@@ -196,31 +212,3 @@ def place(t: Any, x: Any, value: Callable[[Any, Any], Any], inplace: bool = Fals
         return out
 
     return go((), t, x)
-
-
-def substitute(x: Any, new: dict) -> Any:
-    """``x`` with every leaf whose ``id`` is a key of ``new`` replaced (ties kept)."""
-    memo: dict[int, tuple[Any, Any]] = {}
-    inside: dict[int, tuple] = {}
-
-    def go(path: tuple, x: Any) -> Any:
-        if id(x) in new:
-            return new[id(x)]
-        if id(x) in memo:
-            return memo[id(x)][1]
-        kids = children(x)
-        if not kids:
-            return x
-        enter(path, x, inside, "the model")
-        changed = {}
-        for k, c in kids.items():
-            y = go((*path, k), c)
-            if y is not c:
-                changed[k] = y
-        del inside[id(x)]
-        out = rebuild(x, changed) if changed else x
-        if ismutable(x):
-            memo[id(x)] = (x, out)
-        return out
-
-    return go((), x)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -48,14 +49,8 @@ class Rule:
         backends.rule_defined(cls)  # JAX seen already: the new rule is a pytree too
 
     def direction(self) -> Rule | None:
-        """direction() -> an ``elementwise`` rule of the same state whose step ``a`` gives
-        this rule's as :meth:`scaled` ``(x, a)``, or ``None`` (most rules).
-
-        Example:
-            >>> from optimisers import LAMB
-            >>> LAMB(0.1).direction()
-            Adam(eta=1.0, beta=(0.9, 0.999), epsilon=1e-06)
-        """
+        """An ``elementwise`` rule of the same state whose step ``a`` gives this rule's as
+        :meth:`scaled` ``(x, a)`` (``LAMB``: ``Adam``), or ``None`` (most rules)."""
         return None
 
     def scaled(self, x: Any, a: Any) -> Any:
@@ -63,8 +58,8 @@ class Rule:
         raise NotImplementedError(f"{type(self).__name__} has no direction")
 
     def raises(self) -> bool:
-        """Whether ``apply`` may raise (``ClipNorm``): ``update_`` then runs it on a copy of
-        its state first, never fused. Assumed of rules defined outside the library."""
+        """Whether ``apply`` may raise (``ClipNorm``; assumed of rules from outside the library):
+        ``update_`` then runs it on a copy of its state first, never fused."""
         return not type(self).__module__.startswith("optimisers.")
 
     def init(self, x: Any) -> Any:
@@ -77,24 +72,16 @@ class Rule:
 
     def stepped(self, state: Any) -> Any:
         """Whether the step that gave ``state`` was real (``AccumGrad``: not while it only
-        accumulates; traced under ``jax.jit``): the Leaf's clock counts real steps. Reads
-        only the non-array parts of ``state``."""
+        accumulates; traced under ``jax.jit``), read off its non-array parts."""
         return True
 
     def refuses(self, x: Any) -> str | None:
-        """refuses(x) -> why this rule cannot train ``x`` (``setup`` raises it with the
-        path), or ``None``. By default, what the rules in its fields refuse.
-
-        Example:
-            >>> import numpy as np
-            >>> from optimisers import Adam, Muon, OptimiserChain
-            >>> OptimiserChain(Muon()).refuses(np.zeros(3))
-            'Muon trains matrices (2-D arrays), not arrays of shape (3,)'
-        """
-        for v in _inner_values(self):
-            if isinstance(v, Rule):
-                why = v.refuses(x)
-                if why is not None:
+        """Why this rule cannot train ``x`` (``setup`` raises it with the path), or ``None``;
+        by default, what the rules in its fields refuse."""
+        for name in getattr(self, "__dataclass_fields__", {}):
+            v = getattr(self, name, None)
+            for r in v if isinstance(v, tuple) else (v,):  # (a chain's rules)
+                if isinstance(r, Rule) and (why := r.refuses(x)) is not None:
                     return why
         return None
 
@@ -104,16 +91,8 @@ class Rule:
         return None
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
-        """misfit(state, x) -> ``None`` when ``state`` fits ``x``, else ``(found, needed)``:
-        two shapes or two dtype names. By default every state array has ``x``'s shape and
-        dtype (:func:`dtype_misfit`). ``update`` asks it of Leafs it has not seen step.
-
-        Example:
-            >>> import numpy as np
-            >>> from optimisers import Adam
-            >>> Adam().misfit(Adam().init(np.zeros(3)), np.zeros(4))
-            ((3,), (4,))
-        """
+        """``None`` when ``state`` fits ``x``, else ``(found, needed)`` shapes or dtype names;
+        by default every state array has ``x``'s shape and dtype (:func:`dtype_misfit`)."""
         need = tuple(x.shape)
         for a in _arrays(state):
             if tuple(a.shape) != need:
@@ -125,18 +104,18 @@ class Rule:
         fields.check(self)
 
 
-_NGRADS: dict[type, float] = {}
 fields.RULE = (Rule,)  # what a field of kind "rule" must hold
 
 
 def ngrads(rule: Rule) -> float:
     """How many gradient arguments ``rule.apply`` takes (``inf`` for ``*dx``)."""
-    cls = type(rule)
-    if cls not in _NGRADS:
-        params = list(inspect.signature(cls.apply).parameters.values())[3:]  # after self, state, x
-        _NGRADS[cls] = (float("inf") if any(p.kind is p.VAR_POSITIONAL for p in params)
-                        else len(params))
-    return _NGRADS[cls]
+    return _ngrads(type(rule))
+
+
+@functools.cache
+def _ngrads(cls: type) -> float:
+    params = list(inspect.signature(cls.apply).parameters.values())[3:]  # after self, state, x
+    return float("inf") if any(p.kind is p.VAR_POSITIONAL for p in params) else len(params)
 
 
 def call(rule: Rule, state: Any, x: Any, grads: tuple) -> tuple[Any, Any]:
@@ -160,21 +139,8 @@ class NewValue:
 
 
 def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
-    """dtype_misfit(state, x) -> ``(found, needed)`` for the first state array whose dtype
-    is neither ``x``'s nor its real part's, or ``None``.
-
-    Args:
-        state: a rule's state.
-        x: the parameter.
-
-    Returns:
-        ``(found, needed)`` dtype names, or ``None``.
-
-    Example:
-        >>> import numpy as np
-        >>> dtype_misfit((np.zeros(2, np.float32),), np.zeros(2, np.float64))
-        ('float32', 'float64')
-    """
+    """dtype_misfit(state, x) -> ``(found, needed)`` dtype names for the first state array
+    whose dtype is neither ``x``'s nor its real part's, or ``None``."""
     same, need = x.dtype, ""
     for a in _arrays(state):
         if a.dtype is same:
@@ -185,15 +151,6 @@ def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
         if found not in (need, real):
             return found, need
     return None
-
-
-def _inner_values(rule: Rule) -> list:
-    """The values of a rule's fields, a tuple field's elements each (a chain's rules)."""
-    out: list = []
-    for f in getattr(rule, "__dataclass_fields__", {}):
-        v = getattr(rule, f, None)
-        out.extend(v if isinstance(v, tuple) else (v,))
-    return out
 
 
 def _arrays(state: Any) -> list:

@@ -88,11 +88,8 @@ class OptimiserChain(Rule):
 
     def averaged(self, state: Any, x: Any) -> Any:
         """The point to evaluate at of the last rule that keeps one, else ``None``."""
-        found = None
-        for r, s in zip(self.rules, state):
-            point = r.averaged(s, x)
-            found = found if point is None else point
-        return found
+        points = [r.averaged(s, x) for r, s in zip(self.rules, state)]
+        return next((p for p in reversed(points) if p is not None), None)
 
 
 def _select(xp: Any, cond: Any, new: Any, old: Any) -> Any:

@@ -89,8 +89,7 @@ class Nesterov(Rule):
     rho: float = hyperparameter(0.9, "[0, 1]")
     eta_outside: bool = hyperparameter(False, kind="flag")
 
-    def init(self, x):
-        return backends.of(x).zeros_like(x)
+    init = Momentum.init
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
@@ -127,22 +126,18 @@ class Rprop(Rule):
 
     def init(self, x):
         xp = backends.of(x)
-        eta = self.eta * (1 + 1j) if _iscomplex(xp, x) else self.eta
+        eta = self.eta * (1 + 1j) if xp.iscomplex(x) else self.eta
         return xp.zeros_like(x), xp.full_like(x, eta)
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
         hyper = xp.hyper(x, *self.ell, *self.gamma)
         gp, s = state
-        if not _iscomplex(xp, x):
+        if not xp.iscomplex(x):
             return _rprop(xp, gp, s, dx, *hyper)
         (gr, sr), dr = _rprop(xp, gp.real, s.real, dx.real, *hyper)
         (gi, si), di = _rprop(xp, gp.imag, s.imag, dx.imag, *hyper)
         return (xp.complex_from(gr, gi), xp.complex_from(sr, si)), xp.complex_from(dr, di)
-
-
-def _iscomplex(xp, x) -> bool:
-    return xp.dtype_name(x).startswith("complex")
 
 
 def _rprop(xp, gp, s, dx, lo, hi, gmin, gmax):

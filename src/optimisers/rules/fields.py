@@ -23,12 +23,7 @@ __all__ = ["Allowed", "Interval", "hyperparameter", "check", "InvalidKind", "dty
 
 
 class InvalidKind(TypeError, ValueError):
-    """A hyper-parameter of the wrong kind: a ``TypeError`` and (as torch.optim's) a ``ValueError``.
-
-    Example:
-        >>> issubclass(InvalidKind, TypeError) and issubclass(InvalidKind, ValueError)
-        True
-    """
+    """A hyper-parameter of the wrong kind: a ``TypeError``, and a ``ValueError`` as torch's."""
 
 
 _INTERVAL = re.compile(r"\s*([\[(])\s*([^,\s]+)\s*,\s*([^\]\s)]+)\s*([\])])\s*(or None)?\s*")
@@ -36,18 +31,8 @@ _INTERVAL = re.compile(r"\s*([\[(])\s*([^,\s]+)\s*,\s*([^\]\s)]+)\s*([\])])\s*(o
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-    """Interval(low, high, closed_low, closed_high, none=False): the numbers a
-    hyper-parameter allows, and whether it may also be ``None``.
-
-    Made by :meth:`parse`; an infinite end only when closed; never NaN.
-
-    Example:
-        >>> i = Interval.parse("[0, 1)")
-        >>> 0.0 in i, 1.0 in i, float("nan") in i, None in i, str(i)
-        (True, False, False, False, 'in [0, 1)')
-        >>> str(Interval.parse("[0, inf) or None"))
-        '>= 0 and finite, or None'
-    """
+    """Interval.parse("[0, 1)"): the numbers a hyper-parameter allows (never NaN; an infinite
+    end only when closed), and whether it may also be ``None``."""
 
     low: float
     high: float
@@ -93,15 +78,8 @@ _KINDS = {"number": "a number", "whole": "a whole number", "flag": "True or Fals
 
 @dataclasses.dataclass(frozen=True)
 class Allowed:
-    """Allowed(kind, within): what one field of a rule allows.
-
-    ``kind``: ``"number"``, ``"whole"``, ``"flag"``, ``"dtype"`` or ``"rule"``; ``within``:
-    ``None``, an :class:`Interval`, or a tuple of them (one per element of a tuple value).
-
-    Example:
-        >>> Allowed("number", (Interval.parse("[0, 1)"),) * 2).requirement("beta")
-        'a tuple of 2 numbers: beta[0] in [0, 1), beta[1] in [0, 1)'
-    """
+    """Allowed(kind, within): what one field allows: a kind of :data:`_KINDS`, and ``None``,
+    an :class:`Interval`, or a tuple of them (one per element of a tuple value)."""
 
     kind: str
     within: Interval | tuple[Interval, ...] | None = None
@@ -158,11 +136,10 @@ class Allowed:
                 index: int | str) -> None:
         """Raise :class:`InvalidKind` for ``value``, a value of the wrong kind."""
         need = Allowed(self.kind, within).requirement(name)
-        if self.kind in ("number", "whole") and backends.library(value) is not None:
-            shape = tuple(value.shape)
-            if shape:
-                need += (f": one number (a scalar, or a 0-d array), not an array of shape "
-                         f"{shape}")
+        array = self.kind in ("number", "whole") and backends.library(value) is not None
+        if array and tuple(value.shape):
+            need += (f": one number (a scalar, or a 0-d array), not an array of shape "
+                     f"{tuple(value.shape)}")
         raise InvalidKind(f"{_invalid(name, value, index)} ({type(value).__name__}); "
                           f"{_subject(rule, name, index)} must be {need}")
 
@@ -205,18 +182,8 @@ def _fits(kind: str, value: Any) -> bool:
 
 
 def dtype_name(value: Any) -> str | None:
-    """dtype_name(value) -> the name of a NumPy, PyTorch or JAX dtype, or ``None``.
-
-    Args:
-        value: a dtype, a scalar type (``np.float32``) or a dtype's name.
-
-    Returns:
-        The dtype's name (``"float32"``), or ``None`` for a value that names no dtype.
-
-    Example:
-        >>> dtype_name(np.float32), dtype_name("bfloat16"), dtype_name(0.5)
-        ('float32', 'bfloat16', None)
-    """
+    """dtype_name(value) -> the name of a NumPy, PyTorch or JAX dtype (or scalar type, or
+    name), or ``None`` for a value that names no dtype."""
     if value is None or isinstance(value, (bool, int, float)):
         return None  # np.dtype(None) is float64: a None is no dtype here
     try:
@@ -294,23 +261,9 @@ def _declared(cls: type) -> tuple[tuple[str, Allowed], ...]:
 
 
 def check(rule: Any) -> None:
-    """check(rule) -> None: every declared field of ``rule`` against what it allows; then
-    stores 0-d arrays as numbers and functions as :class:`~optimisers.schedules.Function`.
-
-    Args:
-        rule: a rule (or schedule) whose fields to check.
-
-    Raises:
-        ValueError: a number outside its interval (NaN and infinities included).
-        InvalidKind: a value of the wrong kind, or a tuple of the wrong length (a
-            ``TypeError`` and a ``ValueError``).
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Adam
-        >>> Adam(np.float64(0.1), beta=(np.float32(0.5), np.array(0.999)))
-        Adam(eta=0.1, beta=(0.5, 0.999), epsilon=1e-08)
-    """
+    """check(rule): every declared field of a rule (or schedule) against what it allows
+    (``ValueError``, :class:`InvalidKind`); 0-d arrays stored as numbers, functions as
+    :class:`~optimisers.schedules.Function`, once all passed."""
     cls = type(rule)
     stored = {}
     for name, allowed in _declared(cls):

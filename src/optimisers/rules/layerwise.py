@@ -14,9 +14,7 @@ __all__ = ["LAMB", "LARS"]
 
 
 def _trust_ratio(xp: Any, x: Any, u: Any, coefficient: Any = 1.0, eps: Any = 0.0) -> Any:
-    """``coefficient*|x| / (|u| + eps)``, or 1 where ``|x|`` or ``|u|`` is zero (whole-array
-    2-norms, as optax's).
-    """
+    """``coefficient*|x| / (|u| + eps)`` of whole-array 2-norms, 1 where either is zero."""
     nx, nu = xp.norm(x, 2.0), xp.norm(u, 2.0)
     zero = (nx == 0) | (nu == 0)
     return xp.where(zero, 1, coefficient * nx / xp.where(zero, 1, nu + eps))

@@ -14,9 +14,7 @@ __all__ = ["Muon", "Adafactor"]
 
 
 def _orthogonalised(xp: Any, u: Any, coefficients: tuple, steps: int, epsilon: Any) -> Any:
-    """Newton–Schulz on each matrix of ``u`` (its last two axes), every intermediate rounded
-    to bfloat16 as ``torch.optim.Muon`` runs it.
-    """
+    """Newton–Schulz on each matrix of ``u``, every intermediate in bfloat16 as torch's."""
     low = xp.to_bfloat16
     a, b, c = coefficients
     rows, cols = xp.shape(u)[-2:]
@@ -110,13 +108,6 @@ def _factored(xp: Any, x: Any) -> bool:
     return len(xp.shape(x)) >= 2 and xp.size(x) > 0
 
 
-def _least(xp: Any, a: Any, b: Any) -> Any:
-    """``min(a, b)`` of two scalars, either perhaps traced."""
-    if backends.istraced(a) or backends.istraced(b):
-        return xp.minimum(a, b)
-    return min(a, b)
-
-
 @dataclass(frozen=True)
 class Adafactor(Rule):
     """Adafactor(eta=1e-2, beta2_decay=-0.8, epsilon=(None, 1e-3), d=1.0, lambd=0.0):
@@ -179,8 +170,9 @@ class Adafactor(Rule):
         r, c, t = state
         t = t + 1
         eps1, eps2 = self.epsilon
-        w, rho, decay = xp.hyper(x, t**self.beta2_decay, _least(xp, self.eta, t**-0.5),
-                                 self.eta * self.lambd)
+        traced = backends.istraced(self.eta) or backends.istraced(t)
+        rho = (xp.minimum if traced else min)(self.eta, t**-0.5)
+        w, rho, decay = xp.hyper(x, t**self.beta2_decay, rho, self.eta * self.lambd)
         eps1, eps2, clip = xp.hyper(x, xp.machine_epsilon(x) if eps1 is None else eps1,
                                     eps2, self.d)
         if c is None:  # (torch's lerp_, and lerp)

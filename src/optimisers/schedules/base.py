@@ -50,14 +50,11 @@ class Schedule:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        known = SCHEDULES.get(cls.__name__)
-        if known is None or (known.__module__, known.__qualname__) == (cls.__module__,
-                                                                        cls.__qualname__):
+        known = SCHEDULES.get(cls.__name__, cls)
+        if (known.__module__, known.__qualname__) == (cls.__module__, cls.__qualname__):
             SCHEDULES[cls.__name__] = cls  # (slots=True makes the class anew: the new one)
         jax_backend = sys.modules.get("optimisers.backends.jax")
-        register = getattr(jax_backend, "register_schedule", None)
-        if register is not None:  # JAX seen already: the new schedule is a pytree too
-            register(cls)
+        getattr(jax_backend, "register_schedule", lambda c: None)(cls)  # JAX seen: a pytree
 
     def __call__(self, t: Any) -> Any:
         """The value at step ``t`` (counting from 0)."""
@@ -75,38 +72,21 @@ class Schedule:
         """Check every declared field; an ``int`` given for a number becomes a ``float``."""
         fields.check(self)
         for f in dataclasses.fields(self):
-            allowed = f.metadata.get("allowed")
-            if allowed is not None and allowed.kind == "number":
-                value = getattr(self, f.name)
-                if type(value) is int:
-                    object.__setattr__(self, f.name, float(value))
+            value = getattr(self, f.name)
+            if type(value) is int and getattr(f.metadata.get("allowed"), "kind", "") == "number":
+                object.__setattr__(self, f.name, float(value))
 
 
 def timed(rule: Any) -> bool:
-    """timed(rule) -> whether a schedule sits in any field of ``rule`` (or of a rule it holds).
-
-    Args:
-        rule: a rule.
-
-    Returns:
-        ``True`` when the rule's steps depend on the Leaf's clock.
-
-    Example:
-        >>> from optimisers import Adam, ClipGrad, Cosine, OptimiserChain
-        >>> timed(Adam()), timed(OptimiserChain(ClipGrad(), Adam(eta=Cosine(1e-3, steps=9))))
-        (False, True)
-    """
+    """timed(rule) -> whether a schedule sits in a field of ``rule`` (or of a rule it holds)."""
     try:
-        return _TIMED[rule]
-    except (KeyError, TypeError):  # not seen; or unhashable (a value traced under jit)
-        pass
-    found = _holds_schedule(rule)
-    if len(_TIMED) > 4096:  # (a rule adjusted at every step is a new rule each time)
-        _TIMED.clear()
-    try:
-        _TIMED[rule] = found
-    except TypeError:
-        pass
+        found = _TIMED.get(rule)
+    except TypeError:  # unhashable (a value traced under jit)
+        return _holds_schedule(rule)
+    if found is None:
+        if len(_TIMED) > 4096:  # (a rule adjusted at every step is a new rule each time)
+            _TIMED.clear()
+        found = _TIMED[rule] = _holds_schedule(rule)
     return found
 
 
@@ -123,21 +103,8 @@ def _holds_schedule(v: Any) -> bool:
 
 
 def at(rule: Rule, t: Any) -> Rule:
-    """at(rule, t) -> ``rule`` with each schedule in its fields replaced by its value at step
-    ``t``, checked as ``adjust`` checks; ``rule`` itself when it holds none.
-
-    Args:
-        rule: a rule.
-        t: the Leaf's clock.
-
-    Returns:
-        The rule to step with.
-
-    Example:
-        >>> from optimisers import AdamW, Constant, Warmup
-        >>> at(AdamW(eta=Warmup(Constant(1e-3), steps=10), lambd=0.1), 5).eta
-        0.0005
-    """
+    """at(rule, t) -> ``rule`` with each schedule replaced by its value at the Leaf's clock
+    ``t``, checked as ``adjust`` checks; ``rule`` itself when it holds none."""
     if not timed(rule):
         return rule
     if type(t) is not int and not backends.istraced(t):
@@ -160,21 +127,7 @@ def _resolved(v: Any, t: Any) -> Any:
 
 
 def as_schedule(value: Any) -> Any:
-    """as_schedule(value) -> ``value``, a plain function ``step -> value`` (in a tuple too) made
-    :class:`Function` ``(value)``.
-
-    Args:
-        value: a field's value.
-
-    Returns:
-        The value to store.
-
-    Example:
-        >>> def halving(t):
-        ...     return 0.5 ** t
-        >>> as_schedule(halving)(2), as_schedule((0.1, halving))[0]
-        (0.25, 0.1)
-    """
+    """as_schedule(value) -> ``value``, a plain function (in a tuple too) as :class:`Function`."""
     if type(value) is tuple:
         return tuple(map(as_schedule, value)) if any(map(_isfunction, value)) else value
     return Function(value) if _isfunction(value) else value
@@ -241,19 +194,7 @@ class Function(Schedule):
 
 def importable_name(f: Any) -> str | None:
     """importable_name(f) -> ``"module:qualified.name"`` under which ``f`` itself is found, or
-    ``None`` (a ``lambda``, a nested function, a callable object).
-
-    Args:
-        f: a function.
-
-    Returns:
-        The name, or ``None``.
-
-    Example:
-        >>> import math
-        >>> importable_name(math.exp), importable_name(lambda t: t)
-        ('math:exp', None)
-    """
+    ``None`` (a ``lambda``, a nested function, a callable object)."""
     module, name = getattr(f, "__module__", None), getattr(f, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(name, str) or "<" in name:
         return None

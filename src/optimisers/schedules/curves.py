@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,26 +26,16 @@ def _count(default: Any = dataclasses.MISSING) -> Any:
     return hyperparameter(default, "[1, inf)", kind="whole")
 
 
-class _Numbers:
-    """The functions schedules call, for Python numbers: ``math``'s and the built-ins."""
-
-    @staticmethod
-    def where(condition: Any, a: Any, b: Any) -> Any:
-        return a if condition else b
-
-    minimum = staticmethod(min)
-    maximum = staticmethod(max)
-    cos = staticmethod(math.cos)
+_NUMBERS = types.SimpleNamespace(  # the functions schedules call, for Python numbers
+    where=lambda condition, a, b: a if condition else b, minimum=min, maximum=max, cos=math.cos)
 
 
 def _maths(t: Any, *counts: Any) -> Any:
-    """The backend of the first array among ``t`` and the step counts (traced under ``jit``),
-    else Python's numbers.
-    """
+    """The backend of the first array among ``t`` and the step counts, else Python's numbers."""
     for v in (t, *counts):
         if type(v) not in (int, float) and backends.library(v) is not None:
             return backends.of(v)
-    return _Numbers
+    return _NUMBERS
 
 
 def _left(xp: Any, t: Any, steps: Any) -> Any:
@@ -275,11 +266,10 @@ class Join(Schedule):
     boundaries: tuple
 
     def __post_init__(self) -> None:
-        if type(self.schedules) is list:  # optax's users write lists: kept as tuples
-            object.__setattr__(self, "schedules", tuple(self.schedules))
+        for name in ("schedules", "boundaries"):  # optax's users write lists: kept as tuples
+            if type(getattr(self, name)) is list:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "schedules", as_schedule(self.schedules))
-        if type(self.boundaries) is list:
-            object.__setattr__(self, "boundaries", tuple(self.boundaries))
         _check_join(self.schedules, self.boundaries)
 
     def __call__(self, t: Any) -> Any:
