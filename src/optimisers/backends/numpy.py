@@ -163,12 +163,7 @@ def mean(x: Array, axes: tuple) -> Array:
 
 def to_bfloat16(x: Array) -> Array:
     """to_bfloat16(x) -> ``x`` rounded to bfloat16 (to nearest, ties to even), as float32;
-    float64 rounded directly, never twice.
-
-    Example:
-        >>> to_bfloat16(np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, np.nan], np.float32))
-        array([1.     , 1.015625,      nan], dtype=float32)
-    """
+    float64 rounded directly, never twice."""
     wide = x.dtype == np.float64
     f = x if wide else x.astype(np.float32, copy=False)
     u = f.view(np.uint64 if wide else np.uint32)
@@ -252,12 +247,7 @@ def dtype_name(x: Array) -> str:
 
 
 def dtype_name_of(v: Any) -> str:
-    """dtype_name_of(v) -> the name of a NumPy dtype or scalar type.
-
-    Example:
-        >>> dtype_name_of(np.float16)
-        'float16'
-    """
+    """dtype_name_of(v) -> the name of a NumPy dtype or scalar type (``'float16'``)."""
     return np.dtype(v).name
 
 
@@ -327,17 +317,12 @@ def packed(parts: tuple) -> list:
     views = []
     for p in parts:
         v = buf[start:start + p.size].reshape(p.shape)
-        if not _zero_bytes(p):  # fresh state is zeros, which the buffer has already
+        if not (p.flags.c_contiguous and p.dtype.kind in "biufc"  # all bytes zero (not -0.0):
+                and not p.reshape(-1).view(np.uint8).any()):  # the buffer has them already
             np.copyto(v, p)
         views.append(v)
         start += p.size
     return _PACKS.add(buf, lo, n, views)
-
-
-def _zero_bytes(a: Array) -> bool:
-    """Whether every byte of ``a`` is zero (not ``-0.0``)."""
-    return a.flags.c_contiguous and a.dtype.kind in "biufc" and not a.reshape(-1).view(
-        np.uint8).any()
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
@@ -350,16 +335,18 @@ def joined(parts: tuple) -> tuple[Array, bool]:
 
 def scatter(flat: Array, parts: tuple) -> list | None:
     """Write segments of ``flat`` into ``parts``; new arrays instead where one is read-only."""
-    writable = all(p.flags.writeable for p in parts)
-    out, start = [], 0
+    if all(p.flags.writeable for p in parts):
+        collections.deque(map(np.copyto, parts, _segments(flat, parts)), 0)
+        return None
+    return [seg.astype(p.dtype, copy=True) for p, seg in zip(parts, _segments(flat, parts))]
+
+
+def _segments(flat: Array, parts: Any) -> Any:
+    """The consecutive segments of ``flat`` shaped like each of ``parts``."""
+    start = 0
     for p in parts:
-        seg = flat[start:start + p.size].reshape(p.shape)
-        if writable:
-            np.copyto(p, seg)
-        else:
-            out.append(seg.astype(p.dtype, copy=True))
+        yield flat[start:start + p.size].reshape(p.shape)
         start += p.size
-    return None if writable else out
 
 
 def subtractor(xs: list) -> Any:
@@ -385,12 +372,7 @@ def subtractor(xs: list) -> Any:
 
 def split_like(d: Array, xs: list) -> list:
     """New arrays ``x_i - segment of d``, shaped and typed like each ``x_i``."""
-    out, start = [], 0
-    for xi in xs:
-        n = xi.size
-        out.append(np.asarray(xi - d[start:start + n].reshape(xi.shape), dtype=xi.dtype))
-        start += n
-    return out
+    return [np.asarray(x - seg, dtype=x.dtype) for x, seg in zip(xs, _segments(d, xs))]
 
 
 def copier() -> Any:
@@ -408,23 +390,13 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
 
 
 def host(a: Any, at: str) -> tuple[Array, str]:
-    """host(a, at) -> ``(values, dtype name)``: ``a``'s values on the host, for a checkpoint.
-
-    Example:
-        >>> host(np.float32(2.5), "a value")
-        (array(2.5, dtype=float32), 'float32')
-    """
+    """host(a, at) -> ``(values, dtype name)``: ``a``'s values on the host, for a checkpoint."""
     arr = np.asarray(a)
     return arr, arr.dtype.name
 
 
 def from_host(arr: Array, ref: Any, bits: bool, weak: bool = False) -> Array:
-    """from_host(arr, ref, bits) -> ``arr`` as an array like ``ref`` (``bits``: viewed as it).
-
-    Example:
-        >>> from_host(np.array([0, 16256], np.uint16), np.zeros(2, np.float16), bits=True)
-        array([0.   , 1.875], dtype=float16)
-    """
+    """from_host(arr, ref, bits) -> ``arr`` as an array like ``ref`` (``bits``: viewed as it)."""
     return arr.view(ref.dtype) if bits else arr
 
 
@@ -432,10 +404,5 @@ def from_host(arr: Array, ref: Any, bits: bool, weak: bool = False) -> Array:
 
 
 def cos(x: Any) -> Any:
-    """cos(x) -> the cosine of each element (a schedule's half cosine).
-
-    Example:
-        >>> cos(np.array([0.0, np.pi]))
-        array([ 1., -1.])
-    """
+    """cos(x) -> the cosine of each element (a schedule's half cosine)."""
     return np.cos(x)

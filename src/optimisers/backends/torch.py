@@ -10,6 +10,7 @@ import math
 import operator
 import sys
 from collections.abc import Callable
+from operator import add  # noqa: F401
 from typing import Any
 
 import numpy as np
@@ -59,13 +60,8 @@ def maywrite(x: Array) -> bool:
 def hyper(x: Array, *values: Any) -> tuple:
     """Hyper-parameters as Python floats (weakly typed: arithmetic stays in ``x``'s dtype);
     a tensor value is moved to ``x``'s device and real dtype."""
-    return tuple(_scalar(x, v) for v in values)
-
-
-def _scalar(x: Array, v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
-    return float(v)
+    return tuple(v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
+                 if isinstance(v, torch.Tensor) else float(v) for v in values)
 
 
 def complement(v: Any) -> Any:
@@ -182,12 +178,7 @@ eps = functools.partial(common.eps, _SELF)
 
 def total_norm(arrays: list, p: float) -> Array | None:
     """The ``p``-norm of all ``arrays``, a 0-d tensor on their device; ``None`` unless dense
-    float32 or float64 tensors of one dtype and device.
-
-    Example:
-        >>> float(total_norm([torch.tensor([3.0]), torch.tensor([4.0])], 2.0))
-        5.0
-    """
+    float32 or float64 tensors of one dtype and device."""
     a0 = arrays[0]
     if a0.dtype not in (torch.float32, torch.float64) or not all(
             type(a) is torch.Tensor and a.dtype == a0.dtype and a.device == a0.device
@@ -255,10 +246,6 @@ def like(y: Array, x: Array) -> Array:
     if isinstance(x, nn.Parameter):
         return nn.Parameter(y, requires_grad=x.requires_grad)
     return y.requires_grad_() if x.requires_grad else y
-
-
-def add(a: Array, b: Array) -> Array:
-    return a + b
 
 
 def gradtype(x: Array) -> type:
@@ -343,12 +330,7 @@ def packed(parts: tuple) -> list:
 
 
 def pack_into(parts: tuple, packs: Packs, dress: Callable[[list], list]) -> list:
-    """pack_into(parts, packs, dress) -> :func:`packed`'s views, ``dress``-ed, in ``packs``.
-
-    Example:
-        >>> [v.tolist() for v in pack_into((torch.ones(2), torch.zeros(1)), _PACKS, list)]
-        [[1.0, 1.0], [0.0]]
-    """
+    """pack_into(parts, packs, dress) -> :func:`packed`'s views, ``dress``-ed, in ``packs``."""
     x0 = parts[0]
     n = sum(p.numel() for p in parts)
     buf = torch.empty(n + PAD // x0.element_size(), dtype=x0.dtype, device=x0.device)
@@ -409,12 +391,7 @@ _UNTRACED: dict[Callable, Callable] = {}
 
 def untraced(fn: Callable) -> Callable:
     """untraced(fn) -> ``fn`` run eagerly when ``torch.compile`` traces a call to it (a graph
-    break): how ``update`` and ``update_`` run inside a compiled step.
-
-    Example:
-        >>> untraced(sorted)([2, 1])
-        [1, 2]
-    """
+    break): how ``update`` and ``update_`` run inside a compiled step."""
     found = _UNTRACED.get(fn)
     if found is None:
         found = _UNTRACED[fn] = torch.compiler.disable(fn, recursive=True)
@@ -433,10 +410,6 @@ def host(a: Array, at: str) -> tuple[np.ndarray, str]:
 
     Raises:
         TypeError: for a sparse tensor, or a dtype of an unusual item size.
-
-    Example:
-        >>> host(torch.ones(2, dtype=torch.bfloat16), "a state")
-        (array([16256, 16256], dtype=uint16), 'bfloat16')
     """
     t = a.detach()
     if t.layout is not torch.strided:
@@ -453,12 +426,7 @@ def host(a: Array, at: str) -> tuple[np.ndarray, str]:
 
 
 def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
-    """from_host(arr, ref, bits) -> ``arr`` as a tensor on ``ref``'s device (``bits``: raw).
-
-    Example:
-        >>> from_host(np.array([16256], np.uint16), torch.zeros(1, dtype=torch.bfloat16), True)
-        tensor([1.], dtype=torch.bfloat16)
-    """
+    """from_host(arr, ref, bits) -> ``arr`` as a tensor on ``ref``'s device (``bits``: raw)."""
     if not bits:
         return torch.from_numpy(arr).to(device=ref.device)
     signed = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[arr.dtype.itemsize]
@@ -466,12 +434,7 @@ def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Ar
 
 
 def dtype_name_of(v: Any) -> str:
-    """dtype_name_of(v) -> the name of a torch dtype object.
-
-    Example:
-        >>> dtype_name_of(torch.bfloat16)
-        'bfloat16'
-    """
+    """dtype_name_of(v) -> the name of a torch dtype object (``'bfloat16'``)."""
     return str(v).removeprefix("torch.")
 
 
@@ -479,10 +442,5 @@ def dtype_name_of(v: Any) -> str:
 
 
 def cos(x: Any) -> Any:
-    """cos(x) -> the cosine of each element; of a Python number, a Python float.
-
-    Example:
-        >>> cos(torch.tensor([0.0, math.pi]))
-        tensor([ 1., -1.])
-    """
+    """cos(x) -> the cosine of each element; of a Python number, a Python float."""
     return torch.cos(x) if isinstance(x, torch.Tensor) else math.cos(x)

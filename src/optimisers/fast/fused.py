@@ -1,14 +1,13 @@
-"""Groups of Leafs stepped together: an elementwise rule's own ``apply`` run once over the
-group's flat buffers gives bit for bit what it gives array by array.
-
-A group shares a rule (by value), dtype, device, library and non-array state; :func:`pack`
-lays its state out in one buffer at ``setup``. :class:`Stack` batches what
-:attr:`~optimisers.Rule.stacks` (``Muon``); torch's Adam groups use ``fast/torchadam.py``.
+"""Groups of Leafs (one rule by value, dtype, device, library, non-array state) stepped
+together: an elementwise rule's own ``apply`` once over their flat buffers, bit for bit as
+array by array. :func:`pack` lays their state out in one buffer at ``setup``; :class:`Stack`
+batches what :attr:`~optimisers.Rule.stacks`; torch's Adam groups use ``fast/torchadam.py``.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import operator
 from typing import Any
@@ -30,29 +29,31 @@ CHUNK = 1 << 18
 """Elements per piece when a group of large arrays steps piece by piece, so that the
 formula's temporaries stay cache-sized (see ``Group._chunked``)."""
 
-_FUSIBLE: dict[Rule, tuple[bool, bool]] = {}
+def _memo(compute: Any) -> Any:
+    """``compute(rule)`` kept per rule; asked each time for an unhashable one (traced)."""
+    known: dict = {}
+
+    def cached(rule: Rule) -> Any:
+        try:
+            return known[rule]
+        except KeyError:
+            out = known[rule] = compute(rule)
+            return out
+        except TypeError:
+            return compute(rule)
+    return functools.wraps(compute)(cached)
 
 
+@_memo
 def fusible(rule: Rule) -> tuple[bool, bool]:
     """``(elementwise, reads_x)``: whether ``rule`` may run fused, and reads ``x``."""
-    try:
-        return _FUSIBLE[rule]
-    except (KeyError, TypeError):
-        pass
     parts = [fusible(r) for r in _inner(rule)]
     own = (True, False) if type(rule) is OptimiserChain else (
         type(rule).elementwise, type(rule).reads_x)
-    out = (own[0] and all(p[0] for p in parts), own[1] or any(p[1] for p in parts))
-    try:
-        _FUSIBLE[rule] = out
-    except TypeError:  # an unhashable field (a JAX tracer under jit): asked each time
-        pass
-    return out
+    return (own[0] and all(p[0] for p in parts), own[1] or any(p[1] for p in parts))
 
 
-_STACKABLE: dict[Rule, bool] = {}
-
-
+@_memo
 def stackable(rule: Rule) -> bool:
     """Whether a rule that is not elementwise may step a :class:`Stack`.
 
@@ -62,18 +63,9 @@ def stackable(rule: Rule) -> bool:
         ...                         OptimiserChain(ClipNorm(), Muon()), Adam())]
         [True, True, False, False]
     """
-    try:
-        return _STACKABLE[rule]
-    except (KeyError, TypeError):
-        pass
     own = type(rule) is OptimiserChain or type(rule).stacks or type(rule).elementwise
-    out = own and not fusible(rule)[0] and all(
+    return own and not fusible(rule)[0] and all(
         stackable(r) or fusible(r)[0] for r in _inner(rule))
-    try:
-        _STACKABLE[rule] = out
-    except TypeError:  # an unhashable field (a JAX tracer under jit): asked each time
-        pass
-    return out
 
 
 def _kind(rule: Rule) -> type | None:
@@ -323,21 +315,17 @@ class Group:
         members = [xp.flat(x, g, arrays) for x, g, arrays in zip(self.xs, grads, self.arrays)]
         if any(m is None for m in members):
             return False
-        pieces = [(x[a:a + CHUNK], g[a:a + CHUNK], [s[a:a + CHUNK] for s in states])
-                  for x, g, states in members for a in range(0, len(x), CHUNK)]
-        self._restate(self._pieces(pieces))
+        newsig = None
+        for x, g, states in members:
+            for a in range(0, len(x), CHUNK):
+                piece = x[a:a + CHUNK]
+                newsig, d = self._piece([s[a:a + CHUNK] for s in states], piece, g[a:a + CHUNK])
+                if isinstance(d, NewValue):
+                    xp.assign(piece, d.value)
+                elif d is not None:
+                    xp.subtract(piece, d, True)
+        self._restate(newsig)
         return True
-
-    def _pieces(self, pieces: list) -> Any:
-        """Step ``(x, g, state parts)`` pieces in place; return the new signature."""
-        xp, newsig = self.xp, None
-        for x, g, parts in pieces:
-            newsig, d = self._piece(parts, x, g)
-            if isinstance(d, NewValue):
-                xp.assign(x, d.value)
-            elif d is not None:
-                xp.subtract(x, d, True)
-        return newsig
 
     def _restate(self, newsig: Any, states: list | None = None) -> None:
         """Give each Leaf its new state and, where the step was real, its clock one more."""
@@ -356,18 +344,7 @@ class Group:
 
 class Stack(Group):
     """Leafs of one shape whose rule :attr:`~optimisers.Rule.stacks` (``Muon``), stepped by
-    one ``apply`` over their arrays viewed as stacks ``(n, *shape)``.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Muon, setup, update_
-        >>> from optimisers.state import plan_of
-        >>> model = [np.ones((3, 2)) for _ in range(4)]
-        >>> tree = setup(Muon(), model)
-        >>> _ = update_(tree, model, [np.eye(3, 2)] * 4)
-        >>> [(type(g).__name__, len(g.leaves)) for g in plan_of(tree).groups]
-        [('Stack', 4)]
-    """
+    one ``apply`` over their arrays viewed as stacks ``(n, *shape)``."""
 
     __slots__ = ()
     stacked = True
@@ -385,18 +362,7 @@ class Stack(Group):
 class Directed(Group):
     """Leafs whose rule steps along an elementwise :meth:`~optimisers.Rule.direction`
     scaled per array (``LAMB``): the direction runs as a :class:`Group` on zeros standing
-    for the parameters, then each parameter takes ``rule.scaled(x, a)``.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import LAMB, setup, update_
-        >>> from optimisers.state import plan_of
-        >>> model = [np.ones(3) for _ in range(4)]
-        >>> tree = setup(LAMB(0.1), model)
-        >>> _ = update_(tree, model, [np.ones(3)] * 4)
-        >>> [(type(g).__name__, len(g.leaves)) for g in plan_of(tree).groups]
-        [('Directed', 4)]
-    """
+    for the parameters, then each parameter takes ``rule.scaled(x, a)``."""
 
     __slots__ = ("scratch",)
 
