@@ -1,12 +1,5 @@
 """The steady-state cache of ``update_``: what one gather learned about a (tree, model)
-pair, checked by identity at the next step and reused.
-
-A training loop calls ``update_`` again and again with the same tree and model. The first
-call gathers (``gather.py``); :class:`Plan` keeps the edges it walked, the arrays at each
-slot and the fused groups that ran, so that the next call costs a few identity checks per
-node, array and Leaf, reads the gradients by precomputed keys, and, when one group holds every
-Leaf, steps it at once (:meth:`Plan.whole`).
-"""
+pair (edges, arrays, fused groups), checked by identity at the next step and reused."""
 
 from __future__ import annotations
 
@@ -33,17 +26,8 @@ _GRAD, _LEAF = operator.attrgetter("grad"), operator.attrgetter("is_leaf")
 
 
 def first_leaf(t: Any) -> Leaf | None:
-    """first_leaf(tree) -> the first Leaf of a state tree in walk order (where ``update_``
-    keeps its lock and plan), or ``None``.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Descent, setup
-        >>> tree = setup(Descent(), {"config": {"n": 3}, "w": np.ones(2)})
-        >>> first_leaf(tree) is tree["w"]
-        True
-    """
-    stack = [iter((t,))]  # (the walk of leaf.nodes, in one call: this runs at every update_)
+    """first_leaf(tree) -> the first Leaf of a state tree in walk order, or ``None``."""
+    stack = [iter((t,))]
     while stack:
         for t in stack[-1]:
             if isinstance(t, Leaf):
@@ -57,14 +41,8 @@ def first_leaf(t: Any) -> Leaf | None:
 
 
 class Plan:
-    """What a slow gather learned about one (tree, model) pair, checked and reused.
-
-    ``update_`` on the same tree and model, the usual training loop, then costs a few
-    identity checks per node and per array instead of a walk through the tree protocol:
-    the tree and model edges are compared by identity (so any replaced child, added key
-    or new array sends the step back to the slow, fully validating gather, which also
-    gives the precise errors), and gradients are read by precomputed keys.
-    """
+    """What a gather learned about one (tree, model) pair; any change found sends the step
+    back to the validating gather."""
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
                  "groups", "group", "firsts", "columns", "dotted", "nograd")
@@ -83,8 +61,7 @@ class Plan:
                       for _, x, _ in self.slots]
         self.columns = tuple(map(list, zip(*self.specs))) if self.specs else ([], [], [])
         self.tied = len({id(leaf) for leaf, _, _ in self.slots}) < len(self.slots)
-        # For update_(tree, module): which slots read a parameter's .grad, as
-        # module_grads does (the first path to each tensor); None for other models.
+        # update_(tree, module): which slots read a .grad (the first path to each tensor)
         self.firsts = None
         if backends.carries_grads(model) is not None:
             seen: set[int] = set()
@@ -113,12 +90,9 @@ class Plan:
             else:
                 nodes.append((k, sub))
         positional = isinstance(x, (tuple, list))
-        # a list or tuple of arrays, each a Leaf: its gradients land in out[lo:lo + n]
         span = leaf_slots[0] if leaf_slots and leaf_slots == list(
             range(leaf_slots[0], leaf_slots[0] + len(leaf_slots))) else None
         whole = span is not None and positional and leaf_keys == list(range(len(kids)))
-        # the leaf gradients of a node read by one C call: from a gradient of the model's
-        # own type, and from a dict
         many = len(leaf_keys) > 1
         items = operator.itemgetter(*leaf_keys) if many else None
         pick = (items if get is operator.getitem else
@@ -129,10 +103,7 @@ class Plan:
                 pick, items, span)
 
     def _edges(self, node: Any, get: Any, keys: tuple, kids: list) -> None:
-        """Note ``node``'s children at ``keys``; a whole list or tuple is compared as it
-        is (its length is checked with :attr:`sizes`), without a lookup per key. Children
-        that are all Leafs or ``None`` (most nodes of a tree) are compared in one ``==``:
-        a Leaf equals only itself, so it is the identity check, done in C."""
+        """Note ``node``'s children at ``keys`` (all Leafs or ``None``: compared by ``==``)."""
         by_eq = all(k is None or isinstance(k, Leaf) for k in kids)
         bulk = getattr(get, "many", None)  # all children at once (a module's parameters)
         bulk = bulk(node, keys) if bulk is not None else None
@@ -156,18 +127,19 @@ class Plan:
         ) else None
 
     def whole(self, per_tree: list) -> bool:
-        """Step the single group of every Leaf (see :meth:`learn`) when each has a plain
-        gradient and its Leaf is as the group left it; ``False`` (nothing done) if not."""
+        """Step the single group of every Leaf if nothing changed; ``False`` (nothing done)."""
         group = self.group
         if group is None or len(per_tree) != 1:
             return False
         gs, leaves = per_tree[0], group.leaves
         txs, shapes, dtypes = self.columns
-        # the checks of entries() and fused.Group.holds: the gradients a column at a time
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
                 or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
-                or not _as_left(leaves, group.rule, group.states, group.clocks)
-                or group.moved()):
+                or len(group.states) != len(leaves)  # each Leaf as the group left it:
+                or not all(map(operator.is_, map(_STATE, leaves), group.states))
+                or not all(map(operator.is_, map(_CLOCK, leaves), group.clocks))
+                or not all(map(operator.is_, map(_RULE, leaves), itertools.repeat(group.rule)))
+                or any(map(_FROZEN, leaves)) or group.moved()):
             return False
         with self.nograd():  # (the maker kept: no call into the registry per step)
             try:
@@ -184,8 +156,7 @@ class Plan:
         return True
 
     def read(self, tree: Any, model: Any, grads: tuple) -> list | None:
-        """Each gradient tree's gradients listed by slot, or ``None`` when anything
-        differs from what was learned."""
+        """Each gradient tree's gradients by slot, or ``None`` when anything differs."""
         if tree is not self.tree or model is not self.model or not self._unchanged():
             return None
         if grads is DOTGRAD:
@@ -217,8 +188,6 @@ class Plan:
                     same = all(map(operator.is_, now, kids))
                 if not same:
                     return False
-        # a child removed, or (compared by ==) replaced by an array, which compares itself
-        # element by element with the Leaf it is compared with
         except (KeyError, IndexError, AttributeError, ValueError, TypeError, RuntimeError):
             return False
         return all(len(c) == n for c, n in self.sizes)
@@ -247,20 +216,8 @@ class Plan:
         return list(plan.values())
 
 
-def _as_left(leaves: list, rule: Any, states: list, clocks: list) -> bool:
-    """Whether each Leaf is as its group left it: the group's rule, the very state object
-    and clock the group gave it, and not frozen (anything written to a Leaf since shows
-    here)."""
-    return (len(states) == len(leaves)  # (a column at a time, each in one C-level map)
-            and all(map(operator.is_, map(_STATE, leaves), states))
-            and all(map(operator.is_, map(_CLOCK, leaves), clocks))
-            and all(map(operator.is_, map(_RULE, leaves), itertools.repeat(rule)))
-            and not any(map(_FROZEN, leaves)))
-
-
 def _read(prog: tuple, g: Any, out: list) -> bool:
-    """Read the gradients of a compiled node into ``out``; ``False`` if ``g`` looks
-    unlike what was learned (the slow gather then says exactly what is wrong)."""
+    """Read the gradients of a compiled node into ``out``; ``False`` if ``g`` differs."""
     if g is None:
         return True
     cls, get, leaf_keys, leaf_slots, nodes, known, positional, n, lo, pick, items, span = prog
@@ -285,8 +242,7 @@ def _read(prog: tuple, g: Any, out: list) -> bool:
 
 
 def _values(prog: tuple, g: Any) -> tuple | None:
-    """``(fetch, values)``: how to read ``g``'s children by key, and the gradients of the
-    node's leaf keys; ``None`` if ``g`` is not of the learned kind."""
+    """``(fetch, values)`` for ``g``'s children and leaf keys; ``None`` if ``g`` differs."""
     cls, get, leaf_keys, _, _, known, positional, n, _, pick, items, _ = prog
     if isinstance(g, Mapping):
         if not g.keys() <= known:

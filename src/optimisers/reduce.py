@@ -1,14 +1,6 @@
-"""The reduction of tree-level rules: the stage of an update between gathering and stepping.
-
-A tree-level rule (``rules/tree.py``) sits at a *place* in a Leaf's rule: ``()`` for the
-rule itself, a chain's index, or the field of a rule that holds another (``EMA.rule``). Its
-scope in one update is every entry whose rule holds an equal tree-level rule at the same
-place. For each scope, :func:`totals` takes each entry's part from the gradient as it
-reaches that place (the rules before it in a chain run on copies of their states, so that
-nothing is written yet), makes the total, and lets the rule refuse the step; :func:`given`
-then gives the rule each Leaf steps with, every tree-level rule replaced by its per-array
-form holding the total.
-"""
+"""The reduction of tree-level rules between gathering and stepping: a scope is the entries
+holding an equal tree-level rule at the same *place* (``()``, a chain's index, ``"rule"``);
+:func:`totals` reduces each scope, :func:`given` gives each Leaf its per-array rule."""
 
 from __future__ import annotations
 
@@ -26,15 +18,8 @@ __all__ = ["places", "totals", "group_totals", "given", "copier"]
 
 
 def copier() -> Any:
-    """copier() -> a function copying writable arrays (packed state stays packed) and
-    leaving anything else as it is; map it over a state with ``fmap``.
-
-    Example:
-        >>> import numpy as np
-        >>> a = np.ones(2)
-        >>> b = copier()(a); b is a, b
-        (False, array([1., 1.]))
-    """
+    """copier() -> a function copying writable arrays (packed state stays packed), leaving
+    anything else as it is."""
     copiers: dict[str, Any] = {}
 
     def copy(a: Any) -> Any:
@@ -84,9 +69,7 @@ def _find(rule: Any, place: tuple) -> list:
 
 
 def totals(entries: list, where: dict) -> dict:
-    """``{(place, tree_rule): total}`` over the entries in each scope; ``where`` maps
-    ``id(entry)`` to the ``places`` of its rule. The tree-level rule may refuse the step
-    here (``check``), before anything is written."""
+    """``{(place, tree_rule): total}`` per scope of the entries in ``where``, checked."""
     scopes: dict[tuple, list] = {}
     for e in entries:
         if id(e) not in where:
@@ -113,18 +96,8 @@ def totals(entries: list, where: dict) -> dict:
 
 def group_totals(rule: Rule, clock: Any, grads: list, states: list, paths: list
                  ) -> dict | None:
-    """group_totals(rule, clock, grads, states, paths) -> :func:`totals` for Leafs that all
-    step ``rule`` at ``clock`` (one scope per tree-level rule) with ``grads``; ``None`` where
-    a rule runs before a tree-level one (the gradient reaching it is not the one given).
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import ClipGlobalNorm
-        >>> found = group_totals(ClipGlobalNorm(), 0, [np.array([3.0]), np.array([4.0])],
-        ...                      [None, None], ["a", "b"])
-        >>> [float(v) for v in found.values()]
-        [5.0]
-    """
+    """group_totals(rule, clock, grads, states, paths) -> :func:`totals` for one group's
+    Leafs stepping ``rule`` at ``clock``; ``None`` where a rule runs before a tree-level one."""
     out = {}
     for place, tree_rule in places(at(rule, clock)):
         if any(step != 0 for step in place):
@@ -136,9 +109,7 @@ def group_totals(rule: Rule, clock: Any, grads: list, states: list, paths: list
 
 
 def _key(place: tuple, rule: TreeRule) -> tuple:
-    """A scope's key: the place and the rule; under ``jax.jit``, where the rule's numbers
-    are traced and cannot be compared, the place, the rule's class and its static fields
-    (rules that differ only in traced numbers then share one scope)."""
+    """A scope's key: the place and the rule (traced: its class and static fields)."""
     try:
         hash(rule)
     except TypeError:
@@ -172,8 +143,7 @@ def _state_at(rule: Any, state: Any, place: tuple) -> Any:
 
 
 def given(rule: Any, found: dict, place: tuple = ()) -> Any:
-    """``rule`` with each tree-level rule replaced by its per-array form for the totals
-    ``found`` (as :func:`totals` gives them); where a scope had no total, the rule itself."""
+    """``rule`` with each tree-level rule replaced by its per-array form for ``found``."""
     if isinstance(rule, TreeRule):
         total = found.get(_key(place, rule))
         return rule if total is None else rule.given(total)

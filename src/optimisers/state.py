@@ -1,20 +1,6 @@
-"""The state tree: setup, and the two update functions.
-
-``setup`` walks the model once, asking ``trainable`` which children to enter, and
-returns a tree of :class:`Leaf` objects that mirrors it. ``update`` and ``update_``
-never ask ``trainable`` again: a Leaf marks a parameter to train, ``None`` anything else.
-
-An update reads top to bottom, in three phases:
-
-1. *plan* (``plan.py``): a tree and model stepped before by ``update_`` keep what that
-   step learned; when nothing changed, the gradients are read by precomputed keys and
-   the same fused groups run again (the usual training loop ends here);
-2. else *gather* (``gather.py``) walks tree, model and gradients together, validating
-   everything and summing the gradients of tied parameters, into entries;
-3. *step* (:func:`_step`) runs each Leaf's rule once: fused groups of like Leafs
-   (``fast/fused.py``: the rules' own ``apply`` over each group's flat buffers), the
-   rest one by one. Rules that may raise run first,
-   on copies, so that ``update_`` writes nothing when the input is bad.
+"""The state tree: ``setup`` mirrors the model with :class:`Leaf` objects; an update
+reads top to bottom: *plan* (``plan.py``, the steady state), else *gather*
+(``gather.py``, validating), then *step* (:func:`_step`: fused groups, the rest one by one).
 """
 
 from __future__ import annotations
@@ -122,8 +108,7 @@ def setup(rule: Rules, model: Any) -> Any:
 
 
 def _chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None] | None:
-    """``rule`` as a function ``(KeyPath, array) -> Rule | None`` checking what it gives;
-    ``None`` for a single rule."""
+    """``rule`` as a checked function ``(KeyPath, array) -> Rule | None``; ``None`` for a rule."""
     if isinstance(rule, Rule):
         return None
     if isinstance(rule, Mapping):
@@ -163,9 +148,7 @@ def _by_pattern(rules: Mapping) -> Callable[[KeyPath, Any], Rule | None]:
 
 
 def _another_rule(rule: Rules, model: Any, kp: KeyPath) -> str:
-    """What to do when a rule refuses the array at ``kp``: the call of ``setup`` that gives
-    ``AdamW()`` to every array that ``rule`` (a rule or mapping) would give a rule that
-    refuses it, by patterns that pick no other array, and ``rule`` to the rest."""
+    """What to do when a rule refuses the array at ``kp``: a ``setup`` call that works."""
     if not isinstance(rule, Rule | Mapping):
         return (f"make the function given to setup return another rule (AdamW(), say) for "
                 f"{kp} and arrays like it")
@@ -190,10 +173,8 @@ def _another_rule(rule: Rules, model: Any, kp: KeyPath) -> str:
 
 
 def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
-    """What ``setup``'s walk does where it reaches a tied object again (an array, or a
-    container or Variable holding arrays): ``choose`` is asked for each array under the
-    new path too, and must give the rule that the first path gave (``==``), or a
-    ``ValueError`` names both paths. Every path of a tie is so asked exactly once."""
+    """Where ``setup``'s walk reaches a tied object again: ``choose`` must give each path
+    the first path's rule, else a ``ValueError`` names both."""
 
     def same(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
         if not isnumeric(x):
@@ -212,12 +193,8 @@ def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
 
 
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
-    """Phase two: run each Leaf's rule once, groups of them fused where possible; return
-    the new arrays made out of place.
-
-    Nothing is written before every check has passed and every rule that may raise
-    (see :meth:`Rule.raises`) has run, on a copy of its state: its result lands below.
-    """
+    """Run each Leaf's rule once, fused where possible: the new arrays made out of place.
+    Rules that may raise (:meth:`Rule.raises`) run first, on copies, before any write."""
     kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
     where: dict[int, tuple] = {}
     for e in entries:
@@ -251,9 +228,7 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
 
 
 def _share(e: Entry, new: dict, inplace: bool) -> None:
-    """A tie that the tree declares but the model does not share (other arrays at other
-    paths): those arrays get the stepped one's values, in place where they may be
-    written, else the one result is placed at every path."""
+    """A tie the tree declares but the model does not share: the other arrays follow."""
     y = new.get(id(e.leaf), e.x)
     if inplace and all(map(maywrite, e.others)):
         for other in e.others:
@@ -263,9 +238,7 @@ def _share(e: Entry, new: dict, inplace: bool) -> None:
 
 
 def _apply(e: Entry, state: Any, found: dict, dry: bool = False) -> tuple[Any, Any]:
-    """``(new_state, step)`` of one entry's rule, at its Leaf's clock and with the totals
-    ``found`` of its tree-level rules (``dry``: only the rule at the clock made, and so
-    checked); an error names the entry's path."""
+    """``(new_state, step)`` of one entry's rule (``dry``: only checked); errors name the path."""
     try:
         now = at(e.leaf.rule, e.leaf.clock)
         now = given(now, found) if found else now
@@ -288,9 +261,7 @@ os.register_at_fork(after_in_child=_forked)
 
 @dataclasses.dataclass(slots=True)
 class _Kept:
-    """What ``update_`` keeps for one tree, on its first Leaf: the lock that lets one
-    thread at a time step the tree in place (made anew in a forked child: ``forks``), and
-    the plan of its last step (see ``plan.py``)."""
+    """What ``update_`` keeps on a tree's first Leaf: its lock and the last step's plan."""
 
     forks: int
     lock: Any
@@ -298,8 +269,7 @@ class _Kept:
 
 
 def _kept_of(first: Leaf) -> _Kept:
-    """What ``update_`` keeps for the tree whose first Leaf is ``first``. The lock is made
-    once per process, so that a child forked while a thread held it does not wait for ever."""
+    """What ``update_`` keeps for the tree whose first Leaf is ``first`` (anew after fork)."""
     kept = getattr(first, "_kept", None)
     if kept is None or kept.forks != _FORKS[0]:
         with _LOCKING[0]:
@@ -311,20 +281,8 @@ def _kept_of(first: Leaf) -> _Kept:
 
 
 def plan_of(tree: Any) -> Plan | None:
-    """plan_of(tree) -> the plan that ``update_`` keeps for ``tree``: what its last step
-    learned (its fused groups: ``plan_of(tree).groups``), or ``None`` before any step.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Adam
-        >>> model = [np.ones(3), np.ones(3)]
-        >>> tree = setup(Adam(), model)
-        >>> plan_of(tree) is None
-        True
-        >>> _ = update_(tree, model, [np.ones(3), np.ones(3)])
-        >>> [len(group.leaves) for group in plan_of(tree).groups]
-        [2]
-    """
+    """plan_of(tree) -> the plan that ``update_`` keeps for ``tree`` (its fused groups:
+    ``plan_of(tree).groups``), or ``None`` before any step."""
     first = first_leaf(tree)
     kept = getattr(first, "_kept", None)
     return kept.plan if kept is not None else None
@@ -340,8 +298,7 @@ def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, An
 
 
 def _nested(grads: Any, model: Any) -> Any:
-    """The gradient trees with dicts of dotted names nested as the model is (the very
-    ``grads`` where none was such a dict; see :func:`~optimisers.gather.nest_dotted`)."""
+    """The gradient trees with dicts of dotted names nested as the model is."""
     if grads is DOTGRAD:
         return grads
     nested = tuple(nest_dotted(g, model) for g in grads)
@@ -376,8 +333,7 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Ke
             known.learn(groups)
         return tree, model
     model = place(tree, model, lambda leaf, x: new.get(id(leaf), x), inplace)
-    # A mutable array updated here may also sit where no Leaf is (a non-trainable
-    # child): update_ changes it there too, being in place, so update must as well.
+    # a mutable array may also sit where no Leaf is: update changes it there as update_ does
     moved = {id(e.x): new[id(e.leaf)] for e in entries
              if id(e.leaf) in new and ismutable(e.x)}
     return tree, substitute(model, moved) if moved else model
@@ -462,9 +418,7 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
     for compiling, untraced in COMPILERS:  # traced by torch.compile: run as Python
         if compiling():
             return untraced(update_)(tree, model, grads, *higher)
-    if grads is _NOGRAD:
-        return _update(tree, model, DOTGRAD, inplace=True)
-    return _update(tree, model, (grads, *higher), inplace=True)
+    return _update(tree, model, DOTGRAD if grads is _NOGRAD else (grads, *higher), inplace=True)
 
 
 backends.registry.extend("jax", "optimisers.fast.jaxtree")  # Leafs, rules: pytrees

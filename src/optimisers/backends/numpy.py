@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from numpy import abs, conj, minimum, real, sign, where  # noqa: F401
+from numpy import clip as clamp  # noqa: F401
 
 from optimisers.backends import common
 from optimisers.backends.packs import PAD, Packs
@@ -71,10 +72,6 @@ def complex_from(re: Array, im: Array) -> Array:
     return re + 1j * im
 
 
-def clamp(x: Array, lo: Any, hi: Any) -> Array:
-    return np.clip(x, lo, hi)
-
-
 def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
     if inplace and a.flags.writeable:
         step = np.subtract(b, a)
@@ -120,7 +117,7 @@ def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
 
 
 def _out(out: Any) -> Array | None:
-    """``out`` where it is an array (a 0-d result is a NumPy scalar, not written into)."""
+    """``out`` where it is an array (not a NumPy scalar)."""
     return out if isinstance(out, np.ndarray) else None
 
 
@@ -140,7 +137,7 @@ def transpose(x: Array) -> Array:
 
 
 def _wide(x: Array) -> Array:
-    """``x`` in float32 at least (float16 is widened): what products accumulate in."""
+    """``x`` in float32 at least: what products accumulate in."""
     return x.astype(np.promote_types(x.dtype, np.float32), copy=False)
 
 
@@ -165,14 +162,8 @@ def mean(x: Array, axes: tuple) -> Array:
 
 
 def to_bfloat16(x: Array) -> Array:
-    """to_bfloat16(x) -> ``x`` rounded to bfloat16's 8 significant bits (to nearest, ties
-    to even), as float32: NumPy has no bfloat16. float64 is rounded directly, never
-    through float32 (which could round twice).
-
-    Example:
-        >>> to_bfloat16(np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, np.nan], np.float32))
-        array([1.     , 1.015625,      nan], dtype=float32)
-    """
+    """to_bfloat16(x) -> ``x`` rounded to bfloat16 (to nearest, ties to even), as float32;
+    float64 rounded directly, never twice."""
     wide = x.dtype == np.float64
     f = x if wide else x.astype(np.float32, copy=False)
     u = f.view(np.uint64 if wide else np.uint32)
@@ -195,7 +186,7 @@ eps = functools.partial(common.eps, _SELF)
 
 
 def isfinite(n: Any) -> bool | None:
-    """Whether a scalar is finite; ``None`` where that cannot be known now (under a trace)."""
+    """Whether a scalar is finite."""
     return bool(np.isfinite(n))
 
 
@@ -205,8 +196,7 @@ def cast(x: Array, like: Array) -> Array:
 
 
 def astype(x: Array, dtype: Any) -> Array:
-    """A copy of ``x`` in ``dtype``; a complex ``x`` in the complex dtype of ``dtype``'s
-    precision, never losing its imaginary part."""
+    """A copy of ``x`` in ``dtype`` (complex kept complex)."""
     dt = todtype(dtype)
     if x.dtype.kind == "c":
         dt = np.result_type(dt, np.complex64)
@@ -257,12 +247,7 @@ def dtype_name(x: Array) -> str:
 
 
 def dtype_name_of(v: Any) -> str:
-    """dtype_name_of(v) -> the name of a NumPy dtype or scalar type.
-
-    Example:
-        >>> dtype_name_of(np.float16)
-        'float16'
-    """
+    """dtype_name_of(v) -> the name of a NumPy dtype or scalar type (``'float16'``)."""
     return np.dtype(v).name
 
 
@@ -287,8 +272,7 @@ def concat(arrays: list, like: list) -> Array:
 
 
 def split(v: Array, stops: list, like: list) -> list:
-    """Consecutive segments of ``v`` ending at ``stops``, each a new array of the shape
-    and dtype of the matching array in ``like``."""
+    """Consecutive segments of ``v`` ending at ``stops``, new arrays like ``like``'s."""
     out, start = [], 0
     for stop, x in zip(stops, like):
         seg = v[start:stop].reshape(x.shape)
@@ -315,11 +299,7 @@ def device(x: Array) -> str:
 
 
 def footprints(xs: list) -> list:
-    """What a group's views assume of each array's memory, read cheaply enough for every
-    step: its size in items. An array keeps its buffer unless ``resize`` (or a dtype set in
-    place) moves it, and then its size changes; a reshape in place keeps size and buffer,
-    so the views stay in bounds (and the step's gradient shapes send it to the
-    validating path). Its cost: benchmarks/README.md."""
+    """What a group's views assume of each array's memory: its size (``resize`` changes it)."""
     return list(map(_SIZE, xs))
 
 
@@ -337,22 +317,16 @@ def packed(parts: tuple) -> list:
     views = []
     for p in parts:
         v = buf[start:start + p.size].reshape(p.shape)
-        if not _zero_bytes(p):  # fresh state is zeros, which the buffer has already
+        if not (p.flags.c_contiguous and p.dtype.kind in "biufc"  # all bytes zero (not -0.0):
+                and not p.reshape(-1).view(np.uint8).any()):  # the buffer has them already
             np.copyto(v, p)
         views.append(v)
         start += p.size
     return _PACKS.add(buf, lo, n, views)
 
 
-def _zero_bytes(a: Array) -> bool:
-    """Whether every byte of ``a`` is zero (so not ``-0.0``, which compares equal to 0)."""
-    return a.flags.c_contiguous and a.dtype.kind in "biufc" and not a.reshape(-1).view(
-        np.uint8).any()
-
-
 def joined(parts: tuple) -> tuple[Array, bool]:
-    """``(flat, isview)``: the whole packed buffer when ``parts`` are exactly its views in
-    order, else a new concatenation of them."""
+    """``(flat, isview)``: the packed buffer of exactly ``parts``, else their concatenation."""
     buf = _PACKS.whole(parts)
     if buf is not None:
         return buf, True
@@ -360,26 +334,24 @@ def joined(parts: tuple) -> tuple[Array, bool]:
 
 
 def scatter(flat: Array, parts: tuple) -> list | None:
-    """Write consecutive segments of ``flat`` into each of ``parts`` and return ``None``;
-    where a part may not be written, return new arrays for all parts instead."""
-    writable = all(p.flags.writeable for p in parts)
-    out, start = [], 0
+    """Write segments of ``flat`` into ``parts``; new arrays instead where one is read-only."""
+    if all(p.flags.writeable for p in parts):
+        collections.deque(map(np.copyto, parts, _segments(flat, parts)), 0)
+        return None
+    return [seg.astype(p.dtype, copy=True) for p, seg in zip(parts, _segments(flat, parts))]
+
+
+def _segments(flat: Array, parts: Any) -> Any:
+    """The consecutive segments of ``flat`` shaped like each of ``parts``."""
+    start = 0
     for p in parts:
-        seg = flat[start:start + p.size].reshape(p.shape)
-        if writable:
-            np.copyto(p, seg)
-        else:
-            out.append(seg.astype(p.dtype, copy=True))
+        yield flat[start:start + p.size].reshape(p.shape)
         start += p.size
-    return None if writable else out
 
 
 def subtractor(xs: list) -> Any:
-    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place, over flat
-    views of the ``xs``: one C-level ``map`` of ``np.subtract`` where they are all flat
-    and ``d`` is of their dtype (the segments of the last ``d`` kept), else a loop casting
-    ``d``'s segments."""
-    views = _flat_views(xs)
+    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place."""
+    views = [x.reshape(-1) if x.flags.c_contiguous else x for x in xs]
     stops = list(itertools.accumulate(map(_SIZE, views)))
     cuts = list(map(slice, [0, *stops[:-1]], stops))
     dtype = views[0].dtype if views else None
@@ -398,30 +370,18 @@ def subtractor(xs: list) -> Any:
     return subtract
 
 
-def _flat_views(xs: list) -> list:
-    return [x.reshape(-1) if x.flags.c_contiguous else x for x in xs]
-
-
 def split_like(d: Array, xs: list) -> list:
     """New arrays ``x_i - segment of d``, shaped and typed like each ``x_i``."""
-    out, start = [], 0
-    for xi in xs:
-        n = xi.size
-        out.append(np.asarray(xi - d[start:start + n].reshape(xi.shape), dtype=xi.dtype))
-        start += n
-    return out
+    return [np.asarray(x - seg, dtype=x.dtype) for x, seg in zip(xs, _segments(d, xs))]
 
 
 def copier() -> Any:
-    """A copy function that keeps packed state packed: a packed buffer is copied once.
-    Read-only arrays are shared, not copied."""
+    """A copy function that keeps packed state packed; read-only arrays shared."""
     return _PACKS.copier(lambda a: a.copy() if a.flags.writeable else a, packed)
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:
-    """``(x, g, [states])`` as flat views, for stepping in place piece by piece
-    (``fused.Group._chunked``); ``None`` unless all are C-contiguous, writable (but
-    ``g``) and equally long."""
+    """``(x, g, [states])`` as flat views, or ``None`` (see ``fused.Group._chunked``)."""
     every = [x, *arrays]
     if not all(a.flags.c_contiguous and a.flags.writeable and a.size == x.size
                for a in every) or not g.flags.c_contiguous or g.size != x.size:
@@ -430,26 +390,13 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
 
 
 def host(a: Any, at: str) -> tuple[Array, str]:
-    """host(a, at) -> ``(values, dtype name)``: ``a``'s values as a NumPy array on the
-    host, for a checkpoint. A dtype NumPy lacks comes as the array it has (ml_dtypes'
-    bfloat16, say); the checkpoint stores its bits.
-
-    Example:
-        >>> host(np.float32(2.5), "a value")
-        (array(2.5, dtype=float32), 'float32')
-    """
+    """host(a, at) -> ``(values, dtype name)``: ``a``'s values on the host, for a checkpoint."""
     arr = np.asarray(a)
     return arr, arr.dtype.name
 
 
 def from_host(arr: Array, ref: Any, bits: bool, weak: bool = False) -> Array:
-    """from_host(arr, ref, bits) -> the host values ``arr`` as an array like ``ref``: itself,
-    or, when ``arr`` holds the bits of a dtype NumPy lacks, viewed as ``ref``'s dtype.
-
-    Example:
-        >>> from_host(np.array([0, 16256], np.uint16), np.zeros(2, np.float16), bits=True)
-        array([0.   , 1.875], dtype=float16)
-    """
+    """from_host(arr, ref, bits) -> ``arr`` as an array like ``ref`` (``bits``: viewed as it)."""
     return arr.view(ref.dtype) if bits else arr
 
 
@@ -457,10 +404,5 @@ def from_host(arr: Array, ref: Any, bits: bool, weak: bool = False) -> Array:
 
 
 def cos(x: Any) -> Any:
-    """cos(x) -> the cosine of each element (a schedule's half cosine).
-
-    Example:
-        >>> cos(np.array([0.0, np.pi]))
-        array([ 1., -1.])
-    """
+    """cos(x) -> the cosine of each element (a schedule's half cosine)."""
     return np.cos(x)

@@ -1,10 +1,6 @@
-"""PyTorch tensors: the same function set as the NumPy backend (``protocol.Backend`` and
-``protocol.Grouping``), plus ``nn.Module`` nodes (``_torchnn.py``, ``protocol.Nodes`` and
-``protocol.Carrying``) and how a step runs inside ``torch.compile`` (:func:`untraced`).
-
-Hyper-parameters stay Python floats: PyTorch treats a Python scalar as weakly typed, so
-``eta * m`` keeps ``m``'s dtype (float16 and bfloat16 included). In-place writes run
-under ``torch.no_grad()``, so a parameter that requires grad may be updated.
+"""PyTorch tensors: the NumPy backend's function set (``protocol.Backend``, ``Grouping``),
+``nn.Module`` nodes (``_torchnn.py``) and :func:`untraced` for ``torch.compile``.
+Hyper-parameters stay Python floats, weakly typed: ``eta * m`` keeps ``m``'s dtype.
 """
 
 from __future__ import annotations
@@ -14,13 +10,15 @@ import math
 import operator
 import sys
 from collections.abc import Callable
+from operator import add  # noqa: F401
 from typing import Any
 
 import numpy as np
 import torch
-from torch import conj, nn, real, rsqrt, sqrt  # noqa: F401
+from torch import abs, clamp, conj, nn, real, rsqrt, sqrt, where  # noqa: F401
 from torch import div as divide  # noqa: F401
 from torch import mul as multiply  # noqa: F401
+from torch import sgn as sign  # noqa: F401 (x/|x| for complex x, as NumPy 2 and JAX)
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from optimisers.backends import common, registry
@@ -62,13 +60,8 @@ def maywrite(x: Array) -> bool:
 def hyper(x: Array, *values: Any) -> tuple:
     """Hyper-parameters as Python floats (weakly typed: arithmetic stays in ``x``'s dtype);
     a tensor value is moved to ``x``'s device and real dtype."""
-    return tuple(_scalar(x, v) for v in values)
-
-
-def _scalar(x: Array, v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
-    return float(v)
+    return tuple(v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
+                 if isinstance(v, torch.Tensor) else float(v) for v in values)
 
 
 def complement(v: Any) -> Any:
@@ -84,15 +77,6 @@ def full_like(x: Array, value: float | complex, real_: bool = False) -> Array:
     value = value if isinstance(value, complex) else float(value)
     return torch.full_like(x.real if real_ and x.is_complex() else x, value,
                            requires_grad=False)
-
-
-def sign(x: Array) -> Array:
-    """The sign; ``x/|x|`` (0 at 0) for complex ``x``, as NumPy 2 and JAX have it."""
-    return torch.sgn(x)
-
-
-def abs(x: Array) -> Array:  # noqa: A001
-    return torch.abs(x)
 
 
 def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
@@ -111,17 +95,9 @@ def minimum(a: Any, b: Any) -> Array:
     return torch.minimum(a, b)
 
 
-def where(cond: Array, a: Any, b: Any) -> Array:
-    return torch.where(cond, a, b)
-
-
 def complex_from(re: Array, im: Array) -> Array:
     """The complex tensor ``re + i*im``, of their precision."""
     return torch.complex(re, im)
-
-
-def clamp(x: Array, lo: Any, hi: Any) -> Array:
-    return torch.clamp(x, lo, hi)
 
 
 def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
@@ -129,8 +105,7 @@ def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
 
 
 def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
-    """``x*a``, then ``y`` added into it with ``alpha=b`` (a bfloat16 ``y`` widened in the
-    kernel, as ``torch.optim.Muon`` adds its update): one new tensor."""
+    """``x*a + b*y`` as ``torch.optim.Muon`` adds it (``alpha=b``): one new tensor."""
     out = torch.mul(x, a)
     if isinstance(b, torch.Tensor):
         return out.add_(y.to(out.dtype) * b)
@@ -166,15 +141,13 @@ def _as_stack(t: Array) -> Array:
 
 
 def matmul(a: Array, b: Array) -> Array:
-    """``torch.bmm``, a single matrix as a stack of one: see :func:`matmul_add`."""
+    """``torch.bmm``, a single matrix as a stack of one."""
     out = torch.bmm(_as_stack(a), _as_stack(b))
     return out.reshape(*a.shape[:-2], *out.shape[-2:])
 
 
 def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
-    """``torch.baddbmm``, a single matrix as a stack of one, so that each matrix of a stack
-    gets exactly what it gets alone (``torch.addmm``, which ``torch.optim.Muon`` calls,
-    rounds bfloat16 products of fewer than 400 multiplications differently)."""
+    """``torch.baddbmm``, a single matrix as a stack of one (as a stack gets it, bit for bit)."""
     out = torch.baddbmm(*map(_as_stack, (c, a, b)), beta=float(beta), alpha=float(alpha))
     return out.reshape(*a.shape[:-2], *out.shape[-2:])
 
@@ -204,14 +177,8 @@ eps = functools.partial(common.eps, _SELF)
 
 
 def total_norm(arrays: list, p: float) -> Array | None:
-    """The ``p``-norm of all ``arrays`` together, a 0-d tensor on their device (no host
-    read), by ``torch.nn.utils.get_total_norm``; ``None`` unless they are dense float32 or
-    float64 tensors of one dtype and device (then a norm each: ``ClipGlobalNorm.part``).
-
-    Example:
-        >>> float(total_norm([torch.tensor([3.0]), torch.tensor([4.0])], 2.0))
-        5.0
-    """
+    """The ``p``-norm of all ``arrays``, a 0-d tensor on their device; ``None`` unless dense
+    float32 or float64 tensors of one dtype and device."""
     a0 = arrays[0]
     if a0.dtype not in (torch.float32, torch.float64) or not all(
             type(a) is torch.Tensor and a.dtype == a0.dtype and a.device == a0.device
@@ -226,14 +193,12 @@ def isfinite(n: Any) -> bool | None:
 
 
 def cast(x: Any, like: Array) -> Array:
-    """``x`` (a tensor, NumPy array or number) as a tensor of ``like``'s dtype and device;
-    no copy when it already is one."""
+    """``x`` as a tensor of ``like``'s dtype and device (no copy when it already is)."""
     return torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
 def astype(x: Array, dtype: Any) -> Array:
-    """A copy of ``x`` in ``dtype``; a complex ``x`` in the complex dtype of ``dtype``'s
-    precision, never losing its imaginary part."""
+    """A copy of ``x`` in ``dtype`` (complex kept complex)."""
     dt = todtype(dtype)
     if x.is_complex():
         dt = torch.promote_types(dt, torch.complex64)
@@ -269,8 +234,7 @@ def assign(dst: Array, value: Any) -> Array:
 
 
 def subtract(x: Array, d: Any, inplace: bool) -> Array:
-    """``x - d``, written into ``x`` when ``inplace``; else a new tensor like ``x`` (see
-    :func:`like`)."""
+    """``x - d``, into ``x`` when ``inplace``, else a new tensor like ``x``."""
     with torch.no_grad():
         if inplace:
             return x.sub_(d)
@@ -278,21 +242,14 @@ def subtract(x: Array, d: Any, inplace: bool) -> Array:
 
 
 def like(y: Array, x: Array) -> Array:
-    """``y``, computed without autograd, made a new parameter as ``x`` is one: an
-    ``nn.Parameter`` where ``x`` is one, and with ``x``'s ``requires_grad``, so that the
-    next ``backward()`` reaches the parameters that a pure update returns."""
+    """``y`` made a parameter as ``x`` is (``nn.Parameter``, ``requires_grad``)."""
     if isinstance(x, nn.Parameter):
         return nn.Parameter(y, requires_grad=x.requires_grad)
     return y.requires_grad_() if x.requires_grad else y
 
 
-def add(a: Array, b: Array) -> Array:
-    return a + b
-
-
 def gradtype(x: Array) -> type:
-    """The type of a gradient that needs no cast for ``x``: autograd gives a parameter's
-    gradient as a plain tensor."""
+    """The type of a gradient that needs no cast for ``x``."""
     return torch.Tensor if isinstance(x, nn.Parameter) else type(x)
 
 
@@ -328,10 +285,8 @@ def concat(arrays: list, like: list) -> Array:
 
 
 def split(v: Array, stops: list, like: list) -> list:
-    """Consecutive segments of ``v`` ending at ``stops``, each shaped, typed and placed like
-    the matching tensor in ``like``; differentiable. The segments are views of one new
-    copy of ``v`` (cast where needed), never of ``v`` itself, so that an in-place update
-    of one writes neither through to ``v`` nor to another segment."""
+    """Consecutive segments of ``v`` ending at ``stops``, like ``like``'s; differentiable,
+    views of one new copy of ``v`` (never of ``v``)."""
     sizes = [b - a for a, b in zip([0, *stops[:-1]], stops)]
     out = []
     for seg, x in zip(torch.split(v.clone(), sizes), like):
@@ -349,10 +304,6 @@ def settle(leaf: Any) -> Any:
 
 
 # --- fused groups (fast/fused.py) ---------------------------------------------------------------
-#
-# A group's tensors are flattened into one vector and written back by C++ loops (torch's
-# flatten helpers and foreach ops): no Python loop runs per tensor in an in-place step.
-# Groups of large CPU tensors step in place piece by piece instead (see ``flat``).
 
 _PACKS = Packs(lambda a: a._base, lambda b, lo, n: b.narrow(0, lo, n),
                lambda b: b.data_ptr())
@@ -363,17 +314,13 @@ def device(x: Array) -> torch.device:
 
 
 def footprints(xs: list) -> tuple:
-    """What a group's views assume of each tensor's memory, read for every step: its
-    address, shape and strides. ``p.data = ...``, ``set_`` and ``resize_`` keep the tensor
-    object but change them (new memory, a slice at the same address, a transpose); a
-    change sends the step to the validating path (cost: benchmarks/README.md)."""
+    """What a group's views assume of each tensor's memory: address, shape and strides."""
     return (list(map(torch.Tensor.data_ptr, xs)), list(map(_SHAPE, xs)),
             list(map(torch.Tensor.stride, xs)))
 
 
 def flatcat(arrays: list) -> Array:
-    """All ``arrays`` flattened into one vector (they share a dtype and device). Only read:
-    for a single array it may be a view of it."""
+    """All ``arrays`` flattened into one vector (only read: it may be a view)."""
     return _flatten_dense_tensors(arrays)
 
 
@@ -383,14 +330,7 @@ def packed(parts: tuple) -> list:
 
 
 def pack_into(parts: tuple, packs: Packs, dress: Callable[[list], list]) -> list:
-    """pack_into(parts, packs, dress) -> :func:`packed`'s views of one new buffer holding
-    ``parts``, each made what the caller keeps by ``dress`` (a DTensor around it:
-    ``backends/dtensor.py``), recorded in ``packs``.
-
-    Example:
-        >>> [v.tolist() for v in pack_into((torch.ones(2), torch.zeros(1)), _PACKS, list)]
-        [[1.0, 1.0], [0.0]]
-    """
+    """pack_into(parts, packs, dress) -> :func:`packed`'s views, ``dress``-ed, in ``packs``."""
     x0 = parts[0]
     n = sum(p.numel() for p in parts)
     buf = torch.empty(n + PAD // x0.element_size(), dtype=x0.dtype, device=x0.device)
@@ -401,8 +341,7 @@ def pack_into(parts: tuple, packs: Packs, dress: Callable[[list], list]) -> list
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
-    """``(flat, isview)``: the whole packed buffer when ``parts`` are exactly its views in
-    order, else a new concatenation of them."""
+    """``(flat, isview)``: the packed buffer of exactly ``parts``, else their concatenation."""
     buf = _PACKS.whole(parts)
     if buf is not None:
         return buf, True
@@ -415,14 +354,12 @@ def scatter(flat: Array, parts: tuple) -> None:
 
 
 def subtractor(xs: list) -> Any:
-    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x``, in place, by one
-    foreach op."""
+    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place."""
     return lambda d: torch._foreach_sub_(xs, _unflatten_dense_tensors(d, xs))
 
 
 def split_like(d: Array, xs: list) -> list:
-    """New tensors ``x_i - segment of d``, each like ``x_i`` (see :func:`like`), as
-    :func:`subtract` makes them."""
+    """New tensors ``x_i - segment of d``, each like ``x_i``."""
     out = list(torch._foreach_sub(xs, _unflatten_dense_tensors(d, xs)))
     for i, (x, y) in enumerate(zip(xs, out)):
         if y.dtype != x.dtype:
@@ -433,12 +370,7 @@ def split_like(d: Array, xs: list) -> list:
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:
-    """``(x, g, [states])`` as flat views, for stepping in place piece by piece
-    (``fused.Group._chunked``); ``None`` off the CPU (a GPU's allocator recycles
-    whole-array temporaries, and a launch per piece would cost more) and unless all are
-    dense, contiguous and equally long. On the CPU the rule's temporaries then stay
-    cache-sized: over a whole group's concatenation, each operation allocated and
-    faulted in a fresh buffer of the model's size (measured: benchmarks/README.md)."""
+    """``(x, g, [states])`` as flat views, or ``None`` (off the CPU: see ``Group._chunked``)."""
     n = x.numel()
     if x.device.type != "cpu" or not all(
             a.layout == torch.strided and a.is_contiguous() and a.numel() == n
@@ -458,15 +390,8 @@ _UNTRACED: dict[Callable, Callable] = {}
 
 
 def untraced(fn: Callable) -> Callable:
-    """untraced(fn) -> ``fn`` run eagerly, outside the graph, when ``torch.compile`` traces a
-    call to it (a graph break): how ``update`` and ``update_`` run inside a compiled step
-    (``registry.COMPILERS`` says why), with the same fused kernels and results as
-    outside it, while the step's forward and backward passes are compiled around them.
-
-    Example:
-        >>> untraced(sorted)([2, 1])
-        [1, 2]
-    """
+    """untraced(fn) -> ``fn`` run eagerly when ``torch.compile`` traces a call to it (a graph
+    break): how ``update`` and ``update_`` run inside a compiled step."""
     found = _UNTRACED.get(fn)
     if found is None:
         found = _UNTRACED[fn] = torch.compiler.disable(fn, recursive=True)
@@ -480,16 +405,11 @@ _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def host(a: Array, at: str) -> tuple[np.ndarray, str]:
-    """host(a, at) -> ``(values, dtype name)``: the tensor's values as a NumPy array on
-    the host, for a checkpoint; a dtype NumPy lacks (bfloat16, float8) as its bits, an
-    unsigned integer array of its item size.
+    """host(a, at) -> ``(values, dtype name)``: the tensor's values on the host, for a
+    checkpoint; a dtype NumPy lacks (bfloat16, float8) as its bits.
 
     Raises:
         TypeError: for a sparse tensor, or a dtype of an unusual item size.
-
-    Example:
-        >>> host(torch.ones(2, dtype=torch.bfloat16), "a state")
-        (array([16256, 16256], dtype=uint16), 'bfloat16')
     """
     t = a.detach()
     if t.layout is not torch.strided:
@@ -506,13 +426,7 @@ def host(a: Array, at: str) -> tuple[np.ndarray, str]:
 
 
 def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
-    """from_host(arr, ref, bits) -> the host values ``arr`` as a tensor on ``ref``'s device;
-    with ``bits``, ``arr`` holds the bits of ``ref``'s dtype.
-
-    Example:
-        >>> from_host(np.array([16256], np.uint16), torch.zeros(1, dtype=torch.bfloat16), True)
-        tensor([1.], dtype=torch.bfloat16)
-    """
+    """from_host(arr, ref, bits) -> ``arr`` as a tensor on ``ref``'s device (``bits``: raw)."""
     if not bits:
         return torch.from_numpy(arr).to(device=ref.device)
     signed = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[arr.dtype.itemsize]
@@ -520,12 +434,7 @@ def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Ar
 
 
 def dtype_name_of(v: Any) -> str:
-    """dtype_name_of(v) -> the name of a torch dtype object.
-
-    Example:
-        >>> dtype_name_of(torch.bfloat16)
-        'bfloat16'
-    """
+    """dtype_name_of(v) -> the name of a torch dtype object (``'bfloat16'``)."""
     return str(v).removeprefix("torch.")
 
 
@@ -533,11 +442,5 @@ def dtype_name_of(v: Any) -> str:
 
 
 def cos(x: Any) -> Any:
-    """cos(x) -> the cosine of each element (a schedule's half cosine); of a Python
-    number, a Python float.
-
-    Example:
-        >>> cos(torch.tensor([0.0, math.pi]))
-        tensor([ 1., -1.])
-    """
+    """cos(x) -> the cosine of each element; of a Python number, a Python float."""
     return torch.cos(x) if isinstance(x, torch.Tensor) else math.cos(x)

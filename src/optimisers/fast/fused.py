@@ -1,21 +1,13 @@
-"""Multi-array fast paths: one rule application over a whole group of arrays.
-
-An elementwise rule's step of one element depends only on that element's parameter,
-gradient and state and on scalars equal across the group, so its own ``apply`` run once
-over a group's flat buffers gives bit for bit what it gives array by array (tests prove
-it rule by rule). A group is the Leafs stepped in one update that share a rule (by
-value), a dtype, a device, a library and their non-array state; :func:`pack` lays their
-state out in one buffer with per-Leaf views at ``setup``, and ``update_``'s plan keeps a
-:class:`Group` and checks it by identity at the next step. A rule that
-:attr:`~optimisers.Rule.stacks` (``Muon``) runs once over its Leafs of one shape stacked
-(:class:`Stack`). On torch, Adam and AdamW groups step through torch.optim's own
-functional Adam (``fast/torchadam.py``). JAX groups its entries itself: XLA fuses the
-plain path under ``jax.jit``, and ``fast/batched.py`` vmaps what stacks.
+"""Groups of Leafs (one rule by value, dtype, device, library, non-array state) stepped
+together: an elementwise rule's own ``apply`` once over their flat buffers, bit for bit as
+array by array. :func:`pack` lays their state out in one buffer at ``setup``; :class:`Stack`
+batches what :attr:`~optimisers.Rule.stacks`; torch's Adam groups use ``fast/torchadam.py``.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import operator
 from typing import Any
@@ -34,39 +26,36 @@ MIN_GROUP = 2
 """Fewer arrays than this in a group take the plain path: nothing to gain."""
 
 CHUNK = 1 << 18
-"""Elements per piece when a group of large arrays is stepped piece by piece by its
-rule's own ``apply``. A group of ``16 * CHUNK`` elements or more in all, whose arrays
-average ``CHUNK // 16`` or more, steps so: over one concatenation of its size, each
-operation of the formula would make (and fault in) a temporary as large as the group."""
+"""Elements per piece when a group of large arrays steps piece by piece, so that the
+formula's temporaries stay cache-sized (see ``Group._chunked``)."""
 
-_FUSIBLE: dict[Rule, tuple[bool, bool]] = {}
+def _memo(compute: Any) -> Any:
+    """``compute(rule)`` kept per rule; asked each time for an unhashable one (traced)."""
+    known: dict = {}
+
+    def cached(rule: Rule) -> Any:
+        try:
+            return known[rule]
+        except KeyError:
+            out = known[rule] = compute(rule)
+            return out
+        except TypeError:
+            return compute(rule)
+    return functools.wraps(compute)(cached)
 
 
+@_memo
 def fusible(rule: Rule) -> tuple[bool, bool]:
-    """``(elementwise, reads_x)`` for a rule: whether it may run fused, and whether it
-    needs the parameter's values (else only its dtype)."""
-    try:
-        return _FUSIBLE[rule]
-    except (KeyError, TypeError):
-        pass
+    """``(elementwise, reads_x)``: whether ``rule`` may run fused, and reads ``x``."""
     parts = [fusible(r) for r in _inner(rule)]
     own = (True, False) if type(rule) is OptimiserChain else (
         type(rule).elementwise, type(rule).reads_x)
-    out = (own[0] and all(p[0] for p in parts), own[1] or any(p[1] for p in parts))
-    try:
-        _FUSIBLE[rule] = out
-    except TypeError:  # an unhashable field (a JAX tracer under jit): asked each time
-        pass
-    return out
+    return (own[0] and all(p[0] for p in parts), own[1] or any(p[1] for p in parts))
 
 
-_STACKABLE: dict[Rule, bool] = {}
-
-
+@_memo
 def stackable(rule: Rule) -> bool:
-    """Whether a rule that is not elementwise may step a :class:`Stack`: it
-    :attr:`~optimisers.Rule.stacks`, or is a chain (or holds rules) each of which stacks or
-    is elementwise.
+    """Whether a rule that is not elementwise may step a :class:`Stack`.
 
     Example:
         >>> from optimisers import Adam, ClipNorm, Muon, OptimiserChain, WeightDecay
@@ -74,23 +63,13 @@ def stackable(rule: Rule) -> bool:
         ...                         OptimiserChain(ClipNorm(), Muon()), Adam())]
         [True, True, False, False]
     """
-    try:
-        return _STACKABLE[rule]
-    except (KeyError, TypeError):
-        pass
     own = type(rule) is OptimiserChain or type(rule).stacks or type(rule).elementwise
-    out = own and not fusible(rule)[0] and all(
+    return own and not fusible(rule)[0] and all(
         stackable(r) or fusible(r)[0] for r in _inner(rule))
-    try:
-        _STACKABLE[rule] = out
-    except TypeError:  # an unhashable field (a JAX tracer under jit): asked each time
-        pass
-    return out
 
 
 def _kind(rule: Rule) -> type | None:
-    """The group a rule's Leafs may form: :class:`Group`, :class:`Stack`,
-    :class:`Directed`, or none."""
+    """The group class a rule's Leafs may form, or ``None``."""
     if fusible(rule)[0]:
         return Group
     if stackable(rule):
@@ -100,8 +79,7 @@ def _kind(rule: Rule) -> type | None:
 
 
 def _inner(rule: Rule) -> list:
-    """The rules a rule holds in its fields (a chain's, EMA's): it is elementwise only
-    where they all are."""
+    """The rules a rule holds in its fields (a chain's, EMA's)."""
     if type(rule) is OptimiserChain:
         return list(rule.rules)
     fields = getattr(rule, "__dataclass_fields__", {})
@@ -109,14 +87,13 @@ def _inner(rule: Rule) -> list:
 
 
 def _counts(rule: Rule) -> bool:
-    """Whether some step of ``rule`` may not be real (:meth:`Rule.stepped` overridden below
-    the composites that only pass the question on): the clock must then ask."""
+    """Whether some step of ``rule`` may not be real (:meth:`Rule.stepped` overridden)."""
     passing = (OptimiserChain, EMA, MixedPrecision)
     return any(c.stepped is not Rule.stepped and c not in passing for c in _classes(rule))
 
 
 def _classes(rule: Rule) -> tuple:
-    """The classes of a rule and of the rules it holds: its step's structure."""
+    """The classes of a rule and of the rules it holds."""
     return (type(rule), *(c for r in _inner(rule) for c in _classes(r)))
 
 
@@ -128,11 +105,7 @@ ARRAY = object()  # where a state holds an array
 
 
 def signature(state: Any, out: list) -> Any:
-    """The state with its arrays collected into ``out`` and replaced by a mark.
-
-    Parts without arrays are returned as they are, the very same objects, so that
-    Leafs restated from one signature share them (and identity then shows equality).
-    """
+    """The state with its arrays moved into ``out`` and marked; parts without arrays kept."""
     if isinstance(state, tuple):
         n = len(out)
         parts = [signature(s, out) for s in state]
@@ -144,8 +117,7 @@ def signature(state: Any, out: list) -> Any:
 
 
 def _states(sig: Any, arrays: list) -> list:
-    """The state with signature ``sig`` (:func:`_fill`) for each list of ``arrays``: for a
-    flat state whose arrays come first (``Adam``'s ``(m, v, t)``), in C-level maps."""
+    """The state with signature ``sig`` (:func:`_fill`) for each list of ``arrays``."""
     if type(sig) is Node and Node not in map(type, sig):
         k = sum(s is ARRAY for s in sig)
         tail = tuple(sig[k:])
@@ -183,18 +155,14 @@ class Group:
     def __init__(self, rule: Rule, sig: Any, members: list, write: bool) -> None:
         self.rule, self.sig, self.write = rule, sig, write
         self.leaves = [e.leaf for e, _ in members]
-        # the clock each member was left at; the members' one clock where they agree (always
-        # for a rule with a schedule: its groups are made so), and the rule at it, evaluated
-        # once per step where a schedule is in the rule's fields
         self.clocks = [leaf.clock for leaf in self.leaves]
         first = self.clocks[0]
         self.t = first if all(c == first for c in self.clocks) else None
         self.timed, self.reduced = timed(rule), bool(places(rule))
         self.now = at(rule, self.t)
-        self.counts = _counts(rule)  # whether it must ask which steps were real
+        self.counts = _counts(rule)
         self.arrays = [arrays for _, arrays in members]
         self.xs = [e.x for e, _ in members]
-        # the Leafs' own rule and parameters (a Directed group steps others: see there)
         self.owner, self.params = rule, self.xs
         self.states: list = []  # the state objects this group last gave its Leafs
         self.xp = backends.of(self.xs[0])
@@ -202,25 +170,19 @@ class Group:
         self.ngrads = int(min(ngrads(rule), 1))  # whether apply takes the gradient (once)
         self.views: list = []  # per state slot: (its parts, their one packed buffer)
         self.large: bool | None = None  # mostly large arrays: stepped piece by piece
-        self.subtract: Any = None  # the backend's x -= d over all xs (made when needed)
-        self.steps: Any = None  # the step of the last piecewise run (see _over)
-        self.prints = self.xp.footprints(self.params)  # what these assume of their memory
-        self.native = None  # torch.optim's own Adam, where it computes this rule's formula
+        self.subtract = self.steps = self.native = None  # made when needed
+        self.prints = self.xp.footprints(self.params)
         if write and type(self) is Group and backends.library(self.xs[0]) == "torch":
             from optimisers.fast import torchadam
             self.native = torchadam.native(rule, sig, self.xs, self.arrays)
 
     def moved(self) -> bool:
-        """Whether a parameter's memory changed since the group was made (``p.data = ...``,
-        an array resized in place): its views no longer fit, so it must not
-        run again."""
+        """Whether a parameter's memory changed since the group was made."""
         return self.xp.footprints(self.params) != self.prints
 
     def holds(self, entries: list) -> bool:
-        """Whether ``entries`` (in member order) can step as this group now: the same
-        parameters and rule, and each Leaf still holding the very state object this group
-        gave it last time (so the same arrays, and the one shared non-array state) and the
-        clock it set."""
+        """Whether ``entries`` (in member order) can step as this group: each Leaf, array,
+        rule, state object and clock the very one this group left."""
         rule = self.owner
         return bool(self.states) and len(entries) == len(self.leaves) and all(
             e is not None and e.leaf is leaf and e.x is x and leaf.rule is rule
@@ -230,10 +192,7 @@ class Group:
         ) and not self.moved()
 
     def run(self, grads: list, new: dict, found: dict | None = None) -> None:
-        """One fused step: the rule's ``apply`` on cache-sized pieces of large arrays, else
-        on the concatenation of all (the packed state itself, where it is packed), written
-        back. The rule is taken at the group's clock, with the totals ``found`` of its
-        tree-level rules (``reduce.py``)."""
+        """One fused step at the group's clock, given the totals ``found`` (``reduce.py``)."""
         if self.timed or self.reduced:
             now = at(self.rule, self.t)
             self.now = given(now, found) if self.reduced and found else now
@@ -244,7 +203,7 @@ class Group:
             self._joined(grads, new)
 
     def _shaped(self, flat: Any, like: Any) -> Any:
-        """How ``apply`` sees a concatenation of arrays like ``like``: as it is."""
+        """How ``apply`` sees a concatenation of arrays like ``like``."""
         return flat
 
     def _flat(self, a: Any) -> Any:
@@ -263,9 +222,9 @@ class Group:
         out: list = []
         newsig = signature(state, out)
         for k, (parts, (_, isview), view, now) in enumerate(zip(slots, joined, views, out)):
-            if now is not view or not isview:  # the state was a copy, or the rule made a
-                made = xp.scatter(self._flat(now), parts)  # new one: write it back into
-                if made is not None:       # the parts, or (immutable arrays) take new parts
+            if now is not view or not isview:  # write back, or (read-only) take new parts
+                made = xp.scatter(self._flat(now), parts)
+                if made is not None:
                     for arrays, part in zip(self.arrays, made):
                         arrays[k] = part
         self._restate(newsig)
@@ -284,10 +243,7 @@ class Group:
                 new[id(leaf)] = y
 
     def _over(self, views: list, x: Any, g: Any) -> tuple[Any, Any]:
-        """The rule over the concatenations: piece by piece (as :meth:`_chunked` steps
-        large arrays) where the backend views them flat (``xp.flat``), so that its
-        temporaries stay cache-sized and are recycled, else at once. The pieces' steps
-        are gathered into one array."""
+        """The rule over the concatenations, piece by piece where ``xp.flat`` allows."""
         flat = None if self.stacked or self.xp.size(g) <= CHUNK else self.xp.flat(x, g, views)
         if flat is None:
             return self._apply(_fill(self.sig, iter(views)), x, g)
@@ -312,8 +268,7 @@ class Group:
             None if d is None else NewValue(kept) if isinstance(d, NewValue) else kept)
 
     def _piece(self, parts: list, x: Any, g: Any) -> tuple[Any, Any]:
-        """The rule on one piece: its new state written into ``parts`` (flat views);
-        the new signature and the step."""
+        """The rule on one piece, its state written into ``parts``: ``(signature, step)``."""
         state, d = self._apply(_fill(self.sig, iter(parts)), x, g)
         out: list = []
         newsig = signature(state, out)
@@ -323,12 +278,11 @@ class Group:
         return newsig, d
 
     def _apply(self, state: Any, x: Any, g: Any) -> tuple[Any, Any]:
-        """The rule at this step's clock applied, given the gradient if it takes one."""
+        """The rule at this step's clock applied."""
         return self.now.apply(state, x, *(g,)[:self.ngrads])
 
     def _buffers(self, slots: list) -> list:
-        """``xp.joined`` of each state slot's parts, the packed buffers found last step
-        reused while the parts are the very same views (they keep their buffer alive)."""
+        """``xp.joined`` of each state slot's parts, reused while they are the same views."""
         cached = self.views
         if len(cached) == len(slots) and all(
                 len(parts) == len(old) and all(map(operator.is_, parts, old))
@@ -340,8 +294,7 @@ class Group:
         return joined
 
     def _place(self, value: Any, new: dict) -> None:
-        """The parameters become the consecutive segments of ``value`` (a step that is a
-        :class:`NewValue`): written in place where they may be, else new arrays."""
+        """The parameters become the consecutive segments of ``value`` (a NewValue)."""
         xp = self.xp
         made = xp.scatter(value, self.xs) if self.write else xp.split(
             value, list(itertools.accumulate(map(xp.size, self.xs))), self.xs)
@@ -349,10 +302,7 @@ class Group:
             new[id(leaf)] = xp.like(y, x)
 
     def _chunked(self, grads: list) -> bool:
-        """In place, for groups of large arrays: the rule on cache-sized pieces of each
-        array in turn, so that its temporaries stay in cache. ``False`` where the group
-        is small, or mostly small arrays (concatenating them is better) or the backend cannot view
-        its arrays flat (``xp.flat``)."""
+        """In place, the rule on cache-sized pieces of each large array; ``False`` if not."""
         xp = self.xp
         if not self.write:
             return False
@@ -365,26 +315,20 @@ class Group:
         members = [xp.flat(x, g, arrays) for x, g, arrays in zip(self.xs, grads, self.arrays)]
         if any(m is None for m in members):
             return False
-        pieces = [(x[a:a + CHUNK], g[a:a + CHUNK], [s[a:a + CHUNK] for s in states])
-                  for x, g, states in members for a in range(0, len(x), CHUNK)]
-        self._restate(self._pieces(pieces))
+        newsig = None
+        for x, g, states in members:
+            for a in range(0, len(x), CHUNK):
+                piece = x[a:a + CHUNK]
+                newsig, d = self._piece([s[a:a + CHUNK] for s in states], piece, g[a:a + CHUNK])
+                if isinstance(d, NewValue):
+                    xp.assign(piece, d.value)
+                elif d is not None:
+                    xp.subtract(piece, d, True)
+        self._restate(newsig)
         return True
 
-    def _pieces(self, pieces: list) -> Any:
-        """Step ``(x, g, state parts)`` pieces in place; return the new signature."""
-        xp, newsig = self.xp, None
-        for x, g, parts in pieces:
-            newsig, d = self._piece(parts, x, g)
-            if isinstance(d, NewValue):
-                xp.assign(x, d.value)
-            elif d is not None:
-                xp.subtract(x, d, True)
-        return newsig
-
     def _restate(self, newsig: Any, states: list | None = None) -> None:
-        """Give each Leaf its new state (``states``, else made from ``newsig``), and the
-        clock one more where the step was real (:meth:`~optimisers.Leaf.advance`, for the
-        whole group at once)."""
+        """Give each Leaf its new state and, where the step was real, its clock one more."""
         self.states = states if states is not None else _states(newsig, self.arrays)
         real = not self.counts or self.rule.stepped(newsig)
         if self.t is None:  # clocks that differ: each its own (rules without a schedule)
@@ -399,22 +343,8 @@ class Group:
 
 
 class Stack(Group):
-    """Leafs of one shape whose rule :attr:`~optimisers.Rule.stacks` (``Muon``): their
-    parameters, gradients and state arrays, each concatenation viewed as a stack
-    ``(n, *shape)``, go through one ``apply``, so that each matrix product of the rule is
-    one batched product; the new state and step are written back as :class:`Group`
-    writes them. :func:`pack` lays each state array out as one such stack already.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import Muon, setup, update_
-        >>> from optimisers.state import plan_of
-        >>> model = [np.ones((3, 2)) for _ in range(4)]
-        >>> tree = setup(Muon(), model)
-        >>> _ = update_(tree, model, [np.eye(3, 2)] * 4)
-        >>> [(type(g).__name__, len(g.leaves)) for g in plan_of(tree).groups]
-        [('Stack', 4)]
-    """
+    """Leafs of one shape whose rule :attr:`~optimisers.Rule.stacks` (``Muon``), stepped by
+    one ``apply`` over their arrays viewed as stacks ``(n, *shape)``."""
 
     __slots__ = ()
     stacked = True
@@ -431,22 +361,8 @@ class Stack(Group):
 
 class Directed(Group):
     """Leafs whose rule steps along an elementwise :meth:`~optimisers.Rule.direction`
-    scaled per array (``LAMB``: Adam's direction times a trust ratio). The direction runs
-    as a :class:`Group` does on zeros
-    standing for the parameters, which it does not read: each then holds exactly minus
-    the direction's step ``a`` (``0 - a``); each parameter then takes
-    ``rule.scaled(x, a)``, as the rule's own ``apply`` composes them.
-
-    Example:
-        >>> import numpy as np
-        >>> from optimisers import LAMB, setup, update_
-        >>> from optimisers.state import plan_of
-        >>> model = [np.ones(3) for _ in range(4)]
-        >>> tree = setup(LAMB(0.1), model)
-        >>> _ = update_(tree, model, [np.ones(3)] * 4)
-        >>> [(type(g).__name__, len(g.leaves)) for g in plan_of(tree).groups]
-        [('Directed', 4)]
-    """
+    scaled per array (``LAMB``): the direction runs as a :class:`Group` on zeros standing
+    for the parameters, then each parameter takes ``rule.scaled(x, a)``."""
 
     __slots__ = ("scratch",)
 
@@ -476,12 +392,8 @@ class Directed(Group):
 
 def step_groups(entries: list, inplace: bool, known: list | None = None,
                 found: dict | None = None) -> tuple[list, dict, list]:
-    """Run the fusible entries group by group.
-
-    ``known`` groups (from an earlier step) are tried first, checked by identity; the
-    other entries are grouped afresh. Returns the entries left for the plain path, the
-    new arrays made out of place (keyed by ``id(leaf)``), and the groups that ran.
-    """
+    """Run the fusible entries group by group, ``known`` groups first: the entries left
+    for the plain path, the new arrays made out of place by ``id(leaf)``, the groups run."""
     new: dict[int, Any] = {}
     ran: list[Group] = []
     if known:
@@ -517,9 +429,8 @@ def _run_known(known: list, entries: list, new: dict, ran: list, found: dict | N
 
 
 def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
-    """``(fresh, rest, calls)``: the entries by the group they may form (with their state
-    arrays), those for the plain path, and those for backends that step whole groups as
-    one call (JAX), by backend."""
+    """``(fresh, rest, calls)``: entries by group key, for the plain path, and by backend
+    for backends that step whole groups as one call (JAX)."""
     fresh: dict[tuple, list] = {}
     rest: list = []
     calls: dict[Any, list] = {}
@@ -562,9 +473,7 @@ def in_group(paths: list, rule: Rule) -> str:
 
 
 def pack(leaves: list) -> None:
-    """Lay out the state arrays of Leafs that would be fused together in one buffer each,
-    with per-Leaf views, so that a fused step finds each group's state contiguous (and a
-    :class:`Stack`'s, of one shape, a stack)."""
+    """Lay out the state arrays of Leafs that would be fused together in one buffer each."""
     groups: dict[tuple, list] = {}
     for leaf in leaves:
         kind = _kind(leaf.rule)

@@ -1,12 +1,7 @@
-"""Adam and AdamW groups on PyTorch through ``torch.optim.adam.adam`` (public; fused on the
-CPU and CUDA, else foreach), which computes :class:`~optimisers.Adam`'s formula, and
-:class:`~optimisers.AdamW`'s with ``couple=True`` (``x *= 1 - eta*lambd``, then Adam's step),
-in one pass. Such a group (alone or after :class:`~optimisers.ClipGlobalNorm`, whose norm
-stays on the device) of float32 or float64 tensors steps through it; any other formula,
-dtype or hyper-parameter that is not a Python number keeps the rule's own ``apply``. The
-Leafs' states stay ``Adam.init``'s (the moments, and the count, a float); the group keeps
-the count also as the tensors torch advances, made from the float, so a loaded tree resumes
-bit for bit. Results equal the rule's ``apply`` to rounding (``tests/test_fused_torch.py``).
+"""Adam and AdamW (``couple=True``) groups of float32 or float64 tensors, alone or after
+:class:`~optimisers.ClipGlobalNorm`, through torch.optim's public ``adam`` (fused on CPU
+and CUDA, else foreach); equal to the rule's ``apply`` to rounding. The Leafs' states stay
+``Adam.init``'s; the group also keeps the count as the tensors torch advances.
 """
 
 from __future__ import annotations
@@ -27,57 +22,28 @@ FUSED = ("cpu", "cuda")  # devices where torch.optim's Adam offers fused=True
 tb = backends.ops("torch")
 
 
-def _adam_of(rule: Any) -> tuple[Any, bool] | None:
-    """``(the Adam or AdamW rule, whether it follows a ClipGlobalNorm)`` where the rule's
-    formula is torch's, else ``None``."""
+def native(rule: Any, sig: Any, xs: list, arrays: list) -> Native | None:
+    """native(rule, sig, xs, arrays) -> a :class:`Native` stepping the group of tensors
+    ``xs`` (state arrays ``arrays``, signature ``sig``), or ``None`` where torch's Adam
+    does not compute ``rule``'s formula."""
     clip = type(rule) is OptimiserChain and len(rule.rules) == 2 and isinstance(
         rule.rules[0], ClipGlobalNorm) and rule.rules[0].p == 2
-    inner = rule.rules[1] if clip else rule
-    if type(inner) is Adam or type(inner) is AdamW and (inner.couple or inner.lambd == 0):
-        return inner, clip
-    return None
-
-
-def native(rule: Any, sig: Any, xs: list, arrays: list) -> Native | None:
-    """native(rule, sig, xs, arrays) -> a :class:`Native` stepping a group of tensors
-    ``xs`` whose states hold ``arrays`` (per member, in ``sig``'s order), or ``None`` where
-    torch's Adam does not compute ``rule``'s formula.
-
-    Args:
-        rule: the group's rule (schedules in its fields allowed).
-        sig: the members' one state signature (``fused.signature``).
-        xs: the parameters, written in place.
-        arrays: per member, its state's arrays (Adam's two moments).
-
-    Returns:
-        The stepper, or ``None``.
-
-    Example:
-        >>> from optimisers import AdamW, setup, update_
-        >>> xs = [torch.ones(3), torch.ones(2)]
-        >>> tree = setup(AdamW(0.1, lambd=0.1), xs)
-        >>> _ = update_(tree, xs, [torch.ones(3), torch.ones(2)])
-        >>> [round(v, 4) for v in xs[1].tolist()], tree[1].state[2]
-        ([0.89, 0.89], 1.0)
-    """
-    found = _adam_of(rule)
-    x0 = xs[0]
-    if found is None or x0.dtype not in FLOATS:
+    inner, x0 = rule.rules[1] if clip else rule, xs[0]
+    if not (type(inner) is Adam or type(inner) is AdamW and (inner.couple or inner.lambd == 0)
+            ) or x0.dtype not in FLOATS:
         return None
-    inner_sig = sig[1] if found[1] else sig
+    inner_sig = sig[1] if clip else sig
     if not isinstance(inner_sig, tuple) or len(inner_sig) != 3 or type(inner_sig[2]) not in (
             int, float) or not all(
             type(x) in (torch.Tensor, torch.nn.Parameter) and x.dtype == x0.dtype
             and x.device == x0.device and not x.is_sparse for x in xs):
         return None
-    return Native(found[1], inner_sig[2], xs, arrays)
+    return Native(clip, inner_sig[2], xs, arrays)
 
 
 class Native:
-    """One group's step through ``torch.optim.adam.adam``: over the members' tensors, or,
-    on the CPU, for many small ones (:data:`SMALL`) whose moments are packed, over one flat
-    buffer each (parameters and gradients copied in, parameters copied back), where
-    torch's own per-tensor work would cost more than the copies."""
+    """One group's step through ``torch.optim.adam.adam``: over its tensors, or (many small
+    ones on the CPU, :data:`SMALL`) over flat buffers."""
 
     __slots__ = ("clip", "xs", "ms", "vs", "steps", "kind", "gbuf", "gviews", "flat")
 
@@ -88,19 +54,15 @@ class Native:
         self.kind = {"fused": True} if x0.device.type in FUSED else {"foreach": True}
         sizes = [x.numel() for x in xs]
         self.flat = _flat(xs, self.ms, self.vs, sizes)
-        # the count as torch's function takes it: a float32 tensor per Leaf, on its device
         one = torch.tensor(float(count), dtype=torch.float32, device=x0.device)
         self.steps = [one] if self.flat else [one.clone() for _ in xs]
-        # where clipped: the gradients, scaled, go into a buffer (the caller's unchanged)
         self.gbuf = self.gviews = None
         if clip or self.flat:
             self.gbuf = torch.empty(sum(sizes), dtype=x0.dtype, device=x0.device)
             self.gviews = [v.view_as(x) for v, x in zip(self.gbuf.split(sizes), xs)]
 
     def step(self, now: Any, grads: list) -> bool:
-        """One step of the rule ``now`` (the group's rule at its clock, given the clip's
-        factor) with ``grads``; ``False``, nothing done, where a hyper-parameter is not a
-        plain number (the plain path then steps)."""
+        """One step of the rule ``now``; ``False`` (nothing done) unless its numbers are plain."""
         rule, scale = (now.rules[1], _scale(now.rules[0], self.gbuf)) if self.clip else (
             now, 1.0)
         hypers = (rule.eta, *rule.beta, rule.epsilon, getattr(rule, "lambd", 0.0))
@@ -136,14 +98,12 @@ class Native:
 
 
 SMALL = (64, 8192)
-"""A group of at least this many tensors averaging at most this many elements steps
-over flat buffers (measured: benchmarks/README.md, issue 28, branch tq)."""
+"""A CPU group of at least this many tensors averaging at most this many elements steps
+over flat buffers (benchmarks/README.md)."""
 
 
 def _flat(xs: list, ms: list, vs: list, sizes: list) -> tuple | None:
-    """``(parameters' buffer, first and second moments' packed buffers, views of the
-    first shaped like each parameter, whether all are 1-d)`` for a group of many small
-    tensors, else ``None``."""
+    """``(xbuf, m, v, views of xbuf, all 1-d)`` for many small CPU tensors, else ``None``."""
     if xs[0].device.type != "cpu" or len(xs) < SMALL[0] or sum(sizes) > SMALL[1] * len(xs):
         return None  # (on a GPU, torch's fused kernel takes many tensors a launch)
     (m, packed_m), (v, packed_v) = tb.joined(tuple(ms)), tb.joined(tuple(vs))
@@ -163,8 +123,7 @@ def _cat(arrays: list, into: Any, vectors: bool) -> None:
 
 
 def _scale(clipped: Any, like: Any) -> Any:
-    """The factor of ClipGlobalNorm's per-array form, as it multiplies gradients like
-    ``like``; ``False`` where it is not a number or a 0-d tensor."""
+    """ClipGlobalNorm's factor for gradients like ``like``; ``False`` where not a number."""
     factor = getattr(clipped, "factor", None)
     if isinstance(factor, torch.Tensor) and factor.dim() == 0:
         return factor.to(device=like.device, dtype=like.dtype)

@@ -1,9 +1,5 @@
-"""Adaptive rules: a per-element step size from running moments of the gradient.
-
-The Adam family's maths is written once, in the helpers below, which each rule composes.
-Temporaries are made once and later operations write into them (``out=``); JAX, whose
-arrays are immutable, ignores ``out``: every library runs the same operations.
-"""
+"""Adaptive rules: a per-element step size from running moments of the gradient; the Adam
+family's maths written once, in the helpers below (``out=`` where allowed)."""
 
 from __future__ import annotations
 
@@ -20,29 +16,14 @@ __all__ = ["RMSProp", "Adam", "RAdam", "AdaMax", "OAdam", "AdaGrad", "AdaDelta",
 
 
 def decays(xp: Any, x: Any, *b: Any) -> tuple:
-    """decays(xp, x, *b) -> each decay ``b``, then each ``1 - b``, in ``x``'s dtype; ``1 - b``
-    computed before the cast, as optax and torch.optim do.
-
-    Example:
-        >>> import numpy as np
-        >>> x = np.zeros(1, np.float32)
-        >>> [float(v) for v in decays(backends.of(x), x, 0.5, 0.75)]
-        [0.5, 0.75, 0.5, 0.25]
-    """
+    """decays(xp, x, *b) -> each ``b``, then each ``1 - b`` (computed before the cast), in
+    ``x``'s dtype: ``decays(xp, x, 0.5, 0.75) == (0.5, 0.75, 0.5, 0.25)``."""
     return xp.hyper(x, *b, *map(xp.complement, b))
 
 
 def moment(xp: Any, m: Any, b: Any, c: Any, g: Any, own: bool = False) -> Any:
-    """moment(xp, m, b, c, g, own=False) -> ``b*m + c*g`` (a factor ``None`` left out),
-    written into the state array ``m`` where it may be (``xp.maywrite``), else new;
-    ``own``: ``g`` is the caller's temporary, and may be written over.
-
-    Example:
-        >>> import numpy as np
-        >>> m = np.ones(2)
-        >>> moment(backends.of(m), m, 0.5, 2.0, np.array([1.0, 3.0])) is m, m
-        (True, array([2.5, 6.5]))
-    """
+    """moment(xp, m, b, c, g, own=False) -> ``b*m + c*g`` (a factor ``None`` left out), into
+    ``m`` where ``xp.maywrite(m)``; ``own``: ``g`` may be written over."""
     if c is not None:
         g = xp.multiply(g, c, out=g if own else None)
     into = m if xp.maywrite(m) else None
@@ -55,8 +36,7 @@ def moment(xp: Any, m: Any, b: Any, c: Any, g: Any, own: bool = False) -> Any:
 
 
 def _larger(xp: Any, u: Any, v: Any, b: Any = None) -> Any:
-    """``max(b*u, v)`` (``b`` None: ``max(u, v)``), written into the state array ``u`` where
-    it may be, as :func:`moment` writes."""
+    """``max(b*u, v)`` (``b`` None: ``max(u, v)``), into ``u`` as :func:`moment` writes."""
     into = u if xp.maywrite(u) else None
     new = u if b is None else xp.multiply(u, b, out=into)
     new = xp.maximum(new, v, out=into if new is u else new)
@@ -65,40 +45,20 @@ def _larger(xp: Any, u: Any, v: Any, b: Any = None) -> Any:
 
 def adam_moments(xp: Any, m: Any, v: Any, g: Any, b1: Any, b2: Any, c1: Any, c2: Any
                  ) -> tuple:
-    """adam_moments(xp, m, v, g, b1, b2, c1, c2) -> ``(b1*m + c1*g, b2*v + c2*|g|^2)``, each
-    a :func:`moment`.
-
-    Example:
-        >>> import numpy as np
-        >>> adam_moments(backends.numpy, np.zeros(1), np.zeros(1), np.ones(1), 0, 0, 1, 1)
-        (array([1.]), array([1.]))
-    """
+    """adam_moments(xp, m, v, g, b1, b2, c1, c2) -> ``(b1*m + c1*g, b2*v + c2*|g|^2)``."""
     return moment(xp, m, b1, c1, g), moment(xp, v, b2, c2, xp.abs2(g), own=True)
 
 
 def bias_corrections(beta: tuple, t: Any) -> tuple:
-    """bias_corrections(beta, t) -> ``(1 - b1^t, 1 - b2^t)`` at step ``t`` (from 1, a float
-    as torch's ``step``), the current decays to the power ``t``, as torch.optim and optax:
-    under a schedule in ``beta[0]`` (``OneCycleLR(cycle_momentum=True)``) a run is torch's.
-
-    Example:
-        >>> bias_corrections((0.5, 0.75), 2.0)
-        (0.75, 0.4375)
-    """
+    """bias_corrections(beta, t) -> ``(1 - b1^t, 1 - b2^t)``, the current decays (as
+    torch.optim and optax), ``t`` from 1."""
     return (1 - beta[0] ** t, 1 - beta[1] ** t)
 
 
 def adaptive_step(xp: Any, m: Any, v: Any, eps: Any, eta: Any = None, k1: Any = None,
                   k2: Any = None) -> Any:
     """adaptive_step(xp, m, v, eps, eta=None, k1=None, k2=None) -> ``eta*m/k1 /
-    (sqrt(v/k2) + eps)``, new (a ``None`` left out): the Adam family's step (``k``:
-    :func:`bias_corrections`), RMSProp's, AdaGrad's and AMSGrad's.
-
-    Example:
-        >>> import numpy as np
-        >>> adaptive_step(backends.numpy, np.array([0.3]), np.array([0.09]), 0.0, 2.0)
-        array([2.])
-    """
+    (sqrt(v/k2) + eps)``, new (a ``None`` left out): the Adam family's step."""
     den = v if k2 is None else xp.divide(v, k2)
     den = xp.sqrt(den, out=None if k2 is None else den)
     den += eps

@@ -1,9 +1,5 @@
-"""Tree-level rules: rules that see every gradient of one update at once.
-
-``update`` reduces over the Leafs in scope (``reduce.py``): each gives its :meth:`part`,
-the parts make a :meth:`total`, and each Leaf steps with :meth:`given`, an ordinary rule
-holding the total as a number.
-"""
+"""Tree-level rules: each Leaf in scope gives a :meth:`part`, the parts a :meth:`total`,
+and each Leaf steps with :meth:`given`, an ordinary rule holding it (``reduce.py``)."""
 
 from __future__ import annotations
 
@@ -104,8 +100,7 @@ class ClipGlobalNorm(TreeRule):
         return xp.norm(xp.astype(dx, np.float32) if xp.ishalf(dx) else dx, self.p)
 
     def parts(self, dxs: list) -> list:
-        """One norm of them all where the backend takes arrays together, on their device
-        (``total_norm``), else each one's (:meth:`part`)."""
+        """One norm of them all where the backend has ``total_norm``, else each one's."""
         many = getattr(backends.of(dxs[0]), "total_norm", None) if len(dxs) > 1 else None
         whole = many(dxs, self.p) if many is not None else None
         return [self.part(dx) for dx in dxs] if whole is None else [whole]
@@ -149,23 +144,14 @@ class _Counting:
 
 
 @dataclass(frozen=True)
-class _Passing(_Counting, Rule):
-    """Every gradient finite: passed on, the count back to 0."""
+class _Decided(_Counting, Rule):
+    """Every gradient finite: passed on, the count back to 0; else no step, the count up."""
 
     elementwise = True
+    finite: bool = True
 
     def apply(self, state, x, dx):
-        return 0, dx
-
-
-@dataclass(frozen=True)
-class _Skipped(_Counting, Rule):
-    """A gradient not finite: no step, the count up."""
-
-    elementwise = True
-
-    def apply(self, state, x, dx):
-        return state + 1, None
+        return (0, dx) if self.finite else (state + 1, None)
 
 
 @dataclass(frozen=True)
@@ -213,7 +199,7 @@ class SkipNonFinite(_Counting, TreeRule):
     def given(self, total: Any) -> Rule:
         if backends.istraced(total):
             return _Skipping(total)
-        return _Passing() if total else _Skipped()
+        return _Decided(bool(total))
 
     def check(self, total: Any, states: list, paths: list) -> None:
         if total is not False or self.limit is None:
