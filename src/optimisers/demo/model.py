@@ -195,7 +195,7 @@ class Backend:
             self.xp, self.jitted = jax.numpy, jax.jit(functools.partial(_jax_step, jax))
             for cls in (Dense, BatchNorm, MLP):  # jax.grad then returns an MLP
                 with contextlib.suppress(ValueError):  # registered by an earlier Backend
-                    jax.tree_util.register_dataclass(cls)
+                    jax.tree_util.register_dataclass(cls, list(cls.__dataclass_fields__), [])
 
     def array(self, a: np.ndarray) -> Any:
         """A float32 copy of ``a`` in the backend's library (every run starts from the same)."""
