@@ -60,8 +60,15 @@ def maywrite(x: Array) -> bool:
 def hyper(x: Array, *values: Any) -> tuple:
     """Hyper-parameters as Python floats (weakly typed: arithmetic stays in ``x``'s dtype);
     a tensor value is moved to ``x``'s device and real dtype."""
-    return tuple(v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
-                 if isinstance(v, torch.Tensor) else float(v) for v in values)
+    return tuple(_on(x, v) if isinstance(v, torch.Tensor) else float(v) for v in values)
+
+
+def _on(x: Array, v: torch.Tensor) -> torch.Tensor:
+    """``v`` on ``x``'s device and real dtype; a ``DTensor``'s whole value for a plain ``x``
+    (a clip factor found over sharded gradients, for their local shards)."""
+    if hasattr(v, "full_tensor") and not hasattr(x, "full_tensor"):
+        v = v.full_tensor()
+    return v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
 
 
 def complement(v: Any) -> Any:
