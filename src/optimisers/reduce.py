@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy as _copy_module
 import dataclasses
+import itertools
+from collections.abc import Iterable
 from typing import Any
 
 from optimisers import backends
@@ -87,10 +89,8 @@ def totals(entries: list, where: dict) -> dict:
         arrived = [g for g in arriving if g is not None]
         if not arrived:
             continue
-        parts = rule.parts(arrived)
-        total = out[key] = rule.total(parts)
-        rule.check(total, [_state_at(e.leaf.rule, e.leaf.state, place) for e in members],
-                   [e.paths[0] for e in members])
+        out[key] = _checked(rule, arrived, ((e.leaf.rule, e.leaf.state) for e in members),
+                            place, [e.paths[0] for e in members])
     return out
 
 
@@ -102,10 +102,19 @@ def group_totals(rule: Rule, clock: Any, grads: list, states: list, paths: list
     for place, tree_rule in places(at(rule, clock)):
         if any(step != 0 for step in place):
             return None
-        total = out[_key(place, tree_rule)] = tree_rule.total(tree_rule.parts(grads))
-        if type(tree_rule).check is not TreeRule.check:
-            tree_rule.check(total, [_state_at(rule, s, place) for s in states], paths)
+        out[_key(place, tree_rule)] = _checked(
+            tree_rule, grads, zip(itertools.repeat(rule), states), place, paths)
     return out
+
+
+def _checked(rule: TreeRule, grads: list, held: Iterable, place: tuple, paths: list) -> Any:
+    """The total of ``rule``'s parts of ``grads``, once the rule has let the step be; the
+    states at ``place`` of the Leafs' ``(rule, state)`` pairs ``held`` are read only for a
+    rule that checks them."""
+    total = rule.total(rule.parts(grads))
+    if type(rule).check is not TreeRule.check:
+        rule.check(total, [_state_at(r, s, place) for r, s in held], paths)
+    return total
 
 
 def _key(place: tuple, rule: TreeRule) -> tuple:
