@@ -108,7 +108,7 @@ def assert_same_tree(a: Any, b: Any) -> None:
             assert x.frozen is y.frozen, kp
             assert_same_state(x.state, y.state, f"{kp} state")
         elif isinstance(x, dict):
-            assert type(y) is dict and set(x) == set(y), kp
+            assert type(y) is type(x) and set(x) == set(y), kp
             for k in x:
                 go(x[k], y[k], kp + (k,))
         elif isinstance(x, (tuple, list)):

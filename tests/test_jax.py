@@ -172,14 +172,15 @@ def test_update_in_place_is_out_of_place():
 
 def test_the_jax_backend_is_extended_from_above_once_loaded():
     """``registry.extend``: the module that registers Leafs and rules as pytrees
-    (``fast/jaxtree.py``) is imported with the JAX backend, and adds its functions to it."""
+    (``fast/jaxtree.py``) is imported with the JAX backend, which it leaves as it is; the
+    registry gives it (``registry.extension``)."""
     from optimisers.backends import registry
     from optimisers.fast import jaxtree
 
-    assert registry.ops("jax").settle is jaxtree.settle
-    assert registry.ops("jax").PackedLeaf is jaxtree.PackedLeaf
+    assert registry.extension("jax") is jaxtree
+    assert not hasattr(registry.ops("jax"), "fuse")
     registry.extend("jax", "optimisers.fast.jaxtree")  # loaded already: imported (again)
-    assert registry.ops("jax").settle is jaxtree.settle
+    assert registry.extension("jax") is jaxtree
 
 
 def test_rules_are_pytrees_once_jax_is_imported():
@@ -209,8 +210,9 @@ def test_pytree_layout():
     assert float(jax.tree.map(lambda v: v * 2, chain).rule.rules[0].eta) == pytest.approx(0.6)
     state = O.setup(O.RAdam(), {"w": jnp.ones(2)})["w"].state
     assert [(a.shape, a.dtype) for a in jax.tree.leaves(O.Leaf(O.Descent(), state))] == [
-        ((3,), jnp.float32), ((2,), jnp.float32), ((2,), jnp.float32), ((), jnp.int32)
-    ]  # eta, the step count and 1 - eta packed (see test_leaf_packs_its_numbers); m, v; clock
+        ((), jnp.float32), ((), jnp.float32), ((), jnp.int32), ((2,), jnp.float32),
+        ((2,), jnp.float32), ((), jnp.float32)
+    ]  # eta and 1 - eta, the clock; m, v and the step count (see test_a_group_reads_one_record)
     frozen = O.Leaf(O.Descent(0.1), None, frozen=True)
     assert jax.tree.structure(frozen) != jax.tree.structure(O.Leaf(O.Descent(0.1), None))
     assert jax.tree.unflatten(*reversed(jax.tree.flatten(frozen))).frozen
@@ -239,38 +241,33 @@ def test_setup_makes_numbers_arrays_once(rule):
     assert_trees_close(new, want, rtol=0, atol=0)
 
 
-def test_leaf_packs_its_numbers():
-    """A Leaf flattens with its weakly typed floating numbers (hyper-parameters, counters)
-    packed in one array, so that jit takes 3 arrays for an Adam Leaf (and its clock), not 8;
-    a Leaf with a single number keeps it as it is. The clock, an integer, is its own."""
-    model = {"w": jnp.ones((2, 3))}
-    numbers, m, v, clock = jax.tree.leaves(O.setup(O.Adam(0.01), model))
-    assert clock.shape == () and clock.dtype == jnp.int32 and int(clock) == 0
-    rule, state = [0.01, 0.9, 0.999, 1e-8], [0.0]  # then 1 - each of the rule's
-    np.testing.assert_allclose(numbers, rule + state + [1 - v for v in rule], rtol=1e-6)
-    assert numbers.weak_type and m.shape == v.shape == (2, 3)
-    paths = [jax.tree_util.keystr(p)
-             for p, _ in jax.tree_util.tree_flatten_with_path(O.setup(O.Adam(), model))[0]]
-    assert paths == ["['w'].numbers", "['w'].state[0]", "['w'].state[1]", "['w'].clock"]
-    eta, _ = jax.tree.leaves(O.setup(O.Descent(0.5), model))
-    assert eta.shape == () and float(eta) == 0.5
+def test_a_group_reads_one_record():
+    """The root of a JAX tree from setup flattens into one record per group of Leafs (one
+    rule by value, one clock, frozen alike): the rule's numbers, then the complement 1 - b
+    of each, the clock, then each member's state. A Leaf flattens alone as a group of one;
+    a Leaf frozen (or adjusted) apart falls into a group of its own."""
+    model = {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}
+    tree = O.setup(O.Adam(0.01), model)
+    flat = jax.tree.leaves(tree)
+    rule = [0.01, 0.9, 0.999, 1e-8]
+    np.testing.assert_allclose(flat[:8], rule + [1 - v for v in rule], rtol=1e-6)
+    assert all(v.weak_type for v in flat[:8]) and flat[8].dtype == jnp.int32
+    assert [a.shape for a in flat[9:]] == [(2, 3), (2, 3), (), (3,), (3,), ()]
+    eta, one_minus, clock = jax.tree.leaves(O.setup(O.Descent(0.5), model)["w"])
+    assert float(eta) == float(one_minus) == 0.5 and int(clock) == 0
+    O.freeze_(tree["b"])
+    assert len(jax.tree.leaves(tree)) == 2 * (9 + 3)
+    back = jax.tree.unflatten(*reversed(jax.tree.flatten(tree)))
+    assert type(back) is type(tree) and back["b"].frozen and not back["w"].frozen
     chain = O.setup(O.OptimiserChain(O.ClipGrad(2.0), O.Momentum(0.1, 0.8)), model)
-    numbers, v, _ = jax.tree.leaves(chain)
-    np.testing.assert_allclose(numbers, [2.0, 0.1, 0.8, -1.0, 0.9, 0.2], rtol=1e-6)
     nones = jax.tree.map(lambda a: None, chain)  # anything jax.tree.map puts there
     assert nones["w"].rule.rules[1].rho is None
 
 
-def values(pack, rule_numbers=4):
-    """The numbers of an Adam Leaf's pack, without the complements of its rule's numbers."""
-    return pack[: len(pack) - rule_numbers]
-
-
-def test_jit_output_stays_packed_until_read():
-    """The Leafs that a jitted step returns keep the packed form: passed back in they are
-    not unpacked and not re-traced; read, they give Python numbers (each float32 as its
-    shortest decimal, so a rule reads back equal to the one given); written, the other
-    field survives and the packed form follows the write."""
+def test_jit_output_is_taken_back_as_it_is():
+    """The tree that a jitted step returns, passed back in, is not traced again and makes
+    no new array when flattened; its Leafs read back their numbers (the rule equal to the
+    one given); a state written between steps is taken."""
     f, traces = counted(O.update)
     step = jax.jit(f)
     model, grads = {"w": jnp.ones(3)}, {"w": jnp.full(3, 0.5)}
@@ -281,25 +278,22 @@ def test_jit_output_stays_packed_until_read():
     leaf = tree["w"]
     again = jax.tree.leaves(tree)
     assert all(a is b for a, b in zip(again, jax.tree.leaves(tree), strict=True))
-    assert type(O.Leaf.rule.__get__(leaf)).__name__ == "_Lazy"  # not unpacked by flattening
-    assert leaf.rule == O.Adam(0.1)  # read back as the numbers setup was given
-    assert type(leaf.state[2]) is float and leaf.state[2] == 3.0
+    assert leaf.rule == O.Adam(0.1) and leaf.state[2] == 3.0
 
     tree, model = step(tree, model, grads)
     leaf = tree["w"]
     leaf.state = (jnp.zeros(3), jnp.zeros(3), 0.0)  # a restart of the moments
     assert float(leaf.rule.eta) == pytest.approx(0.1)
-    assert values(jax.tree.leaves(tree)[0])[-1] == 0.0
+    assert float(jax.tree.leaves(tree)[-1]) == 0.0
     copied = copy.deepcopy(step(tree, model, grads)[0]["w"])
     assert float(copied.rule.beta[1]) == pytest.approx(0.999)
     assert len(traces) == 1
 
 
-def test_jax_leafs_keep_their_type(tmp_path):
-    """JAX's Leafs are PackedLeafs, from setup, a jitted call, an eager update, adjust,
-    reinit and load alike: jit compares the trees' node types, and one plain Leaf where a
-    PackedLeaf was would trace the step again. A Leaf made by hand is rebuilt as one."""
-    packed = backends.ops("jax").PackedLeaf
+def test_jax_roots_keep_their_type(tmp_path):
+    """JAX's trees keep their root's class, from setup, a jitted call, an eager update,
+    adjust, reinit and load alike: jit compares the trees' node types, and a plain dict
+    where the root was would trace the step again. Their Leafs are plain Leafs."""
     model, grads = {"w": jnp.ones(3)}, {"w": jnp.full(3, 0.5)}
     f, traces = counted(O.update)
     step = jax.jit(f)
@@ -308,13 +302,14 @@ def test_jax_leafs_keep_their_type(tmp_path):
              O.adjust(tree, 0.2), O.reinit(tree, model)]
     O.save(tmp_path / "opt.ckpt", tree)
     trees.append(O.load(tmp_path / "opt.ckpt", like=tree))
-    assert [type(t["w"]) for t in trees] == [packed] * len(trees)
+    assert [type(t) for t in trees] == [type(tree)] * len(trees)
+    assert [type(t["w"]) for t in trees] == [O.Leaf] * len(trees)
     for t in trees:
         step(t, model, grads)
     assert len(traces) == 1
     hand = {"w": O.Leaf(O.Adam(0.1), O.Adam(0.1).init(model["w"]))}
-    assert type(jax.tree.map(lambda v: v, hand)["w"]) is packed
-    assert type(copy.deepcopy(tree["w"])) is packed
+    assert type(jax.tree.map(lambda v: v, hand)["w"]) is O.Leaf
+    assert type(copy.deepcopy(tree)) is type(tree)
 
 
 def test_vmapped_trees_read_one_number_per_model():
@@ -354,15 +349,15 @@ def test_packed_numbers_under_x64_and_between_eager_steps():
 
 @pytest.mark.parametrize("rule", [O.Adam(0.1), O.AdaBelief(0.1)], ids=repr)
 def test_packed_form_follows_numpy_updates(rule):
-    """A NumPy tree that JAX has flattened (which keeps the packed form in each Leaf)
-    flattens with the new counters after update_ writes them, fused or not."""
+    """A NumPy tree that JAX has flattened flattens with the new counters after update_
+    writes them, fused or not."""
     model = {k: np.ones(4, np.float32) for k in "abc"}
     tree = O.setup(rule, model)
-    before = values(np.asarray(jax.tree.leaves(tree)[0]))
+    before = jax.tree.leaves(tree["a"])[-1]
     for _ in range(2):
         O.update_(tree, model, {k: np.ones(4, np.float32) for k in "abc"})
-    after = values(np.asarray(jax.tree.leaves(tree)[0]))
-    assert before[-1] == 0.0 and after[-1] == 2.0
+    after = jax.tree.leaves(tree["a"])[-1]
+    assert float(before) == 0.0 and float(after) == 2.0
 
 
 def test_rule_defined_later_is_a_pytree():
@@ -534,9 +529,9 @@ def test_summary_follows_the_model_order_after_jit():
     Layer = namedtuple("Layer", ["w", "b"])
     Net = namedtuple("Net", ["enc", "dec"])
     model = Net(Layer(jnp.ones(2), jnp.ones(1)), Layer(jnp.ones(3), jnp.ones(1)))
-    tree = O.setup(O.Adam(), model)
+    tree = dict(O.setup(O.Adam(), model))  # a plain dict's keys come back sorted (setup's
     tree, model = jax.jit(O.update)(tree, model, jax.tree.map(jnp.ones_like, model))
-    assert list(tree) == ["dec", "enc"] and list(tree["enc"]) == ["b", "w"]
+    assert list(tree) == ["dec", "enc"] and list(tree["enc"]) == ["b", "w"]  # root keeps them)
     rows = [line.split()[0] for line in O.summary(tree, model).splitlines()[1:-1]]
     assert rows == ["enc.w", "enc.b", "dec.w", "dec.b"]
     rows = [line.split()[0] for line in O.summary(tree).splitlines()[1:-1]]

@@ -39,10 +39,14 @@ NEEDS = {"torch": "torch", "jax": "jax", "flax": "flax.nnx", "equinox": "equinox
 CAPABILITIES = {"CONCATENATES": Grouping, "FUSES_ITSELF": Fusing}
 
 
-def _load(lib):
+EXTENDED = (Fusing, Registering)  # provided by the module extending the backend (registry)
+
+
+def _load(lib, protocol=None):
     if lib in NEEDS:
         pytest.importorskip(NEEDS[lib])
-    return importlib.import_module(f"optimisers.backends.{lib}")
+    mod = importlib.import_module(f"optimisers.backends.{lib}")
+    return registry.extension(lib) if protocol in EXTENDED else mod
 
 
 def functions(protocol) -> dict:
@@ -85,7 +89,7 @@ CASES = [(lib, proto.__name__, name) for lib, protos in PROVIDES.items()
 @pytest.mark.parametrize(("lib", "protocol", "name"), CASES,
                          ids=[f"{lib}-{name}" for lib, _, name in CASES])
 def test_backend_provides_each_declared_function(lib, protocol, name):
-    mod = _load(lib)
+    mod = _load(lib, globals()[protocol])
     declared = functions(globals()[protocol])[name]
     assert hasattr(mod, name), f"backends.{lib} lacks {protocol}.{name}"
     why = _accepts(declared, getattr(mod, name))

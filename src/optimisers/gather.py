@@ -138,7 +138,7 @@ def _gather(t: Any, x: Any, gs: tuple, kp: KeyPath, plan: dict, inside: dict) ->
         if not t.frozen or not gs:
             add(plan, t, x, grads, kp)
         return
-    if type(t) not in (dict, tuple, list):
+    if not isinstance(t, (dict, tuple, list)):
         raise not_a_tree(t, kp)
     enter(kp, t, inside, "the state tree")
     kids = children(x)

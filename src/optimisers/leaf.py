@@ -40,13 +40,21 @@ class Leaf:
     def __reduce__(self) -> tuple:
         return type(self), (self.rule, self.state, self.frozen, self.clock)
 
-    def advance(self, state: Any) -> None:
+    def advance(self, state: Any, ticks: dict | None = None) -> None:
         """Take the new state; count the step on the clock where
-        :meth:`~optimisers.Rule.stepped` says it was real (traced: added as 0 or 1)."""
+        :meth:`~optimisers.Rule.stepped` says it was real (traced: added as 0 or 1);
+        ``ticks``: Leafs that shared a clock share the new one (JAX's groups)."""
         self.state = state
         real = self.rule.stepped(state)
-        if real is not False:
+        if real is False:
+            return
+        if ticks is None or type(self.clock) is int:
             self.clock = self.clock + (1 if real is True else real)
+            return
+        key = (id(self.clock), id(real))  # (``ticks`` holds both while the step runs)
+        if key not in ticks:
+            ticks[key] = (self.clock, real, self.clock + (1 if real is True else real))
+        self.clock = ticks[key][2]
 
 
 def nodes(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Any]]:
@@ -89,7 +97,22 @@ def map_leaves(f: Callable[[Leaf], Any], tree: Any) -> Any:
             node, kids, _ = building.pop()
             building[-1][1].append(dict(zip(node, kids)) if isinstance(node, dict)
                                    else list(kids) if isinstance(node, list) else tuple(kids))
-    return root[0]
+    return rooted(tree, root[0])
+
+
+def rooted(like: Any, tree: Any) -> Any:
+    """rooted(like, tree) -> ``tree`` in the class of ``like``'s root where that class says
+    so (``__state_root__``: JAX's roots, ``fast/jaxtree.py``), else as it is.
+
+    Example:
+        >>> rooted({"a": None}, {"a": 1})
+        {'a': 1}
+    """
+    if getattr(type(like), "__state_root__", False) and type(tree) is not type(like):
+        out = type(like)(tree)
+        vars(out).update(vars(like))  # (what the root keeps for JAX)
+        return out
+    return tree
 
 
 def not_a_tree(t: Any, kp: KeyPath) -> TypeError:

@@ -83,6 +83,7 @@ def setup(rule: Rules, model: Any) -> Any:
     """
     choose = _chooser(rule)
     made: list[Leaf] = []
+    libs: set = set()
 
     def make(kp: KeyPath, x: Any) -> Leaf | None:
         if not isnumeric(x):
@@ -94,13 +95,16 @@ def setup(rule: Rules, model: Any) -> Any:
         if why is not None:
             raise ValueError(f"{r!r} cannot train the array at {kp}: {why}; "
                              f"{_another_rule(rule, model, kp)}")
-        made.append(backends.of(x).settle(Leaf(r, at(r, 0).init(x))))
+        made.append(Leaf(r, at(r, 0).init(x)))
+        libs.add(backends.library(x))
         return made[-1]
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
                 build=mirror, keys=trainable, skip=lambda v: None,
                 again=None if choose is None else _asker(choose))
     fused.pack(made)
+    for ext in filter(None, map(backends.registry.extension, libs)):
+        tree = ext.root(tree)
     if not made:
         warnings.warn("setup found no trainable parameter in the model: no floating-point "
                       "array sits at a trainable position", UserWarning, stacklevel=2)
@@ -197,12 +201,14 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     Rules that may raise (:meth:`Rule.raises`) run first, on copies, before any write."""
     kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
     where: dict[int, tuple] = {}
+    ticks: dict = {}  # Leafs sharing a clock (JAX's groups) keep sharing it
+    nows: dict = {}  # and their rule at that clock is made once
     for e in entries:
         check_fit(e)
         rule = e.leaf.rule
         kind = kinds.get(id(rule)) or kinds.setdefault(id(rule), (timed(rule), places(rule)))
         if kind[0]:
-            _apply(e, None, {}, dry=True)  # a schedule's value out of its field's range
+            _apply(e, None, {}, nows, dry=True)  # a schedule's value out of its field's range
         if kind[1]:
             where[id(e)] = kind[1]
     found = totals(entries, where) if where else {}  # tree-level rules' reductions
@@ -213,8 +219,8 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
                                           inplace, known, found)
     for e in (*rest, *risky):
         leaf, x = e.leaf, e.x
-        state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state, found)
-        leaf.advance(state)
+        state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state, found, nows)
+        leaf.advance(state, ticks)
         if isinstance(d, NewValue):
             xp = backends.of(x)
             y = xp.assign(x, d.value) if inplace else xp.like(d.value, x)
@@ -237,11 +243,18 @@ def _share(e: Entry, new: dict, inplace: bool) -> None:
         new[id(e.leaf)] = y
 
 
-def _apply(e: Entry, state: Any, found: dict, dry: bool = False) -> tuple[Any, Any]:
-    """``(new_state, step)`` of one entry's rule (``dry``: only checked); errors name the path."""
+def _apply(e: Entry, state: Any, found: dict, nows: dict | None = None, dry: bool = False
+           ) -> tuple[Any, Any]:
+    """``(new_state, step)`` of one entry's rule (``dry``: only checked); errors name the path.
+    ``nows``: the rule at a clock, made once for Leafs that share both."""
     try:
-        now = at(e.leaf.rule, e.leaf.clock)
-        now = given(now, found) if found else now
+        key = (id(e.leaf.rule), id(e.leaf.clock))
+        now = nows.get(key) if nows is not None else None
+        if now is None or now[0] is not e.leaf.rule or now[1] is not e.leaf.clock:
+            now = (e.leaf.rule, e.leaf.clock, at(e.leaf.rule, e.leaf.clock))
+            if nows is not None:
+                nows[key] = now
+        now = given(now[2], found) if found else now[2]
         return (None, None) if dry else call(now, state, e.x, tuple(e.grads))
     except (ValueError, TypeError, ArithmeticError) as err:
         raise type(err)(f"{err} (in {e.leaf.rule!r} at {e.paths[0]!r})") from err

@@ -35,7 +35,7 @@ def _paired(tree: Any, x: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPat
         yield kp, tree, x
     elif isinstance(tree, (dict, tuple, list)):
         kids = children(x)
-        keys = [k for k in kids if k in tree] if type(tree) is dict else range(len(tree))
+        keys = [k for k in kids if k in tree] if isinstance(tree, dict) else range(len(tree))
         for k in keys:
             yield from _paired(tree[k], kids[k], kp + (k,))
     elif tree is not None:

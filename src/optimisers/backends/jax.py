@@ -6,9 +6,8 @@ dtype, so that a hyper-parameter traced under ``jax.jit`` (a float32 value) neve
 a float16 or bfloat16 computation.
 
 What concerns this package's own types (``Leaf``, rules, schedules as JAX pytrees, and
-``settle``, ``complement``, ``fuse``, ``register_rule``, ``register_schedule``) lives above
-``backends/``, in ``fast/jaxtree.py``: the registry imports it once this module is loaded
-(``registry.extend``), and it adds those functions here.
+``fuse``) lives above ``backends/``, in ``fast/jaxtree.py``: the registry imports it once
+this module is loaded (``registry.extend``, ``registry.extension``).
 
 There are no concatenating group functions here (``flatcat`` and the rest, see
 ``fast/fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from typing import Any
 
 import jax
@@ -58,6 +58,33 @@ def hyper(x: Array, *values: Any) -> tuple:
     """Hyper-parameters as 0-d arrays of ``x``'s real dtype (traced values too)."""
     dt = _real(x.dtype)
     return tuple(jnp.asarray(v, dt) for v in values)
+
+
+_COMPLEMENTS: dict[int, tuple[Any, Any]] = {}
+
+
+def remember(v: Any, c: Any) -> None:
+    """remember(v, c): ``c`` is the precise complement ``1 - v`` of the traced number ``v``
+    (a rule's number under ``jit``, whose complement travels beside it), while ``v`` lives.
+
+    Example:
+        >>> v = jnp.asarray(0.999)
+        >>> remember(v, jnp.asarray(1.0 - 0.999)); complement(v) == jnp.asarray(0.001)
+        Array(True, dtype=bool)
+    """
+    key = id(v)
+    _COMPLEMENTS[key] = (weakref.ref(v, lambda _: _COMPLEMENTS.pop(key, None)), c)
+
+
+def complement(v: Any) -> Any:
+    """``1 - v``: in float64 for a Python number, the remembered complement of a traced
+    number, else computed in ``v``'s dtype."""
+    if type(v) is float:
+        return 1.0 - v
+    kept = _COMPLEMENTS.get(id(v))
+    if kept is not None and kept[0]() is v:
+        return kept[1]
+    return 1 - v
 
 
 def zeros_like(x: Array, real_: bool = False) -> Array:
@@ -327,6 +354,8 @@ def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Ar
     if weak and out.shape == ():
         value = jnp.asarray(out.item())
         out = value if value.dtype == out.dtype else out
+    if out.ndim < ref.ndim:  # a number beside a sharded array: replicated over its mesh
+        return sharding.beside(ref, [jnp.asarray(out)])[0]
     return jax.device_put(out, ref.sharding)
 
 

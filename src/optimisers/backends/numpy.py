@@ -283,11 +283,6 @@ def split(v: Array, stops: list, like: list) -> list:
     return out
 
 
-def settle(leaf: Any) -> Any:
-    """``leaf`` itself: NumPy needs nothing made ahead."""
-    return leaf
-
-
 # ---------------------------------------------------------------- fused groups (fast/fused.py)
 
 _PACKS = Packs(lambda a: a.base, lambda b, lo, n: b[lo:lo + n],

@@ -169,8 +169,6 @@ class Backend(Protocol):
     def concat(self, arrays: list, like: list) -> Array: ...
     # Segments of ``v`` ending at ``stops``, each a new array like ``like``'s.
     def split(self, v: Array, stops: list, like: list) -> list: ...
-    # A new Leaf made ready for the library (JAX: its flat form), or itself.
-    def settle(self, leaf: Any) -> Any: ...
 
     # --- checkpoints ---------------------------------------------------------------------
 
@@ -204,7 +202,8 @@ class Grouping(Protocol):
 
 
 class Fusing(Protocol):
-    """What a backend with ``FUSES_ITSELF`` provides besides."""
+    """What a backend with ``FUSES_ITSELF`` provides besides, in the module that extends it
+    (``registry.extension``)."""
 
     # ``(left, done)``: entries left for the plain path, ``(leaf, new x)`` stepped.
     def fuse(self, entries: list) -> tuple[list, list]: ...
@@ -234,7 +233,8 @@ class Checking(Protocol):
 
 
 class Registering(Protocol):
-    """What a backend that registers this package's rules with its library provides."""
+    """What a backend that registers this package's rules with its library provides, in the
+    module that extends it (``registry.extension``)."""
 
     # Register the rule class ``cls`` with the library (once).
     def register_rule(self, cls: type) -> None: ...

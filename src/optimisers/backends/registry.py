@@ -70,6 +70,18 @@ def extend(lib: str, module: str) -> None:
         importlib.import_module(module)
 
 
+def extension(lib: Any) -> ModuleType | None:
+    """extension(lib) -> the module that extends the loaded backend of ``lib`` (see
+    :func:`extend`), or ``None``.
+
+    Example:
+        >>> extension("nosuchlibrary") is None
+        True
+    """
+    name = _EXTENSIONS.get(lib)
+    return sys.modules.get(name) if name is not None and lib in _LOADED else None
+
+
 def ops(lib: str) -> ModuleType:
     """The backend module for the library named ``lib``."""
     try:
@@ -213,7 +225,7 @@ _EAGER = ("jax",)  # backends registering this package's types (Leaf, rules) wit
 def rule_defined(cls: type) -> None:
     """rule_defined(cls): loaded backends register the new rule class (JAX: a pytree)."""
     for lib in _EAGER:
-        loaded = _LOADED.get(lib)
+        loaded = extension(lib)
         if loaded is not None:
             loaded.register_rule(cls)
 

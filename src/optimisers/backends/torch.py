@@ -305,11 +305,6 @@ def split(v: Array, stops: list, like: list) -> list:
     return out
 
 
-def settle(leaf: Any) -> Any:
-    """``leaf`` itself: PyTorch needs nothing made ahead."""
-    return leaf
-
-
 # --- fused groups (fast/fused.py) ---------------------------------------------------------------
 
 _PACKS = Packs(lambda a: a._base, lambda b, lo, n: b.narrow(0, lo, n),

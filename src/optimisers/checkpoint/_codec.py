@@ -14,7 +14,7 @@ import numpy as np
 
 from optimisers import backends
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, leaves, nodes
+from optimisers.leaf import Leaf, leaves, nodes, rooted
 from optimisers.rules import RULES, Rule
 from optimisers.schedules import SCHEDULES, Function, Schedule, importable_name
 
@@ -266,7 +266,7 @@ class Reader:
                     continue  # a user's rule: its constructor runs for each Leaf
                 built[text] = leaf.rule
             leaf.rule = built[text]
-        return out[0]
+        return rooted(self.like, out[0])
 
     def node(self, ref: Any, kp: KeyPath) -> Any:
         """The node ``ref`` names: nested in version 1, in version 2 an index used once."""

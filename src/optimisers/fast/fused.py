@@ -406,8 +406,8 @@ def step_groups(entries: list, inplace: bool, known: list | None = None,
         group = kind(rule, sig, members, write)
         _run(group, [e for e, _ in members], new, found)
         ran.append(group)
-    for xp, batch in calls.items():
-        left, done = xp.fuse(batch)
+    for lib, batch in calls.items():
+        left, done = backends.registry.extension(lib).fuse(batch)
         rest.extend(left)
         for leaf, y in done:  # (advanced by the backend)
             new[id(leaf)] = y
@@ -443,7 +443,7 @@ def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
                 xp.FUSES_ITSELF and places(rule)):
             rest.append(e)
         elif xp.FUSES_ITSELF:
-            calls.setdefault(xp, []).append(e)
+            calls.setdefault(lib, []).append(e)
         else:
             arrays: list = []
             sig = signature(e.leaf.state, arrays)

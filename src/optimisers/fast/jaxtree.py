@@ -1,8 +1,7 @@
-"""JAX pytrees of this package's types: ``Leaf`` (as :class:`PackedLeaf`), every rule
-and every schedule; and the JAX backend's functions that concern them (``settle``,
-``complement``, ``fuse``, ``register_rule``, ``register_schedule``), which :func:`install`
-adds to ``backends/jax.py`` (the registry imports this module once that backend is
-loaded: ``backends/`` imports nothing above it).
+"""JAX pytrees of this package's types: every rule, every schedule, ``Leaf``, and the root
+of a state tree (:func:`root`: ``setup`` gives it to JAX trees), which flattens into one
+record of numbers per group of Leafs; and :func:`fuse`, which the JAX step takes through the
+registry (``registry.extend``: ``backends/`` imports nothing above it).
 
 A rule's hyper-parameters (its ``float`` fields, and ``tuple`` fields such as ``beta``) are
 pytree *children*, so ``adjust`` of a learning rate passes new data to a jitted update
@@ -10,9 +9,7 @@ without re-tracing it; its other fields (``bool``, ``int``, dtypes, and fields d
 with ``metadata={"static": True}``) are static auxiliary data, and nested rules are
 children. ``Leaf.frozen`` is static. Python numbers among the children (hyper-parameters,
 and counters such as Adam's step count in a state) are flattened as weakly typed 0-d
-arrays, so they are data under ``equinox.filter_jit`` too. A Leaf flattens with those
-numbers packed into one array (see "Leaf: its numbers packed" below), made once by
-``setup`` (:func:`settle`) and kept by the Leafs that a jitted call returns.
+arrays, so they are data under ``equinox.filter_jit`` too.
 
 Under ``jax.jit`` XLA fuses each Leaf's plain ``apply`` itself; :func:`fuse` steps only the
 Leafs of one shape whose rule stacks (``Muon``), by one ``jax.vmap`` (``fast/batched.py``).
@@ -24,7 +21,6 @@ import dataclasses
 import functools
 import operator
 import threading
-import weakref
 from typing import Any
 
 import jax
@@ -34,23 +30,7 @@ from jax.tree_util import GetAttrKey
 
 from optimisers.backends import jax as xp
 from optimisers.backends import sharding
-from optimisers.leaf import Leaf
-
-
-def settle(leaf: Any) -> Any:
-    """``leaf`` as a :class:`PackedLeaf`, its flat form for JAX made once (see :func:`_pack`).
-
-    A jitted step takes the state tree as an argument and flattens it at every call. Made
-    here, a tree straight from ``setup`` costs a call what any tree does, instead of
-    turning its Python numbers into arrays each time (six per Adam Leaf; the cost is in
-    benchmarks/README.md). And it is of the type that a jitted call
-    returns, so that the call after the first does not trace again.
-    """
-    settled = PackedLeaf(leaf.rule, leaf.state, leaf.frozen, leaf.clock)
-    packed, traced = _pack(settled.rule, settled.state, settled.clock)
-    if not traced:
-        settled.packed = packed
-    return settled
+from optimisers.leaf import Leaf, nodes
 
 
 def fuse(entries: list) -> tuple[list, list]:
@@ -119,7 +99,6 @@ def _getters(cls: type) -> tuple[Any, Any]:
 
 
 _AS_IS: set[type] = set()
-_PACKING = threading.local()
 
 
 def _dynamic(v: Any) -> Any:
@@ -127,17 +106,18 @@ def _dynamic(v: Any) -> Any:
     traced data everywhere: ``jax.jit`` treats a Python float so anyway, but
     ``equinox.filter_jit`` would make it static and re-trace whenever it changes (as a
     step count does at every step)."""
-    if type(v) in _AS_IS:  # arrays and tracers: the common case, kept fast
+    if type(v) in _AS_IS or getattr(_RAW, "on", False):  # arrays and tracers: kept fast
         return v
     if type(v) is tuple:  # a state, or beta: arrays inline, no call for them
-        return tuple([e if type(e) in _AS_IS else _dynamic(e) for e in v])
+        new = tuple([e if type(e) in _AS_IS else _dynamic(e) for e in v])
+        return v if all(map(operator.is_, new, v)) else new  # (kept: nothing to make)
     if isinstance(v, jax.Array):
         _AS_IS.add(type(v))
         return v
     if isinstance(v, (bool, np.bool_)):
         return v
-    if isinstance(v, (float, np.floating)):  # kept a number while _pack gathers them
-        return float(v) if getattr(_PACKING, "on", False) else jnp.asarray(float(v))
+    if isinstance(v, (float, np.floating)):
+        return jnp.asarray(float(v))
     if isinstance(v, (int, np.integer)):
         return jnp.asarray(int(v))
     return v
@@ -188,263 +168,256 @@ def register_rule(cls: type) -> None:
         cls, _flatten_rule_with_keys, functools.partial(_unflatten_rule, cls), _flatten_rule)
 
 
-# --- Leaf: its numbers packed in one array -------------------------------------------------
+# --- Leafs and the root: one record of numbers per group of Leafs --------------------------
 #
-# Each array that a jitted function takes or returns costs XLA on the CPU a few microseconds
-# per call, and its compile time grows faster than linearly with their number. A Leaf's
-# hyper-parameters and counters are many such arrays: an Adam Leaf has five (eta, b1, b2,
-# eps and its step count, a float) beside its two moments. So a Leaf flattens with its
-# weakly typed floating 0-d values packed into one 1-D array: an Adam Leaf is then 3
-# arrays, not 7.
-# (What it saves on shape B: benchmarks/README.md.)
-# A Leaf rebuilt by JAX (the output of a jitted call) keeps that flat form and unpacks it
-# only when its rule or state is first read (PackedLeaf), so a training loop that passes
-# the tree back in never unpacks it outside the trace. Read, a packed Leaf gives Python
-# numbers; traced, 0-d arrays; batched by ``jax.vmap`` (the pack is then ``(..., n)``),
-# one array per number with the batch in front.
-
-_NUMBERS = GetAttrKey("numbers")
+# A Leaf flattens as a record of one member: its rule's numbers (as data) and the precise
+# complement 1 - b of each (computed in float64 from a Python float: 1 - float32(0.999) is
+# 1.3e-5 off 0.001, relatively, and Adam would drift from optax), its clock, its state. The
+# root of a state tree that setup made (a State* container) lays out one such record per
+# group of Leafs that share a rule (by value) and a clock and are frozen alike: under jit the
+# group's members then read one set of numbers and one clock, so the traced program grows
+# like optax's. A Leaf frozen, adjusted or loaded apart falls into another group at the next
+# flatten. Rebuilt, a group's members share one rule object and one clock (Leaf.advance
+# keeps them shared), and the root keeps the arrays it made from Python numbers.
 
 
-class _Spec:
-    """How a Leaf flattens: the pytree structure of its ``(rule, state, clock)``, and which leaves
-    of that structure travel packed (``packs``; ``n`` of them, none when fewer than two).
+class _Root:
+    """What the State* containers add to a dict, list or tuple: JAX flattens them by group
+    (above); ``map_leaves`` and ``load`` keep the class at a tree's root."""
 
-    Specs are interned: two Leafs of one structure share their spec, so treedefs compare
-    by identity first.
-    """
-
-    __slots__ = ("treedef", "packs", "n", "rule_n", "_hash", "_keys")
-
-    def __init__(self, treedef: Any, packs: tuple) -> None:
-        self.treedef, self.packs, self.n = treedef, packs, sum(packs)
-        # the rule's numbers come first, and travel with their complements
-        self.rule_n = sum(packs[:treedef.children()[0].num_leaves]) if self.n else 0
-        self._hash = hash((treedef, packs))
-        self._keys = None
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (type(other) is _Spec and self.packs == other.packs
-                                 and self.treedef == other.treedef)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        return f"<{self.n} numbers packed of {self.treedef}>"
-
-    def unpack(self, children: list) -> tuple:
-        """``(rule, state, clock)`` from a flat form's children; traced numbers come with their
-        complements (see :func:`complement`)."""
-        if not self.n:
-            return jax.tree.unflatten(self.treedef, children)
-        values = _unstack(children[0], self.n + self.rule_n)
-        if isinstance(children[0], jax.core.Tracer):
-            for v, c in zip(values[:self.rule_n], values[self.n:]):
-                _remember(v, c)
-        numbers, rest = iter(values[:self.n]), iter(children[1:])
-        return jax.tree.unflatten(self.treedef, [next(numbers) if w else next(rest)
-                                                 for w in self.packs])
-
-    def keys(self) -> list:
-        """The key of each child, for ``jax.tree_util`` paths (``numbers``, then the rest's
-        own paths, such as ``state[0]``)."""
-        if self._keys is None:
-            dummy = jax.tree.unflatten(self.treedef, [0] * len(self.packs))
-            paths = [jax.tree_util.keystr(p) for p, _ in
-                     jax.tree_util.tree_flatten_with_path(dummy)[0]]
-            names = {"[0]": "rule", "[1]": "state", "[2]": "clock"}
-            rest = [GetAttrKey(names[p[:3]] + p[3:]) for p, w in zip(paths, self.packs) if not w]
-            self._keys = [_NUMBERS, *rest] if self.n else rest
-        return self._keys
+    __state_root__ = True
 
 
-_SPECS: dict[tuple, _Spec] = {}
-_STACK = jax.jit(lambda *numbers: jnp.stack(numbers))
+class StateDict(_Root, dict):
+    """The root of a JAX state tree that is a dict (see :func:`root`)."""
 
 
-def _packable(v: Any, dtype: Any) -> bool:
-    if type(v) is float:  # weakly typed, of the default dtype, once JAX takes it
-        return True
-    aval = getattr(v, "aval", None)  # JAX arrays and tracers
-    return (aval is not None and aval.shape == () and aval.weak_type
-            and aval.dtype == dtype)
+class StateList(_Root, list):
+    """The root of a JAX state tree that is a list (see :func:`root`)."""
 
 
-def _pack(rule: Any, state: Any, clock: Any) -> tuple[tuple, bool]:
-    """``(flat form, traced)``: the flat form ``(spec, *children)`` of a Leaf's rule,
-    state and clock (an integer: never packed), and whether a value in it is traced (then
-    it is not to be kept)."""
-    _PACKING.on = True  # Python numbers go into the pack as they are: no array each
-    try:
-        flat, treedef = jax.tree.flatten((rule, _dynamic(state), clock))
-    finally:
-        _PACKING.on = False
-    dtype = jax.dtypes.canonicalize_dtype(np.float64)  # float32 unless x64: all alike
-    packs = tuple([_packable(v, dtype) for v in flat])
-    if sum(packs) < 2:
-        packs = (False,) * len(flat)
-    key = (treedef, packs)
-    spec = _SPECS.get(key) or _SPECS.setdefault(key, _Spec(treedef, packs))
-    numbers = [v for v, w in zip(flat, packs) if w]
-    rest = [_dynamic(v) for v, w in zip(flat, packs) if not w]  # a lone number: an array
-    traced = any([isinstance(v, jax.core.Tracer) for v in flat])
-    if numbers:
-        numbers += [complement(v) for v in numbers[:spec.rule_n]]
-        rest.insert(0, jnp.stack(numbers) if traced else _STACK(*numbers))
-    if not traced:  # the numbers and clock replicated where the state is sharded
-        rest = sharding.beside(state, rest)
-    return (spec, *rest), traced
+class StateTuple(_Root, tuple):
+    """The root of a JAX state tree that is a tuple (see :func:`root`)."""
 
 
-class _Lazy:
-    """The value of a PackedLeaf's rule and state not yet unpacked from its flat form."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<not unpacked>"
-
-    def __reduce__(self) -> str:
-        return "_LAZY"  # copies (and deep copies) are the one object
+_ROOTS = {dict: StateDict, list: StateList, tuple: StateTuple}
 
 
-_LAZY = _Lazy()
-# the record's own slots, behind PackedLeaf's properties
-_RULE, _STATE, _CLOCK = Leaf.rule, Leaf.state, Leaf.clock
-
-
-def _unpacked(slot: Any, doc: str) -> property:
-    """A PackedLeaf's field kept in the Leaf's ``slot``: unpacked when first read; set, the
-    flat form goes stale (the other field is unpacked first, so it stays)."""
-    def get(leaf: PackedLeaf) -> Any:
-        value = slot.__get__(leaf, PackedLeaf)
-        if value is _LAZY:
-            leaf.unpack()
-            value = slot.__get__(leaf, PackedLeaf)
-        return value
-
-    def set_(leaf: PackedLeaf, value: Any) -> None:
-        if leaf.packed is not None:
-            leaf.unpack()
-            leaf.packed = None
-        slot.__set__(leaf, value)
-
-    return property(get, set_, doc=doc)
-
-
-class PackedLeaf(Leaf):
-    """PackedLeaf(rule, state, frozen=False, clock=0, packed=None): a Leaf with JAX arrays, holding
-    its flat form for JAX, ``packed = (spec, *children)`` (see :func:`_pack`).
-
-    ``setup`` makes JAX's Leafs so (:func:`settle`), and JAX rebuilds every Leaf so (the
-    output of a jitted call): then ``rule`` and ``state`` are unpacked from the flat form
-    only when first read, so that a training loop passing the tree back in never unpacks
-    it outside the trace. Setting either drops the flat form; the next flatten makes it
-    again. A Leaf made from a Leaf keeps its type (``type(leaf)(rule, state, frozen, clock)``):
-    JAX compares trees' node types, and a jitted call given a plain ``Leaf`` where it was
-    given a PackedLeaf would trace again.
+def root(tree: Any) -> Any:
+    """root(tree) -> ``tree`` with its root container of the class that JAX flattens into one
+    record per group of Leafs (``setup`` calls it on JAX trees); equal to ``tree``.
 
     Example:
         >>> from optimisers import Descent
-        >>> leaf = jax.tree.map(lambda v: v * 2, settle(Leaf(Descent(0.25), None)))
-        >>> type(leaf).__name__, leaf
-        ('PackedLeaf', Leaf(Descent(eta=0.5), None))
+        >>> tree = root({"w": Leaf(Descent(0.5), None)})
+        >>> type(tree).__name__, tree, len(jax.tree.leaves(tree))
+        ('StateDict', {'w': Leaf(Descent(eta=0.5), None)}, 3)
     """
-
-    __slots__ = ("packed",)
-
-    def __init__(self, rule: Any, state: Any, frozen: bool = False, clock: Any = 0,
-                 packed: tuple | None = None) -> None:
-        _RULE.__set__(self, rule)
-        _STATE.__set__(self, state)
-        _CLOCK.__set__(self, clock)
-        self.frozen, self.packed = frozen, packed
-
-    rule = _unpacked(_RULE, "The Leaf's rule.")
-    state = _unpacked(_STATE, "The rule's state for this Leaf's array.")
-    clock = _unpacked(_CLOCK, "The steps the rule has taken here.")
-
-    def unpack(self) -> None:
-        """Unpack ``rule``, ``state`` and ``clock`` from the flat form (nothing when they
-        are at hand)."""
-        if _RULE.__get__(self, PackedLeaf) is _LAZY:
-            spec, *children = self.packed
-            rule, state, clock = spec.unpack(children)
-            _RULE.__set__(self, rule)
-            _STATE.__set__(self, state)
-            _CLOCK.__set__(self, clock)
+    cls = _ROOTS.get(type(tree))
+    return tree if cls is None else cls(tree)
 
 
-# --- complements: 1 - b as precise as optax's and the torch backend's -----------------------
-#
-# Rules use 1 - b (Adam's 1 - beta2, RMSProp's 1 - rho). Computed from b in float32, as a
-# traced hyper-parameter is, it is off by up to half an ulp of b: 1 - float32(0.999) is
-# 1.3e-5 away from 0.001 relative, and Adam drifted from optax.adam. So a Leaf's pack also
-# carries the complement of each number of its rule (hyper-parameters: not the state's
-# counters, which change at every step), computed from the Python float, and under jit the
-# complement of a number that came from a pack is that packed one.
+def _skeleton(tree: Any) -> tuple[Any, list]:
+    """``(skeleton, leafs)``: the tree's containers as nested ``(class, keys, children)``,
+    each Leaf as its index in ``leafs`` (a tied Leaf once), ``None`` as itself."""
+    leafs: list = []
+    index: dict[int, int] = {}
+    top: list = []
+    building = [(None, top, 1)]
+    for _, t in nodes(tree):
+        if isinstance(t, (dict, tuple, list)):
+            building.append((t, [], len(t)))
+        elif t is None:
+            building[-1][1].append(None)
+        else:
+            i = index.get(id(t))
+            if i is None:
+                i = index[id(t)] = len(leafs)
+                leafs.append(t)
+            building[-1][1].append(i)
+        while len(building) > 1 and len(building[-1][1]) == building[-1][2]:
+            node, kids, _ = building.pop()
+            keys = tuple(node) if isinstance(node, dict) else None
+            building[-1][1].append((type(node), keys, tuple(kids)))
+    return top[0], leafs
 
-_COMPLEMENTS: dict[int, tuple[Any, Any]] = {}
+
+def _build(skeleton: Any, leafs: list) -> Any:
+    if skeleton is None or type(skeleton) is int:
+        return None if skeleton is None else leafs[skeleton]
+    cls, keys, kids = skeleton
+    kids = [_build(k, leafs) for k in kids]
+    if keys is not None:
+        return cls(zip(keys, kids))
+    return cls._make(kids) if hasattr(cls, "_make") else cls(kids)
 
 
-def _remember(v: Any, c: Any) -> None:
-    """Note that ``c`` is the precise complement of the traced number ``v`` (as long as
-    ``v`` lives)."""
-    key = id(v)
-    _COMPLEMENTS[key] = (weakref.ref(v, lambda _: _COMPLEMENTS.pop(key, None)), c)
+_RAW = threading.local()
 
 
-def complement(v: Any) -> Any:
-    """``1 - v``: in float64 for a Python number, the packed complement for a traced
-    number that came from a Leaf's pack, else computed in ``v``'s dtype."""
+def _raw(rule: Any) -> tuple[list, Any]:
+    """The rule's pytree leaves as they are (Python numbers kept) and its treedef."""
+    _RAW.on = True
+    try:
+        return jax.tree.flatten(rule)
+    finally:
+        _RAW.on = False
+
+
+def _key(v: Any) -> Any:
+    return (type(v), v) if type(v) in (float, int, bool) else id(v)
+
+
+def _shortest(v: Any) -> float:
+    """A concrete 0-d array as the Python float that setup was given (the shortest decimal
+    that is the same number in its dtype)."""
+    return float(str(np.asarray(v)[()]))
+
+
+def _complement(v: Any) -> Any:
     if type(v) is float:
         return 1.0 - v
-    kept = _COMPLEMENTS.get(id(v))
-    if kept is not None and kept[0]() is v:
-        return kept[1]
-    return 1 - v
+    dtype = getattr(v, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        return None
+    if not isinstance(v, jax.core.Tracer) and v.shape == ():
+        return 1.0 - _shortest(v)
+    return xp.complement(v)
 
 
-def _unstack(packed: Any, n: int) -> list:
-    shape = getattr(packed, "shape", None)
-    if not shape or shape[-1] != n:
-        return [packed] * n  # something else that jax.tree.map put there: at each place
-    if isinstance(packed, jax.core.Tracer) or len(shape) > 1:  # traced, or batched (vmap)
-        packed = jnp.asarray(packed)
-        return [jax.lax.index_in_dim(packed, i, axis=-1, keepdims=False) for i in range(n)]
-    host = np.asarray(packed)  # Python numbers, as setup gave them: weakly typed too
-    if host.dtype == np.float32:  # each the shortest decimal that is the same float32
-        return [float(str(v)) for v in host]
-    return host.tolist()
+def _record(rule: Any, state: Any, made: tuple | None) -> tuple[tuple, tuple, Any]:
+    """``(numbers, complements, treedef)`` of a rule: its numbers as arrays (placed beside
+    ``state``'s); ``made``: the root's arrays of its last flatten and of this one."""
+    kept = made[0].get(id(rule)) if made is not None else None
+    if kept is None or kept[0] is not rule:
+        values, treedef = _raw(rule)
+        comps = [_complement(v) for v in values]
+        new = [_dynamic(v) for v in (*values, *comps) if v is not None]
+        placed = iter(new if _traced(new) else sharding.beside(state, new))
+        numbers = tuple(next(placed) for _ in values)
+        kept = (rule, numbers, tuple(c if c is None else next(placed) for c in comps), treedef)
+    if made is not None:
+        made[1][id(rule)] = kept
+    return kept[1:]
 
 
-def _flatten_leaf(leaf: Any) -> tuple:
-    packed = leaf.packed if type(leaf) is PackedLeaf else None
-    if packed is None:
-        packed, traced = _pack(leaf.rule, leaf.state, leaf.clock)
-        if not traced and type(leaf) is PackedLeaf:
-            leaf.packed = packed
-    return packed[1:], (packed[0], leaf.frozen)
+def _traced(values: list) -> bool:
+    return any([isinstance(v, jax.core.Tracer) for v in values])
 
 
-def _flatten_leaf_with_keys(leaf: Any) -> tuple:
+def _arrays(v: Any, state: Any, made: tuple | None, key: Any) -> Any:
+    """``v`` (a clock, a state) with its Python numbers as arrays placed beside ``state``'s,
+    kept by the root under ``key`` while ``v`` is the same object."""
+    kept = made[0].get(key) if made is not None else None
+    if kept is None or kept[0] is not v:
+        out = _dynamic(v)
+        if out is not v and not _traced(jax.tree.leaves(out)):
+            values, treedef = jax.tree.flatten(out)
+            out = jax.tree.unflatten(treedef, sharding.beside(state, values))
+        kept = (v, out)
+    if made is not None and kept[1] is not v:
+        made[1][key] = kept
+    return kept[1]
+
+
+def _rebuild(treedef: Any, numbers: tuple, comps: tuple) -> Any:
+    """The rule from its record: traced numbers remember their complements; concrete 0-d
+    ones (a jitted call's output) are read back as the Python numbers they were given as."""
+    for v, c in zip(numbers, comps):
+        if c is not None and isinstance(v, jax.core.Tracer):
+            xp.remember(v, c)
+    python = [i for i, v in enumerate(numbers) if isinstance(v, jax.Array) and not isinstance(
+        v, jax.core.Tracer) and v.shape == () and v.weak_type]
+    if python:
+        numbers = list(numbers)
+        for i, v in zip(python, jax.device_get([numbers[i] for i in python])):
+            numbers[i] = float(str(v)) if v.dtype.kind == "f" else v.item()
+    return jax.tree.unflatten(treedef, numbers)
+
+
+_RECORD = (GetAttrKey("rule"), GetAttrKey("complements"), GetAttrKey("clock"))
+
+
+def _flatten_leaf(leaf: Leaf) -> tuple:
+    numbers, comps, treedef = _record(leaf.rule, leaf.state, None)
+    clock = _arrays(leaf.clock, leaf.state, None, None)
+    return (numbers, comps, clock, _arrays(leaf.state, leaf.state, None, None)), (
+        leaf.frozen, treedef)
+
+
+def _flatten_leaf_with_keys(leaf: Leaf) -> tuple:
     children, aux = _flatten_leaf(leaf)
-    return list(zip(aux[0].keys(), children)), aux
+    return list(zip((*_RECORD, GetAttrKey("state")), children)), aux
 
 
-def _unflatten_leaf(aux: tuple, children: Any) -> PackedLeaf:
-    return PackedLeaf(_LAZY, _LAZY, aux[1], _LAZY, (aux[0], *children))
+def _unflatten_leaf(aux: tuple, children: Any) -> Leaf:
+    numbers, comps, clock, state = children
+    return Leaf(_rebuild(aux[1], numbers, comps), state, aux[0], clock)
+
+
+def _groups(leafs: list) -> dict:
+    """The Leafs' indices by group: frozen alike, one rule by value (its Python numbers by
+    value, anything else by identity), one clock."""
+    keys: dict[int, Any] = {}
+    groups: dict[tuple, list] = {}
+    for i, leaf in enumerate(leafs):
+        rule = leaf.rule
+        key = keys.get(id(rule))
+        if key is None:
+            values, treedef = _raw(rule)
+            key = (treedef, tuple(map(_key, values)))
+            try:
+                hash(key)
+            except TypeError:  # an unhashable static field: the rule by identity
+                key = id(rule)
+            keys[id(rule)] = key
+        groups.setdefault((leaf.frozen, key, _key(leaf.clock)), []).append(i)
+    return groups
+
+
+def _flatten_root(tree: Any) -> tuple:
+    skeleton, leafs = _skeleton(tree)
+    made = (getattr(tree, "_made", {}), {})
+    children, layout = [], []
+    for (frozen, *_), members in _groups(leafs).items():
+        first = leafs[members[0]]
+        numbers, comps, treedef = _record(first.rule, first.state, made)
+        clock = _arrays(first.clock, first.state, made, ("clock", id(first.rule)))
+        states = tuple(_arrays(leafs[i].state, leafs[i].state, made, id(leafs[i]))
+                       for i in members)
+        children.append((numbers, comps, clock, states))
+        layout.append((frozen, treedef, tuple(members)))
+    tree._made = made[1]
+    return children, (skeleton, tuple(layout), len(leafs))
+
+
+def _flatten_root_with_keys(tree: Any) -> tuple:
+    children, aux = _flatten_root(tree)
+    return [(GetAttrKey(f"group{i}"), c) for i, c in enumerate(children)], aux
+
+
+def _unflatten_root(aux: tuple, children: Any) -> Any:
+    skeleton, layout, n = aux
+    leafs: list = [None] * n
+    made: dict = {}
+    for (frozen, treedef, members), (numbers, comps, clock, states) in zip(layout, children):
+        rule = _rebuild(treedef, numbers, comps)
+        made[id(rule)] = (rule, numbers, comps, treedef)
+        for i, state in zip(members, states):
+            leafs[i] = Leaf(rule, state, frozen, clock)
+    tree = _build(skeleton, leafs)
+    tree._made = made
+    return tree
 
 
 def _register_all() -> None:
     from optimisers.rules import Rule
 
-    for cls in (Leaf, PackedLeaf):  # a plain Leaf too, made by hand: rebuilt as a PackedLeaf
-        if cls not in _REGISTERED:
-            _REGISTERED.add(cls)
-            jax.tree_util.register_pytree_with_keys(
-                cls, _flatten_leaf_with_keys, _unflatten_leaf, _flatten_leaf)
+    jax.tree_util.register_pytree_with_keys(
+        Leaf, _flatten_leaf_with_keys, _unflatten_leaf, _flatten_leaf)
+    for cls in _ROOTS.values():
+        jax.tree_util.register_pytree_with_keys(
+            cls, _flatten_root_with_keys, _unflatten_root, _flatten_root)
     _register_subclasses(Rule, register_rule)
 
 
@@ -526,20 +499,5 @@ def _register_schedules() -> None:
     _register_subclasses(Schedule, register_schedule)
 
 
-def install() -> None:
-    """install() -> None: add this module's functions to the JAX backend (once), and
-    register every rule and schedule class defined so far as a JAX pytree.
-
-    Example:
-        >>> install()  # done already when this module was imported
-        >>> xp.settle is settle
-        True
-    """
-    for name in ("settle", "complement", "fuse", "register_rule", "register_schedule",
-                 "PackedLeaf"):
-        setattr(xp, name, globals()[name])
-    _register_all()
-    _register_schedules()
-
-
-install()
+_register_all()
+_register_schedules()

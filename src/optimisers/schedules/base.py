@@ -53,8 +53,9 @@ class Schedule:
         known = SCHEDULES.get(cls.__name__, cls)
         if (known.__module__, known.__qualname__) == (cls.__module__, cls.__qualname__):
             SCHEDULES[cls.__name__] = cls  # (slots=True makes the class anew: the new one)
-        jax_backend = sys.modules.get("optimisers.backends.jax")
-        getattr(jax_backend, "register_schedule", lambda c: None)(cls)  # JAX seen: a pytree
+        register = getattr(sys.modules.get("optimisers.fast.jaxtree"), "register_schedule", None)
+        if register is not None:  # JAX seen already: the new schedule is a pytree too
+            register(cls)
 
     def __call__(self, t: Any) -> Any:
         """The value at step ``t`` (counting from 0)."""
