@@ -57,23 +57,34 @@ def maywrite(x: Array) -> bool:
 def hyper(x: Array, *values: Any) -> tuple:
     """Hyper-parameters as 0-d arrays of ``x``'s real dtype (traced values too)."""
     dt = _real(x.dtype)
-    return tuple(jnp.asarray(v, dt) for v in values)
+    return tuple(_hyper(v, dt) for v in values)
 
 
-_COMPLEMENTS: dict[int, tuple[Any, Any]] = {}
+def _hyper(v: Any, dt: Any) -> Any:
+    kept = _traced(v) if isinstance(v, jax.core.Tracer) else None
+    return kept[2][dt] if kept is not None and dt in kept[2] else jnp.asarray(v, dt)
 
 
-def remember(v: Any, c: Any) -> None:
-    """remember(v, c): ``c`` is the precise complement ``1 - v`` of the traced number ``v``
-    (a rule's number under ``jit``, whose complement travels beside it), while ``v`` lives.
+_TRACED: dict[int, tuple] = {}  # id(v): (v weakly, its complement, {dtype: v in it})
+
+
+def remember(v: Any, c: Any, dtypes: Any = ()) -> None:
+    """remember(v, c, dtypes): ``c`` is the precise ``1 - v`` of the traced number ``v`` (a
+    rule's number under ``jit``: it travels beside it), and ``v`` is converted now for
+    :func:`hyper` to each of ``dtypes`` (once for a group of arrays), as long as ``v`` lives.
 
     Example:
-        >>> v = jnp.asarray(0.999)
-        >>> remember(v, jnp.asarray(1.0 - 0.999)); complement(v) == jnp.asarray(0.001)
-        Array(True, dtype=bool)
+        >>> v = jnp.asarray(0.999); remember(v, 0.001); complement(v)
+        0.001
     """
     key = id(v)
-    _COMPLEMENTS[key] = (weakref.ref(v, lambda _: _COMPLEMENTS.pop(key, None)), c)
+    strong = {dt: jnp.asarray(v, dt) for dt in dtypes if getattr(v, "dtype", None) == dt}
+    _TRACED[key] = (weakref.ref(v, lambda _, t=_TRACED: t.pop(key, None)), c, strong)
+
+
+def _traced(v: Any) -> tuple | None:
+    kept = _TRACED.get(id(v))
+    return kept if kept is not None and kept[0]() is v else None
 
 
 def complement(v: Any) -> Any:
@@ -81,10 +92,8 @@ def complement(v: Any) -> Any:
     number, else computed in ``v``'s dtype."""
     if type(v) is float:
         return 1.0 - v
-    kept = _COMPLEMENTS.get(id(v))
-    if kept is not None and kept[0]() is v:
-        return kept[1]
-    return 1 - v
+    kept = _traced(v)
+    return 1 - v if kept is None or kept[1] is None else kept[1]
 
 
 def zeros_like(x: Array, real_: bool = False) -> Array:

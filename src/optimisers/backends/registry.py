@@ -71,8 +71,7 @@ def extend(lib: str, module: str) -> None:
 
 
 def extension(lib: Any) -> ModuleType | None:
-    """extension(lib) -> the module that extends the loaded backend of ``lib`` (see
-    :func:`extend`), or ``None``.
+    """extension(lib) -> the module extending the loaded backend of ``lib`` (:func:`extend`).
 
     Example:
         >>> extension("nosuchlibrary") is None

@@ -320,12 +320,17 @@ def _arrays(v: Any, state: Any, made: tuple | None, key: Any) -> Any:
     return kept[1]
 
 
-def _rebuild(treedef: Any, numbers: tuple, comps: tuple) -> Any:
-    """The rule from its record: traced numbers remember their complements; concrete 0-d
-    ones (a jitted call's output) are read back as the Python numbers they were given as."""
-    for v, c in zip(numbers, comps):
-        if c is not None and isinstance(v, jax.core.Tracer):
-            xp.remember(v, c)
+def _rebuild(treedef: Any, numbers: tuple, comps: tuple, states: tuple) -> Any:
+    """The rule from its record: traced numbers remember their complements, and both are
+    converted once to the floating dtypes of the ``states``' arrays (``xp.hyper``); concrete
+    0-d ones (a jitted call's output) are read back as the Python numbers they were given as."""
+    if _traced(numbers):
+        dtypes = {a.dtype for s in states for a in jax.tree.leaves(s)
+                  if getattr(a, "ndim", 0) and jnp.issubdtype(a.dtype, jnp.floating)}
+        for v, c in zip(numbers, comps):
+            if c is not None and isinstance(v, jax.core.Tracer):
+                xp.remember(v, c, dtypes)
+                xp.remember(c, None, dtypes)
     python = [i for i, v in enumerate(numbers) if isinstance(v, jax.Array) and not isinstance(
         v, jax.core.Tracer) and v.shape == () and v.weak_type]
     if python:
@@ -352,7 +357,7 @@ def _flatten_leaf_with_keys(leaf: Leaf) -> tuple:
 
 def _unflatten_leaf(aux: tuple, children: Any) -> Leaf:
     numbers, comps, clock, state = children
-    return Leaf(_rebuild(aux[1], numbers, comps), state, aux[0], clock)
+    return Leaf(_rebuild(aux[1], numbers, comps, (state,)), state, aux[0], clock)
 
 
 def _groups(leafs: list) -> dict:
@@ -401,7 +406,7 @@ def _unflatten_root(aux: tuple, children: Any) -> Any:
     leafs: list = [None] * n
     made: dict = {}
     for (frozen, treedef, members), (numbers, comps, clock, states) in zip(layout, children):
-        rule = _rebuild(treedef, numbers, comps)
+        rule = _rebuild(treedef, numbers, comps, states)
         made[id(rule)] = (rule, numbers, comps, treedef)
         for i, state in zip(members, states):
             leafs[i] = Leaf(rule, state, frozen, clock)
@@ -430,16 +435,13 @@ def _register_subclasses(base: type, register: Any) -> None:
         todo.extend(cls.__subclasses__())
 
 
-
 # --- schedules: pytrees whose every number is a leaf ---------------------------------------
 #
 # A schedule's numbers (start, end, steps, boundaries...) are all children, ints included:
 # its formula never branches in Python on them, so that an ``adjust`` to a schedule of the
 # same class with other numbers never re-traces. Only flags (``Exponential.staircase``,
 # declared ``static``) and ``Function``'s function are static. Nested schedules
-# (``Warmup.schedule``, ``Join.schedules``) are children, and flatten in turn. Rebuilt from
-# concrete values (a jitted step's output, read), a step count comes back a Python int as
-# it went in, never a 0-d array (its floats come back so from the Leaf's pack).
+# (``Warmup.schedule``, ``Join.schedules``) are children, and flatten in turn.
 
 
 @functools.cache
@@ -460,21 +462,6 @@ def _flatten_schedule_with_keys(s: Any) -> tuple[list, tuple]:
     return [(GetAttrKey(n), v) for n, v in zip(aux[0], kids)], aux
 
 
-def _unflatten_schedule(cls: type, aux: tuple, kids: Any) -> Any:
-    return _unflatten_rule(cls, aux, [_count(v) for v in kids])
-
-
-def _count(v: Any) -> Any:
-    """A weakly typed concrete 0-d integer array (a Python int that went through JAX) as that
-    int again; in a tuple too (``Join.boundaries``); anything else as it is."""
-    if type(v) is tuple:
-        return tuple(map(_count, v))
-    if (isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer) and v.shape == ()
-            and v.weak_type and v.dtype.kind in "iu"):
-        return int(v)
-    return v
-
-
 def register_schedule(cls: type) -> None:
     """register_schedule(cls) -> None: the schedule class ``cls`` as a JAX pytree (once),
     rebuilt as rules are, without re-running its checks on traced numbers.
@@ -489,7 +476,7 @@ def register_schedule(cls: type) -> None:
         return
     _REGISTERED.add(cls)  # (its fields are read at its first flattening: once a dataclass)
     jax.tree_util.register_pytree_with_keys(
-        cls, _flatten_schedule_with_keys, functools.partial(_unflatten_schedule, cls),
+        cls, _flatten_schedule_with_keys, functools.partial(_unflatten_rule, cls),
         _flatten_schedule)
 
 
