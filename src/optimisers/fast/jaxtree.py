@@ -1,7 +1,6 @@
 """JAX pytrees of this package's types: every rule, every schedule, ``Leaf``, and the root
-of a state tree (:func:`root`: ``setup`` gives it to JAX trees), which flattens into one
-record of numbers per group of Leafs; and :func:`fuse`, which the JAX step takes through the
-registry (``registry.extend``: ``backends/`` imports nothing above it).
+of a state tree (:func:`root`), which flattens into one record per group of Leafs; and
+:func:`fuse`. The registry imports this module with the JAX backend (``registry.extend``).
 
 A rule's hyper-parameters (its ``float`` fields, and ``tuple`` fields such as ``beta``) are
 pytree *children*, so ``adjust`` of a learning rate passes new data to a jitted update
@@ -84,28 +83,12 @@ def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
             tuple(f.name for f in fields if not _isdata(f)))
 
 
-@functools.cache
-def _getters(cls: type) -> tuple[Any, Any]:
-    """Functions reading a rule's data fields and its static fields, each as a tuple in one
-    call (a JAX step flattens every Leaf's rule each time it is called)."""
-    data, static = _layout(cls)
-
-    def getter(names: tuple) -> Any:
-        if len(names) == 1:
-            return lambda r, n=names[0]: (getattr(r, n),)
-        return operator.attrgetter(*names) if names else lambda r: ()
-
-    return getter(data), getter(static)
-
-
 _AS_IS: set[type] = set()
 
 
 def _dynamic(v: Any) -> Any:
-    """A Python number (in tuples too) as a weakly typed 0-d JAX array, so that it is
-    traced data everywhere: ``jax.jit`` treats a Python float so anyway, but
-    ``equinox.filter_jit`` would make it static and re-trace whenever it changes (as a
-    step count does at every step)."""
+    """A Python number (in tuples too) as a weakly typed 0-d JAX array: traced data under
+    ``equinox.filter_jit`` too, which would make it static and re-trace when it changes."""
     if type(v) in _AS_IS or getattr(_RAW, "on", False):  # arrays and tracers: kept fast
         return v
     if type(v) is tuple:  # a state, or beta: arrays inline, no call for them
@@ -129,9 +112,8 @@ def _split(rule: Any) -> tuple[tuple, list, tuple]:
     if layout is None:
         return (), [], (("", rule),)
     data, static = layout
-    kids, statics = _getters(cls)
-    return (data, [v if type(v) in _AS_IS else _dynamic(v) for v in kids(rule)],
-            tuple(zip(static, statics(rule))))
+    return (data, [_dynamic(getattr(rule, n)) for n in data],
+            tuple((n, getattr(rule, n)) for n in static))
 
 
 def _flatten_rule(rule: Any) -> tuple[list, tuple]:
