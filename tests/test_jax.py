@@ -244,7 +244,8 @@ def test_setup_makes_numbers_arrays_once(rule):
 def test_a_group_reads_one_record():
     """The root of a JAX tree from setup flattens into one record per group of Leafs (one
     rule by value, one clock, frozen alike): the rule's numbers, then the complement 1 - b
-    of each, the clock, then each member's state. A Leaf flattens alone as a group of one;
+    of each, the clock, the numbers in the states (one for all: Adam's step count), then
+    each member's state arrays. A Leaf flattens alone as a group of one;
     a Leaf frozen (or adjusted) apart falls into a group of its own."""
     model = {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}
     tree = O.setup(O.Adam(0.01), model)
@@ -252,11 +253,11 @@ def test_a_group_reads_one_record():
     rule = [0.01, 0.9, 0.999, 1e-8]
     np.testing.assert_allclose(flat[:8], rule + [1 - v for v in rule], rtol=1e-6)
     assert all(v.weak_type for v in flat[:8]) and flat[8].dtype == jnp.int32
-    assert [a.shape for a in flat[9:]] == [(2, 3), (2, 3), (), (3,), (3,), ()]
+    assert [a.shape for a in flat[9:]] == [(), (2, 3), (2, 3), (3,), (3,)]
     eta, one_minus, clock = jax.tree.leaves(O.setup(O.Descent(0.5), model)["w"])
     assert float(eta) == float(one_minus) == 0.5 and int(clock) == 0
     O.freeze_(tree["b"])
-    assert len(jax.tree.leaves(tree)) == 2 * (9 + 3)
+    assert len(jax.tree.leaves(tree)) == 2 * (9 + 3)  # (a group of one each)
     back = jax.tree.unflatten(*reversed(jax.tree.flatten(tree)))
     assert type(back) is type(tree) and back["b"].frozen and not back["w"].frozen
     chain = O.setup(O.OptimiserChain(O.ClipGrad(2.0), O.Momentum(0.1, 0.8)), model)
@@ -284,7 +285,7 @@ def test_jit_output_is_taken_back_as_it_is():
     leaf = tree["w"]
     leaf.state = (jnp.zeros(3), jnp.zeros(3), 0.0)  # a restart of the moments
     assert float(leaf.rule.eta) == pytest.approx(0.1)
-    assert float(jax.tree.leaves(tree)[-1]) == 0.0
+    assert float(jax.tree.leaves(tree)[9]) == 0.0
     copied = copy.deepcopy(step(tree, model, grads)[0]["w"])
     assert float(copied.rule.beta[1]) == pytest.approx(0.999)
     assert len(traces) == 1
@@ -293,7 +294,7 @@ def test_jit_output_is_taken_back_as_it_is():
 def test_jax_roots_keep_their_type(tmp_path):
     """JAX's trees keep their root's class, from setup, a jitted call, an eager update,
     adjust, reinit and load alike: jit compares the trees' node types, and a plain dict
-    where the root was would trace the step again. Their Leafs are plain Leafs."""
+    where the root was would trace the step again. Their Leafs are Leafs."""
     model, grads = {"w": jnp.ones(3)}, {"w": jnp.full(3, 0.5)}
     f, traces = counted(O.update)
     step = jax.jit(f)
@@ -303,12 +304,12 @@ def test_jax_roots_keep_their_type(tmp_path):
     O.save(tmp_path / "opt.ckpt", tree)
     trees.append(O.load(tmp_path / "opt.ckpt", like=tree))
     assert [type(t) for t in trees] == [type(tree)] * len(trees)
-    assert [type(t["w"]) for t in trees] == [O.Leaf] * len(trees)
+    assert all(isinstance(t["w"], O.Leaf) for t in trees)
     for t in trees:
         step(t, model, grads)
     assert len(traces) == 1
     hand = {"w": O.Leaf(O.Adam(0.1), O.Adam(0.1).init(model["w"]))}
-    assert type(jax.tree.map(lambda v: v, hand)["w"]) is O.Leaf
+    assert isinstance(jax.tree.map(lambda v: v, hand)["w"], O.Leaf)
     assert type(copy.deepcopy(tree)) is type(tree)
 
 
@@ -353,10 +354,10 @@ def test_packed_form_follows_numpy_updates(rule):
     writes them, fused or not."""
     model = {k: np.ones(4, np.float32) for k in "abc"}
     tree = O.setup(rule, model)
-    before = jax.tree.leaves(tree["a"])[-1]
+    before = [v for v in jax.tree.leaves(tree["a"]) if np.ndim(v) == 0][-1]
     for _ in range(2):
         O.update_(tree, model, {k: np.ones(4, np.float32) for k in "abc"})
-    after = jax.tree.leaves(tree["a"])[-1]
+    after = [v for v in jax.tree.leaves(tree["a"]) if np.ndim(v) == 0][-1]
     assert float(before) == 0.0 and float(after) == 2.0
 
 

@@ -201,8 +201,7 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     Rules that may raise (:meth:`Rule.raises`) run first, on copies, before any write."""
     kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
     where: dict[int, tuple] = {}
-    ticks: dict = {}  # Leafs sharing a clock (JAX's groups) keep sharing it
-    nows: dict = {}  # and their rule at that clock is made once
+    nows: dict = {}  # the rule at a clock, made once for Leafs that share both
     for e in entries:
         check_fit(e)
         rule = e.leaf.rule
@@ -220,7 +219,7 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     for e in (*rest, *risky):
         leaf, x = e.leaf, e.x
         state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state, found, nows)
-        leaf.advance(state, ticks)
+        leaf.advance(state)
         if isinstance(d, NewValue):
             xp = backends.of(x)
             y = xp.assign(x, d.value) if inplace else xp.like(d.value, x)

@@ -151,8 +151,9 @@ class Writer:
         return {tag: name, "fields": fields}
 
     def array(self, a: Any, kp: KeyPath, where: str) -> dict:
-        if id(a) in self.ids:
-            return self.ids[id(a)]
+        weak = getattr(a, "weak_type", False) is True and a.shape == ()
+        if id(a) in self.ids and not weak:  # (a number, such as a step count JAX's group
+            return self.ids[id(a)]  # of Leafs shares, is each Leaf's own value)
         lib = "numpy" if isinstance(a, (np.generic, np.ndarray)) else backends.library(a)
         arr, name = backends.ops(lib).host(a, f"{where} at {kp!r}")
         rec = {"array": len(self.arrays), "dtype": name, "shape": list(arr.shape),
@@ -167,7 +168,7 @@ class Writer:
             rec["bits"] = arr.dtype.name
         if isinstance(a, np.generic):
             rec["scalar"] = True
-        if getattr(a, "weak_type", False) is True:
+        if weak:
             rec["weak"] = True  # a JAX weakly-typed scalar, as jit makes step counters
         self.arrays.append(arr)
         self.keep.append(a)

@@ -407,7 +407,7 @@ def step_groups(entries: list, inplace: bool, known: list | None = None,
         _run(group, [e for e, _ in members], new, found)
         ran.append(group)
     for lib, batch in calls.items():
-        left, done = backends.registry.extension(lib).fuse(batch)
+        left, done = backends.registry.extension(lib).fuse(batch, found)
         rest.extend(left)
         for leaf, y in done:  # (advanced by the backend)
             new[id(leaf)] = y
@@ -439,11 +439,10 @@ def _sort(entries: list, inplace: bool) -> tuple[dict, list, dict]:
         lib = backends.library(x)
         xp = backends.ops(lib) if lib is not None else None
         kind = _kind(rule) if len(e.grads) == 1 and xp is not None else None
-        if kind is None or not (xp.FUSES_ITSELF or xp.CONCATENATES) or (
-                xp.FUSES_ITSELF and places(rule)):
-            rest.append(e)
-        elif xp.FUSES_ITSELF:
+        if xp is not None and xp.FUSES_ITSELF:
             calls.setdefault(lib, []).append(e)
+        elif kind is None or not xp.CONCATENATES:
+            rest.append(e)
         else:
             arrays: list = []
             sig = signature(e.leaf.state, arrays)

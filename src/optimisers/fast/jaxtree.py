@@ -30,23 +30,132 @@ from jax.tree_util import GetAttrKey
 from optimisers.backends import jax as xp
 from optimisers.backends import sharding
 from optimisers.leaf import Leaf, nodes
+from optimisers.reduce import given, places
+from optimisers.rules import NewValue, call
+from optimisers.schedules import at
 
 
-def fuse(entries: list) -> tuple[list, list]:
-    """Step the Leafs of one shape whose rule stacks (``Muon``) by one ``jax.vmap`` of its
-    ``apply`` (``fast/batched.py``); every other entry is left to the plain path, whose
-    ``jnp`` operations XLA fuses under ``jax.jit``. Returns the entries left and
-    ``(leaf, new_x)`` for the others, their Leafs advanced."""
+def fuse(entries: list, found: dict | None = None) -> tuple[list, list]:
+    """fuse(entries, found=None) -> ``(left, done)``: step JAX's entries group by group;
+    ``done`` holds ``(leaf, new x)``, the Leafs advanced, and nothing is left.
+
+    Leafs that share a rule and a clock (a group of the root's record) make their rule at
+    that clock once, with its tree-level totals ``found``, and the numbers of their new
+    states that depend on nothing but it and their old numbers (Adam's step count:
+    :func:`_counting`) once, so that the next step reads one of each. Leafs of one shape
+    whose rule stacks (``Muon``) step by one ``jax.vmap`` (``fast/batched.py``).
+
+    Example:
+        >>> from optimisers import Adam
+        >>> from optimisers.gather import Entry
+        >>> rule = Adam(0.1)
+        >>> leafs = [Leaf(rule, rule.init(jnp.zeros(n))) for n in (2, 3)]
+        >>> _, done = fuse([Entry(l, jnp.zeros(l.state[0].shape), [jnp.ones(l.state[0].shape)],
+        ...                       ()) for l in leafs])
+        >>> [y.tolist() for _, y in done], leafs[0].state[2] is leafs[1].state[2]
+        ([[-0.1, -0.1], [-0.1, -0.1, -0.1]], True)
+    """
     from optimisers.fast import batched, fused
 
-    stacks = [e for e in entries if not fused.fusible(e.leaf.rule)[0]]
-    if not stacks:
-        return entries, []
-    more, stacked = batched.fuse(stacks)
-    for leaf, state, _ in stacked:
-        leaf.advance(state)
-    elementwise = [e for e in entries if fused.fusible(e.leaf.rule)[0]]
-    return elementwise + more, [(leaf, y) for leaf, _, y in stacked]
+    ticks: dict = {}
+    stacks = [e for e in entries if fused.stackable(e.leaf.rule) and len(e.grads) == 1
+              and not places(e.leaf.rule)]
+    left, stacked = batched.fuse(stacks) if stacks else ([], [])
+    done = []
+    for leaf, state, y in stacked:
+        leaf.advance(state, ticks)
+        done.append((leaf, y))
+    groups: dict[tuple, list] = {}
+    for e in [e for e in entries if id(e) not in {id(s) for s in stacks}] + left:
+        groups.setdefault((id(e.leaf.rule), id(e.leaf.clock)), []).append(e)
+    for members in groups.values():
+        done.extend(_step_group(members, found, ticks))
+    return [], done
+
+
+def _step_group(members: list, found: dict | None, ticks: dict) -> list:
+    """``(leaf, new x)`` of each of ``members`` (one rule, one clock), their Leafs advanced."""
+    first = members[0].leaf
+    try:
+        now = at(first.rule, first.clock)
+        now = given(now, found) if found else now
+    except (ValueError, TypeError, ArithmeticError) as err:
+        raise type(err)(f"{err} (in {first.rule!r} at {members[0].paths[0]!r})") from err
+    states, steps = zip(*[_called(now, e) for e in members])
+    states = list(states)
+    if len(members) > 1:
+        _share(now, members, states)
+    out = []
+    for e, state, d in zip(members, states, steps):
+        e.leaf.advance(state, ticks)
+        if isinstance(d, NewValue):
+            out.append((e.leaf, xp.like(d.value, e.x)))
+        elif d is not None:
+            out.append((e.leaf, xp.subtract(e.x, d, False)))
+    return out
+
+
+def _called(now: Any, e: Any) -> tuple[Any, Any]:
+    try:
+        return call(now, e.leaf.state, e.x, tuple(e.grads))
+    except (ValueError, TypeError, ArithmeticError) as err:
+        raise type(err)(f"{err} (in {e.leaf.rule!r} at {e.paths[0]!r})") from err
+
+
+def _share(now: Any, members: list, states: list) -> None:
+    """Give every member the first one's new state numbers where :func:`_counting` says they
+    are its own old numbers' and the rule's alone, and those old numbers are the first's."""
+    old = _parts(members[0].leaf.state)
+    new = _parts(states[0])
+    if not any(new[1]):
+        return
+    counting = _counting(now, members[0], old)
+    for i in range(1, len(members)):
+        mine = _parts(members[i].leaf.state)
+        if mine[0] != old[0] or tuple(map(_key, mine[2])) != tuple(map(_key, old[2])):
+            continue
+        out = _parts(states[i])
+        numbers = tuple(a if c and _aval(a) == _aval(b) else b
+                        for a, b, c in zip(new[2], out[2], counting))
+        states[i] = _joined(out[0], out[1], numbers, out[3])
+
+
+def _aval(v: Any) -> Any:
+    return getattr(v, "aval", type(v))
+
+
+def _counting(now: Any, e: Any, old: tuple) -> tuple[bool, ...]:
+    """Which numbers of the state that ``now`` steps to from ``e``'s depend on nothing but
+    ``now`` and the old state's numbers: read off the jaxpr of that step (an equation that
+    takes an array, or a value made from one, makes a value that depends on it).
+
+    A rule's state numbers must not depend on the shape of its array (documented on
+    :meth:`~optimisers.Rule.init`), which a jaxpr cannot show."""
+    treedef, where, numbers, arrays = old
+    key = (jax.tree.structure(now), treedef, where, _aval(e.x),
+           tuple(map(_aval, e.grads)), tuple(map(_aval, arrays)))
+    known = _COUNTING.get(key)
+    if known is not None:
+        return known
+
+    def step(numbers: tuple, arrays: tuple, x: Any, grads: tuple) -> list:
+        new, _ = call(now, _joined(treedef, where, numbers, arrays), x, grads)
+        values = jax.tree.leaves(new)
+        return [v for v in values if _isnumber(v)]
+
+    closed = jax.make_jaxpr(step)(numbers, arrays, e.x, tuple(e.grads))
+    inner = closed.jaxpr
+    tainted = set(inner.invars[len(numbers):])
+    for eqn in inner.eqns:
+        if any(v in tainted for v in eqn.invars if not hasattr(v, "val")):
+            tainted.update(eqn.outvars)
+    found = tuple(hasattr(v, "val") or v not in tainted for v in inner.outvars)
+    if len(_COUNTING) > 256:
+        _COUNTING.clear()
+    return _COUNTING.setdefault(key, found)
+
+
+_COUNTING: dict[tuple, tuple] = {}  # what _counting found, by the step's structure
 
 
 # --- pytree registration of Leaf and the rules ---------------------------------------------
@@ -287,45 +396,141 @@ def _traced(values: list) -> bool:
     return any([isinstance(v, jax.core.Tracer) for v in values])
 
 
-def _arrays(v: Any, state: Any, made: tuple | None, key: Any) -> Any:
-    """``v`` (a clock, a state) with its Python numbers as arrays placed beside ``state``'s,
-    kept by the root under ``key`` while ``v`` is the same object."""
+def _arrays(v: Any, state: Any, made: tuple | None, key: Any, owner: Any = None) -> Any:
+    """``v`` (a clock, a state's numbers) with its Python numbers as arrays placed beside
+    ``state``'s, kept by the root under ``key`` while ``owner`` (``v`` itself by default)
+    is the same object."""
+    owner = v if owner is None else owner
     kept = made[0].get(key) if made is not None else None
-    if kept is None or kept[0] is not v:
+    if kept is None or kept[0] is not owner:
         out = _dynamic(v)
         if out is not v and not _traced(jax.tree.leaves(out)):
             values, treedef = jax.tree.flatten(out)
             out = jax.tree.unflatten(treedef, sharding.beside(state, values))
-        kept = (v, out)
+        kept = (owner, out)
     if made is not None and kept[1] is not v:
         made[1][key] = kept
     return kept[1]
 
 
 def _rebuild(treedef: Any, numbers: tuple, comps: tuple, states: tuple) -> Any:
-    """The rule from its record: traced numbers remember their complements, and both are
+    """The rule from its record. Traced, its numbers remember their complements and are
     converted once to the floating dtypes of the ``states``' arrays (``xp.hyper``); concrete
-    0-d ones (a jitted call's output) are read back as the Python numbers they were given as."""
-    if _traced(numbers):
-        dtypes = {a.dtype for s in states for a in jax.tree.leaves(s)
-                  if getattr(a, "ndim", 0) and jnp.issubdtype(a.dtype, jnp.floating)}
-        for v, c in zip(numbers, comps):
-            if c is not None and isinstance(v, jax.core.Tracer):
-                xp.remember(v, c, dtypes)
-                xp.remember(c, None, dtypes)
-    python = [i for i, v in enumerate(numbers) if isinstance(v, jax.Array) and not isinstance(
-        v, jax.core.Tracer) and v.shape == () and v.weak_type]
-    if python:
-        numbers = list(numbers)
-        for i, v in zip(python, jax.device_get([numbers[i] for i in python])):
-            numbers[i] = float(str(v)) if v.dtype.kind == "f" else v.item()
+    (a jitted call's output), a :class:`_Pending` rule, made when first read."""
+    if not _traced(numbers):
+        return _Pending(treedef, numbers, comps)
+    dtypes = {a.dtype for s in states for a in jax.tree.leaves(s)
+              if getattr(a, "ndim", 0) and jnp.issubdtype(a.dtype, jnp.floating)}
+    for v, c in zip(numbers, comps):
+        if c is not None and isinstance(v, jax.core.Tracer):
+            xp.remember(v, c, dtypes)
+            xp.remember(c, None, dtypes)
     return jax.tree.unflatten(treedef, numbers)
 
 
-_RECORD = (GetAttrKey("rule"), GetAttrKey("complements"), GetAttrKey("clock"))
+class _Pending:
+    """A rule that JAX rebuilt from concrete arrays, its record kept: made, its weakly typed
+    0-d numbers read back as the Python numbers they were given as, when first read; a
+    training loop passing the tree back to a jitted step never waits for the device."""
+
+    __slots__ = ("treedef", "numbers", "comps", "rule")
+
+    def __init__(self, treedef: Any, numbers: tuple, comps: tuple) -> None:
+        self.treedef, self.numbers, self.comps, self.rule = treedef, numbers, comps, None
+
+    def made(self) -> Any:
+        if self.rule is None:
+            numbers = list(self.numbers)
+            python = [i for i, v in enumerate(numbers) if _isnumber(v)]
+            for i, v in zip(python, jax.device_get([numbers[i] for i in python])):
+                numbers[i] = float(str(v)) if v.dtype.kind == "f" else v.item()
+            self.rule = jax.tree.unflatten(self.treedef, numbers)
+        return self.rule
+
+
+_SLOT = Leaf.__dict__["rule"]  # a Leaf's own slot, under _Rebuilt's property
+
+
+class _Rebuilt(Leaf):
+    """A Leaf that JAX rebuilt: its rule, a :class:`_Pending`, made when first read; the
+    layout of its state's numbers as its record gave it (``layout``, see :func:`_parts`)."""
+
+    __slots__ = ("layout",)
+
+    def __init__(self, rule: Any, state: Any, frozen: bool, clock: Any, layout: tuple = ()
+                 ) -> None:
+        super().__init__(rule, state, frozen, clock)
+        self.layout = (state, *layout) if layout else None
+
+    def _rule(self) -> Any:
+        rule = _SLOT.__get__(self, Leaf)
+        return rule.made() if type(rule) is _Pending else rule
+
+    rule = property(_rule, _SLOT.__set__, doc="The Leaf's rule.")
+
+    def __reduce__(self) -> tuple:
+        return Leaf, (self.rule, self.state, self.frozen, self.clock)
+
+
+def _isnumber(v: Any) -> bool:
+    """A Python number, or a weakly typed 0-d array (one that went through JAX): a
+    hyper-parameter, or a counter in a state (Adam's step count), never an array's own."""
+    if isinstance(v, (int, float, np.number)):
+        return True
+    aval = getattr(v, "aval", None)
+    return aval is not None and aval.shape == () and getattr(aval, "weak_type", False)
+
+
+def _parts(state: Any, known: tuple | None = None) -> tuple[Any, tuple, tuple, tuple]:
+    """``(treedef, where, numbers, arrays)``: a state's leaves split into its numbers
+    (:func:`_isnumber`) and the rest; ``where`` says which is which, as ``known`` said
+    where that is this state's ``(state, treedef, where)`` (whatever ``jax.tree.map`` put
+    there, the structure stays)."""
+    if known is not None and known[0] is state:
+        treedef, where = known[1:]
+        values = treedef.flatten_up_to(state)
+    else:
+        values, treedef = jax.tree.flatten(state)
+        where = tuple(map(_isnumber, values))
+    return (treedef, where, tuple(v for v, w in zip(values, where) if w),
+            tuple(v for v, w in zip(values, where) if not w))
+
+
+def _joined(treedef: Any, where: tuple, numbers: tuple, arrays: tuple) -> Any:
+    numbers, arrays = iter(numbers), iter(arrays)
+    return jax.tree.unflatten(treedef, [next(numbers) if w else next(arrays) for w in where])
+
+
+_RECORD = tuple(GetAttrKey(k) for k in ("rule", "complements", "clock", "counters", "states"))
+
+
+def _group(leafs: list, made: tuple | None, key: Any) -> tuple[tuple, tuple]:
+    """``(children, layout)`` of a group's record: its rule's numbers and their complements,
+    its clock, its members' state numbers (one for all), each member's state arrays."""
+    first = leafs[0]
+    raw = _SLOT.__get__(first, Leaf)
+    if type(raw) is _Pending:
+        numbers, comps, treedef = raw.numbers, raw.comps, raw.treedef
+    else:
+        numbers, comps, treedef = _record(raw, first.state, made)
+    clock = _arrays(first.clock, first.state, made, ("clock", key))
+    states = [_parts(leaf.state, getattr(leaf, "layout", None)) for leaf in leafs]
+    counters = _arrays(states[0][2], first.state, made, ("counters", key), first.state)
+    layout = (first.frozen, treedef, states[0][0], states[0][1])
+    return (numbers, comps, clock, counters, tuple(s[3] for s in states)), layout
+
+
+def _members(layout: tuple, children: tuple) -> tuple[Any, list]:
+    """The rule and the members' states from a group's record."""
+    frozen, treedef, state_def, where = layout
+    numbers, comps, clock, counters, arrays = children
+    states = [_joined(state_def, where, counters, a) for a in arrays]
+    return _rebuild(treedef, numbers, comps, states), states
 
 
 def _flatten_leaf(leaf: Leaf) -> tuple:
+    """A Leaf outside a root (a tree that setup did not make, a Leaf alone): its record,
+    its state whole; rebuilt, a plain Leaf (its rule read back at once)."""
     numbers, comps, treedef = _record(leaf.rule, leaf.state, None)
     clock = _arrays(leaf.clock, leaf.state, None, None)
     return (numbers, comps, clock, _arrays(leaf.state, leaf.state, None, None)), (
@@ -334,31 +539,34 @@ def _flatten_leaf(leaf: Leaf) -> tuple:
 
 def _flatten_leaf_with_keys(leaf: Leaf) -> tuple:
     children, aux = _flatten_leaf(leaf)
-    return list(zip((*_RECORD, GetAttrKey("state")), children)), aux
+    return list(zip((*_RECORD[:3], GetAttrKey("state")), children)), aux
 
 
 def _unflatten_leaf(aux: tuple, children: Any) -> Leaf:
     numbers, comps, clock, state = children
-    return Leaf(_rebuild(aux[1], numbers, comps, (state,)), state, aux[0], clock)
+    rule = _rebuild(aux[1], numbers, comps, (state,))
+    return Leaf(rule.made() if type(rule) is _Pending else rule, state, aux[0], clock)
 
 
 def _groups(leafs: list) -> dict:
     """The Leafs' indices by group: frozen alike, one rule by value (its Python numbers by
-    value, anything else by identity), one clock."""
+    value, anything else by identity), one clock, their states' numbers alike."""
     keys: dict[int, Any] = {}
     groups: dict[tuple, list] = {}
     for i, leaf in enumerate(leafs):
-        rule = leaf.rule
+        rule = _SLOT.__get__(leaf, Leaf)
         key = keys.get(id(rule))
         if key is None:
-            values, treedef = _raw(rule)
+            values, treedef = _raw(rule) if type(rule) is not _Pending else ((), id(rule))
             key = (treedef, tuple(map(_key, values)))
             try:
                 hash(key)
             except TypeError:  # an unhashable static field: the rule by identity
                 key = id(rule)
             keys[id(rule)] = key
-        groups.setdefault((leaf.frozen, key, _key(leaf.clock)), []).append(i)
+        state_def, where, numbers, _ = _parts(leaf.state, getattr(leaf, "layout", None))
+        groups.setdefault((leaf.frozen, key, _key(leaf.clock), state_def, where,
+                           tuple(map(_key, numbers))), []).append(i)
     return groups
 
 
@@ -366,14 +574,10 @@ def _flatten_root(tree: Any) -> tuple:
     skeleton, leafs = _skeleton(tree)
     made = (getattr(tree, "_made", {}), {})
     children, layout = [], []
-    for (frozen, *_), members in _groups(leafs).items():
-        first = leafs[members[0]]
-        numbers, comps, treedef = _record(first.rule, first.state, made)
-        clock = _arrays(first.clock, first.state, made, ("clock", id(first.rule)))
-        states = tuple(_arrays(leafs[i].state, leafs[i].state, made, id(leafs[i]))
-                       for i in members)
-        children.append((numbers, comps, clock, states))
-        layout.append((frozen, treedef, tuple(members)))
+    for members in _groups(leafs).values():
+        kids, group = _group([leafs[i] for i in members], made, id(leafs[members[0]]))
+        children.append(kids)
+        layout.append((group, tuple(members)))
     tree._made = made[1]
     return children, (skeleton, tuple(layout), len(leafs))
 
@@ -387,11 +591,12 @@ def _unflatten_root(aux: tuple, children: Any) -> Any:
     skeleton, layout, n = aux
     leafs: list = [None] * n
     made: dict = {}
-    for (frozen, treedef, members), (numbers, comps, clock, states) in zip(layout, children):
-        rule = _rebuild(treedef, numbers, comps, states)
-        made[id(rule)] = (rule, numbers, comps, treedef)
+    for (group, members), kids in zip(layout, children):
+        rule, states = _members(group, kids)
+        if type(rule) is not _Pending:
+            made[id(rule)] = (rule, kids[0], kids[1], group[1])
         for i, state in zip(members, states):
-            leafs[i] = Leaf(rule, state, frozen, clock)
+            leafs[i] = _Rebuilt(rule, state, group[0], kids[2], group[2:])
     tree = _build(skeleton, leafs)
     tree._made = made
     return tree
