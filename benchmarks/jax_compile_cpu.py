@@ -37,7 +37,7 @@ def steps(f, state, model, grads, n):
     jax.block_until_ready((state, model))
     return (time.perf_counter() - t) / n, (time.process_time() - c) / n
 
-for name in sys.argv[1].split(","):
+for name in (sys.argv[1].split(",") if __name__ == "__main__" else []):
     spec = shape_spec(name.upper() if name in ("B",) else name.upper())
     model = arrays(spec); grads = arrays(spec, 1)
     opt = optax.adam(1e-3)
