@@ -6,6 +6,7 @@ and CUDA, else foreach); equal to the rule's ``apply`` to rounding. The Leafs' s
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -49,7 +50,8 @@ class Native:
 
     def __init__(self, clip: bool, count: float, xs: list, arrays: list) -> None:
         x0 = xs[0]
-        self.clip, self.xs = clip, xs
+        self.clip = clip
+        self.xs = [x.detach() for x in xs]  # (plain tensors: no Parameter dispatch per call)
         self.ms, self.vs = [a[0] for a in arrays], [a[1] for a in arrays]
         self.kind = {"fused": True} if x0.device.type in FUSED else {"foreach": True}
         sizes = [x.numel() for x in xs]
@@ -85,16 +87,15 @@ class Native:
              amsgrad=False, beta1=b1, beta2=b2, lr=eta, weight_decay=lambd, eps=eps,
              maximize=False, **self.kind)
         if self.flat:
-            for x, y in zip(self.xs, xviews):
-                x.copy_(y)
+            torch._foreach_copy_(self.xs, xviews)
         return True
 
     def states(self, sig: Any) -> list:
         """Each member's new state: its moments, and the count in ``sig``."""
         if self.clip:
             head, (_, _, t) = sig
-            return [(head, (m, v, t)) for m, v in zip(self.ms, self.vs)]
-        return [(m, v, sig[2]) for m, v in zip(self.ms, self.vs)]
+            return list(zip(repeat(head), zip(self.ms, self.vs, repeat(t))))
+        return list(zip(self.ms, self.vs, repeat(sig[2])))
 
 
 SMALL = (64, 8192)
