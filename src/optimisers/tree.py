@@ -1,8 +1,4 @@
-"""The tree protocol: what the children of a node are, and how to rebuild it.
-
-Tuples, lists, mappings and dataclasses are nodes by type; any other class through one
-registry (:func:`register`, :func:`register_node`). This file names no library.
-"""
+"""The tree protocol: a node's children and how to rebuild it; other classes by :func:`register`."""
 
 from __future__ import annotations
 
