@@ -176,8 +176,7 @@ def _fits(kind: str, value: Any) -> bool:
 
 
 def dtype_name(value: Any) -> str | None:
-    """dtype_name(value) -> the name of a NumPy, PyTorch or JAX dtype (or scalar type, or
-    name), or ``None`` for a value that names no dtype."""
+    """dtype_name(value) -> the name of a NumPy, PyTorch or JAX dtype, or ``None``."""
     if value is None or isinstance(value, (bool, int, float)):
         return None  # np.dtype(None) is float64: a None is no dtype here
     try:
