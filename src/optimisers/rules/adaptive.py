@@ -1,5 +1,4 @@
-"""Adaptive rules: a per-element step size from running moments of the gradient; the Adam
-family's maths written once, in the helpers below (``out=`` where allowed)."""
+"""Adaptive rules: a per-element step from running moments; the Adam family's maths once."""
 
 from __future__ import annotations
 
