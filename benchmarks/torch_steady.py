@@ -12,8 +12,10 @@ the median and the minimum of each side and their ratios:
 - ``gpt2-module``, ``B-module``: the same as an ``nn.Module`` (``contestants.torch_module``)
   read through ``.grad``, against ours on the tensors.
 
-Usage: ``PYTHONPATH=src python benchmarks/torch_steady.py [--steps 40] [--only gpt4-clip,B]``
-(one thread: ``torch.set_num_threads(1)``).
+Usage: ``PYTHONPATH=src python benchmarks/torch_steady.py [--steps 40] [--only gpt4-clip,B]
+[--cpu-time]`` (one thread: ``torch.set_num_threads(1)``; ``--cpu-time`` times each step by
+this thread's CPU time rather than the wall clock, which on a loaded machine counts the
+waits for a core too).
 """
 
 from __future__ import annotations
@@ -72,7 +74,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--only", default="gpt4-clip,gpt2,gpt2-module,B,B-module")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time by this thread's CPU time (time.thread_time)")
     a = p.parse_args()
+    clock = time.thread_time if a.cpu_time else time.perf_counter
     torch.set_num_threads(1)
     for case in a.only.split(","):
         fns = pair(case)
@@ -82,9 +87,9 @@ def main() -> None:
                 f()
         for _ in range(a.steps):
             for t, f in zip(times, fns):
-                start = time.perf_counter()
+                start = clock()
                 f()
-                t.append(time.perf_counter() - start)
+                t.append(clock() - start)
         med = [statistics.median(t) * 1e3 for t in times]
         low = [min(t) * 1e3 for t in times]
         print(f"{case}: median {med[0]:.2f} / {med[1]:.2f} ms = {med[0] / med[1]:.2f}; "

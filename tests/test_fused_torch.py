@@ -395,6 +395,21 @@ def test_clip_keeps_the_norm_on_the_device_and_the_gradients_unchanged(native):
     torch.testing.assert_close(factor, torch.tensor(84 ** -0.5))  # 1 / the norm
 
 
+def test_unclipped_steps_equal_the_plain_path_and_keep_the_gradients(native):
+    rule = O.OptimiserChain(O.ClipGlobalNorm(1e6), O.AdamW(0.01, lambd=0.1))  # never clips
+    tree_n, xs_n = stepped(rule, 4)
+    tree_p, xs_p = stepped(rule, 4, use_native=False)
+    assert O.state.plan_of(tree_n).groups[0].native is not None
+    for a, b in zip(xs_n, xs_p, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert_close_states(tree_n, tree_p)
+    xs = [torch.ones(4), torch.ones(3)]
+    gs = [torch.full((4,), 3.0), torch.full((3,), 4.0)]
+    tree = O.setup(rule, xs)
+    O.update_(tree, xs, gs)
+    assert torch.equal(gs[0], torch.full((4,), 3.0)) and torch.equal(gs[1], torch.full((3,), 4.0))
+
+
 @pytest.mark.parametrize("rule", [
     O.AdamW(0.01, lambd=0.1, couple=False),  # eta*a + lambd*x: not torch's formula
     O.AMSGrad(0.01), O.NAdam(0.01), O.RAdam(0.01),

@@ -14,8 +14,7 @@ __all__ = ["destructure", "Restructure", "trainables"]
 
 
 def _index(model: Any) -> tuple[Any, list[tuple[KeyPath, Any]]]:
-    """A mirror of ``model`` holding each trainable array's index (one per tie), and the
-    arrays with their paths."""
+    """A mirror of ``model`` holding each trainable array's index, and ``(path, array)``s."""
     found: list[tuple[KeyPath, Any]] = []
 
     def mark(kp: KeyPath, x: Any) -> int | None:

@@ -73,24 +73,17 @@ def _find(rule: Any, place: tuple) -> list:
 def totals(entries: list, where: dict) -> dict:
     """``{(place, tree_rule): total}`` per scope of the entries in ``where``, checked."""
     scopes: dict[tuple, list] = {}
-    for e in entries:
-        if id(e) not in where:
-            continue
-        now = at(e.leaf.rule, e.leaf.clock)  # keyed as given() finds them: at the clock
-        for place, rule in places(now):
+    for e in (e for e in entries if id(e) in where):
+        for place, rule in places(at(e.leaf.rule, e.leaf.clock)):  # as given() finds them
             scopes.setdefault(_key(place, rule), [rule]).append(e)
-    out = {}
-    copy = copier()
+    out, copy = {}, copier()
     for key, (rule, *members) in scopes.items():
-        place = key[0]
-        arriving = [_arriving(at(e.leaf.rule, e.leaf.clock), e.leaf.state, e.x, e.grads[0],
-                              place, copy)
-                    for e in members]
+        arriving = (_arriving(at(e.leaf.rule, e.leaf.clock), e.leaf.state, e.x, e.grads[0],
+                              key[0], copy) for e in members)
         arrived = [g for g in arriving if g is not None]
-        if not arrived:
-            continue
-        out[key] = _checked(rule, arrived, ((e.leaf.rule, e.leaf.state) for e in members),
-                            place, [e.paths[0] for e in members])
+        if arrived:
+            out[key] = _checked(rule, arrived, ((e.leaf.rule, e.leaf.state) for e in members),
+                                key[0], [e.paths[0] for e in members])
     return out
 
 

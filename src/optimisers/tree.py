@@ -1,8 +1,4 @@
-"""The tree protocol: what the children of a node are, and how to rebuild it.
-
-Tuples, lists, mappings and dataclasses are nodes by type; any other class through one
-registry (:func:`register`, :func:`register_node`). This file names no library.
-"""
+"""The tree protocol: a node's children and how to rebuild it; other classes by :func:`register`."""
 
 from __future__ import annotations
 
@@ -223,8 +219,7 @@ def register(cls: type, children: Iterable[str] | None = None,
 
 
 def register_node(cls: type, node: Node) -> type:
-    """register_node(cls, node) -> cls, whose instances (and subclasses') the tree protocol
-    now reads and rebuilds with the functions of ``node``."""
+    """register_node(cls, node) -> cls, its instances (and subclasses') read through ``node``."""
     _REGISTRY[cls] = node
     _FOUND.clear()
     return cls
@@ -283,8 +278,7 @@ def trainable(x: Any) -> tuple:
 
 
 def keys_shown(keys: Iterable, most: int = 8, show: Callable[[Any], str] = repr) -> str:
-    """keys_shown(keys, most=8) -> ``keys`` for an error message: the first ``most``, then
-    how many in all."""
+    """keys_shown(keys, most=8) -> the first ``most`` keys, then how many in all, as text."""
     keys = list(keys)
     more = f", ... ({len(keys)} in all)" if len(keys) > most else ""
     return ", ".join(show(k) for k in keys[:most]) + more

@@ -12,19 +12,8 @@ __all__ = ["fmap", "fmap_with_path", "fmapstructure", "fleaves", "mirror", "plac
            "MAX_DEPTH"]
 
 MAX_DEPTH = 100
-"""MAX_DEPTH: how many containers deep the recursive walks (``setup``, ``update``,
-``fmap``) go, 100; a deeper model, or one that contains itself, is a ``ValueError``
-naming the path. State-tree walks take any depth.
-
-Example:
-    >>> model = [1.0]
-    >>> for _ in range(MAX_DEPTH):
-    ...     model = [model]
-    >>> fmap(lambda v: v, model)
-    Traceback (most recent call last):
-    ...
-    ValueError: the model is nested more than 100 containers deep: the list at KeyPath(0, 0, 0, ...
-"""
+"""How many containers deep ``setup``, ``update`` and ``fmap`` walk a model (deeper: a
+``ValueError`` naming the path); state-tree walks take any depth."""
 
 
 def enter(path: tuple, x: Any, inside: dict, what: str) -> None:

@@ -3,6 +3,8 @@ the library's arrays is seen: rules are written once against these."""
 
 from optimisers.backends.protocol import Backend
 from optimisers.backends.registry import (
+    BACKENDS,
+    LIBRARIES,
     carries_grads,
     check_trainable,
     dtype_library,
@@ -19,4 +21,4 @@ from optimisers.backends.registry import (
 
 __all__ = ["library", "ops", "of", "nograd", "istraced", "dtype_library", "carries_grads",
            "dtype_module", "register_nodes", "check_trainable", "rule_defined", "on_whole",
-           "Backend"]
+           "Backend", "BACKENDS", "LIBRARIES"]

@@ -19,25 +19,17 @@ from typing import Any
 import torch
 from torch import nn
 
-# module class -> the attribute under which it holds the module it wraps (None: no wrapper)
-_INNER: dict[type, str | None] = {}
 
-
+@functools.cache
 def _inner_name(cls: type) -> str | None:
-    try:
-        return _INNER[cls]
-    except KeyError:
-        pass
+    """The attribute under which a module class holds the module it wraps (None: no wrapper)."""
     frames = sys.modules.get("torch._dynamo.eval_frame")  # loaded once torch.compile ran
     compiled = getattr(frames, "OptimizedModule", None)
     if compiled is not None and issubclass(cls, compiled):
-        name = "_orig_mod"
-    elif issubclass(cls, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        name = "module"
-    else:
-        name = None
-    _INNER[cls] = name
-    return name
+        return "_orig_mod"
+    if issubclass(cls, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return "module"
+    return None
 
 
 def unwrapped(m: nn.Module) -> nn.Module:
@@ -74,10 +66,8 @@ def _child(m: nn.Module, k: str) -> Any:
 
 
 def _parameters_at(m: nn.Module, keys: tuple) -> Callable[[], tuple] | None:
-    """What ``_child`` gives at each of two or more ``keys``, read in one call, where all
-    are parameters of ``m`` (``nn.Module`` keeps a name in one of its dicts only: a
-    module or buffer given a parameter's name takes it out, and the read raises
-    ``KeyError``); else ``None``."""
+    """What ``_child`` gives at two or more ``keys``, read in one call, where all are
+    parameters of ``m`` only (a later read raises KeyError where that changed); else None."""
     params = m._parameters
     if len(keys) < 2 or not all(k in params and k not in m._modules and k not in m._buffers
                                 for k in keys):

@@ -1,7 +1,9 @@
 """What every backend computes alike, written once over its primitives.
 
-Each function takes the backend module first; each backend binds them to itself
+Each function takes the backend module first; a backend binds them to itself
 (``abs2 = functools.partial(common.abs2, <its module>)``), so rules call ``xp.abs2(g)``.
+NumPy and PyTorch write ``abs2`` and ``eps`` themselves (each step calls them: a step stays
+in the backend's file).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """PyTorch's sharded tensors (``DTensor``, FSDP2's parameters): the torch backend's
-functions, with state placed as its parameter and fused groups stepped on local shards.
-
-On the plain path torch's sharding propagation runs each operation on the local shards; a
-fused group steps the local shards (:func:`local`) only. Nothing is gathered, except for
-a rule that asks for whole arrays (:func:`gathered`) and by :func:`host`.
+functions, state placed as its parameter, fused groups stepped on the local shards only;
+nothing gathered but for a rule that asks for whole arrays (:func:`gathered`) and :func:`host`.
 """
 
 from __future__ import annotations
@@ -94,24 +91,13 @@ def amax(a: Array) -> Array:
     return _extreme(a, torch.amax, -math.inf, "max")
 
 
-def sqrt(x: Array, out: Array | None = None) -> Array:
-    return torch.sqrt(x)  # (no out: sharding propagation refuses some)
+def _without_out(f: Callable) -> Callable[..., Array]:
+    """``f`` ignoring ``out`` (sharding propagation refuses some)."""
+    return lambda *args, out=None: f(*args)
 
 
-def rsqrt(x: Array, out: Array | None = None) -> Array:
-    return torch.rsqrt(x)
-
-
-def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
-    return _torch.maximum(a, b)
-
-
-def divide(a: Any, b: Any, out: Array | None = None) -> Array:
-    return torch.div(a, b)
-
-
-def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
-    return torch.mul(a, b)
+sqrt, rsqrt, divide, multiply = map(_without_out, (torch.sqrt, torch.rsqrt, torch.div, torch.mul))
+maximum = _without_out(_torch.maximum)
 
 
 def allfinite(g: Array) -> Array:
@@ -195,12 +181,13 @@ def device(x: Array) -> torch.device:
     return local(x).device
 
 
-def footprints(xs: list) -> tuple:
-    return _torch.footprints(list(map(local, xs)))
+def _on_shards(f: Callable) -> Callable:
+    """The torch backend's ``f`` of a list of arrays, on their local shards."""
+    return lambda xs: f(list(map(local, xs)))
 
 
-def flatcat(arrays: list) -> torch.Tensor:
-    return _torch.flatcat(list(map(local, arrays)))
+footprints, flatcat, subtractor = map(_on_shards, (_torch.footprints, _torch.flatcat,
+                                                   _torch.subtractor))
 
 
 def packed(parts: tuple) -> list:
@@ -218,10 +205,6 @@ def joined(parts: tuple) -> tuple[torch.Tensor, bool]:
 
 def scatter(flat: torch.Tensor, parts: tuple) -> None:
     _torch.scatter(flat, tuple(map(local, parts)))
-
-
-def subtractor(xs: list) -> Callable[[torch.Tensor], None]:
-    return _torch.subtractor(list(map(local, xs)))
 
 
 def split(v: torch.Tensor, stops: list, like: list) -> list:

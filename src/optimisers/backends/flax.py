@@ -1,11 +1,6 @@
-"""flax: nnx Modules and Variables as nodes of the tree protocol, and linen's variables.
-
-An ``nnx.Module`` (any ``nnx.Pytree``) is a node of its data attributes, keyed as
-``nnx.grad`` keys its ``State``; an ``nnx.Variable`` a node of its ``"value"``, trainable
-when it is an ``nnx.Param``. A module trains through its Variables only. ``update_``
-writes a Variable's new value into it, as nnx's own optimiser does. Imports flax only
-when asked about an object of it.
-"""
+"""flax: nnx Modules and Variables as nodes of the tree protocol (a module of its data
+attributes, keyed as ``nnx.grad`` keys its ``State``; a Variable of its ``"value"``, trainable
+when an ``nnx.Param``), and a warning for linen's variables. Imports flax only when asked."""
 
 from __future__ import annotations
 
@@ -26,10 +21,8 @@ _KIND: dict[type, str | None] = {}  # type -> "module", "variable" or None
 
 def _kind(x: Any) -> str | None:
     cls = type(x)
-    try:
+    if cls in _KIND:
         return _KIND[cls]
-    except KeyError:
-        pass
     nnx = sys.modules.get("flax.nnx")
     kind = None
     if nnx is not None:
@@ -47,7 +40,6 @@ def children(x: Any) -> dict:
     are left out."""
     if _kind(x) == "variable":
         return {_VALUE: x.get_value()}
-    # sorted: nnx.grad and nnx.update re-create a module's attributes in that order
     kids = {_key(x, name): v for name, v in vars(x).items() if _isdata(x, name)}
     return {k: kids[k] for k in sorted(kids)}
 
@@ -116,8 +108,8 @@ def trainable(x: Any, kids: dict) -> tuple | None:
 def check_trainable(x: Any, kids: dict) -> None:
     """check_trainable(x, kids): a ``UserWarning`` for a linen ``variables`` dict (``params``
     next to ``batch_stats``), which would train the batch statistics too."""
-    if isinstance(x, Mapping) and "params" in kids and any(c in kids for c in _LINEN_STATE):
-        found = [c for c in _LINEN_STATE if c in kids]
+    found = [c for c in _LINEN_STATE if c in kids]
+    if isinstance(x, Mapping) and "params" in kids and found:
         warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' "
                       f"and {found[0]!r}): all of it would be trained, the {found[0]} "
                       f"too. Pass variables['params'] instead, e.g. "

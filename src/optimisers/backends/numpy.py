@@ -16,6 +16,7 @@ from numpy import abs, conj, minimum, real, sign, where  # noqa: F401
 from numpy import clip as clamp  # noqa: F401
 
 from optimisers.backends import common
+from optimisers.backends.common import FLOAT16_EPS
 from optimisers.backends.packs import PAD, Packs
 
 Array = np.ndarray
@@ -177,12 +178,24 @@ def machine_epsilon(x: Array) -> float:
     return float(np.finfo(x.dtype).eps)
 
 
+def abs2(g: Array) -> Array:
+    """``|g|^2``, real for a complex ``g`` (``g * conj(g)``'s real part)."""
+    return (g * g.conj()).real if g.dtype.kind == "c" else g * g
+
+
+def eps(x: Array, e: Any) -> Any:
+    """``e`` as a hyper-parameter of ``x``, at least ``common.FLOAT16_EPS`` for a float16
+    ``x`` (a non-zero ``e``)."""
+    if x.dtype == np.float16 and e:
+        e = max(e, FLOAT16_EPS)
+    (e,) = hyper(x, e)
+    return e
+
+
 # written once over the primitives above, for every backend (common.py)
 _SELF = sys.modules[__name__]
-abs2 = functools.partial(common.abs2, _SELF)
 clip = functools.partial(common.clip, _SELF)
 norm = functools.partial(common.norm, _SELF)
-eps = functools.partial(common.eps, _SELF)
 
 
 def isfinite(n: Any) -> bool | None:

@@ -44,11 +44,6 @@ class Packs:
         weakref.finalize(buf, self._records.pop, key, None)  # the views keep buf alive
         return views
 
-    def find(self, a: Any) -> tuple[Any, tuple] | None:
-        """``(buffer, weak references to its views in order)`` when ``a`` is one of them."""
-        record = self._record(a)
-        return None if record is None else (record[0](), record[1])
-
     def _record(self, a: Any) -> tuple | None:
         base = self.base(a)
         record = self._records.get(id(base)) if base is not None else None
@@ -70,12 +65,12 @@ class Packs:
         memo: dict[int, tuple[list, dict]] = {}
 
         def copy_(a: Any) -> Any:
-            hit = self.find(a)
-            if hit is None:
+            record = self._record(a)  # (a view of a buffer of ours: copied with its buffer)
+            if record is None:
                 return copy(a)
-            base, refs = hit
+            base = record[0]()
             if id(base) not in memo:
-                views = [r() for r in refs]
+                views = [r() for r in record[1]]
                 if any(v is None for v in views):  # a view was dropped: copy one by one
                     return copy(a)
                 memo[id(base)] = (pack(tuple(views)),

@@ -2,7 +2,8 @@
 
 Every backend (``backends.of(x)``) provides :class:`Backend`; the other protocols are
 optional parts, and ``tests/test_protocol.py`` checks every backend against them. Each
-member is declared as a stub, as in a type stub, under a comment saying what it gives.
+member is declared as a stub, as in a type stub, under a comment saying what it (and the
+stubs beside it) gives.
 """
 
 from __future__ import annotations
@@ -26,26 +27,19 @@ class Backend(Protocol):
     """Whether it groups and steps fusible entries itself (then it provides :class:`Fusing`)."""
 
     # --- what an array is -----------------------------------------------------------------
-
-    # Whether ``x`` holds floating or complex numbers (a trainable array).
+    # Whether ``x`` holds floating or complex numbers (a trainable array); ``g`` any numbers
+    # (bool too); complex ones; a float16 real dtype; whether ``x`` may be written in place.
     def isfloating(self, x: Array) -> bool: ...
-    # Whether ``g`` holds numbers (bool, integer, floating or complex).
     def isnumber(self, g: Array) -> bool: ...
-    # Whether ``x`` holds complex numbers.
     def iscomplex(self, x: Array) -> bool: ...
-    # Whether ``x``'s real dtype is float16.
     def ishalf(self, x: Array) -> bool: ...
-    # Whether ``x`` may be written in place.
     def maywrite(self, x: Array) -> bool: ...
-    # ``x``'s shape as a tuple of ints.
+    # Shape (a tuple of ints), number of elements, and the bytes they take.
     def shape(self, x: Array) -> tuple: ...
-    # The number of elements of ``x``.
     def size(self, x: Array) -> int: ...
-    # The bytes ``x``'s elements take.
     def nbytes(self, x: Array) -> int: ...
-    # The name of ``x``'s dtype (``"float32"``, never ``"torch.float32"``).
+    # The name of ``x``'s dtype (``"float32"``, never ``"torch.float32"``); of a dtype ``v``.
     def dtype_name(self, x: Array) -> str: ...
-    # The name of the library's dtype object ``v``.
     def dtype_name_of(self, v: Any) -> str: ...
     # The type of a gradient that needs no cast for the parameter ``x``.
     def gradtype(self, x: Array) -> type: ...
@@ -53,7 +47,6 @@ class Backend(Protocol):
     def isfinite(self, n: Any) -> bool | None: ...
 
     # --- hyper-parameters ----------------------------------------------------------------
-
     # The hyper-parameters ``values`` as scalars that keep arithmetic in ``x``'s dtype.
     def hyper(self, x: Array, *values: Any) -> tuple: ...
     # ``1 - v``, as precisely as the library's reference optimisers compute it.
@@ -62,28 +55,25 @@ class Backend(Protocol):
     def eps(self, x: Array, e: Any) -> Any: ...
 
     # --- making and converting arrays -----------------------------------------------------
-
-    # Zeros shaped and typed like ``x`` (its real dtype with ``real_``).
+    # Zeros, or ``value``, shaped and typed like ``x`` (its real dtype with ``real_``).
     def zeros_like(self, x: Array, real_: bool = False) -> Array: ...
-    # ``value`` everywhere, shaped and typed like ``x`` (its real dtype with ``real_``).
     def full_like(self, x: Array, value: Any, real_: bool = False) -> Array: ...
     # The complex array ``re + i*im``, of their precision.
     def complex_from(self, re: Array, im: Array) -> Array: ...
     # ``x`` as an array of ``like``'s dtype (and device); no copy when it is one.
     def cast(self, x: Any, like: Array) -> Array: ...
-    # A copy of ``x`` in ``dtype`` (complex stays complex).
+    # A copy of ``x`` in ``dtype`` (complex stays complex); the library's dtype for a dtype of
+    # any library, or a name.
     def astype(self, x: Array, dtype: Any) -> Array: ...
-    # The library's dtype for a dtype of any library, or a name.
     def todtype(self, dtype: Any) -> Any: ...
-    # A copy of ``x`` that a write to ``x`` does not change.
+    # A copy of ``x`` that a write to ``x`` does not change; a function copying writable
+    # arrays (packed state stays packed), the rest as is.
     def copy(self, x: Array) -> Array: ...
-    # A function copying writable arrays (packed state stays packed), the rest as is.
     def copier(self) -> Callable[[Array], Array]: ...
     # ``y`` made a new value of the parameter ``x`` (an ``nn.Parameter`` for one).
     def like(self, y: Array, x: Array) -> Array: ...
 
     # --- writing -------------------------------------------------------------------------
-
     # ``value`` written into ``dst`` where it may be written, else a new array.
     def assign(self, dst: Array, value: Any) -> Array: ...
     # ``x - d``, written into ``x`` when ``inplace`` and it may be written.
@@ -92,62 +82,48 @@ class Backend(Protocol):
     def add(self, a: Array, b: Array) -> Array: ...
 
     # --- elementwise primitives ----------------------------------------------------------
-
-    # ``|x|`` elementwise.
+    # As their names say; ``sign`` of a complex ``x`` is ``x/|x|`` (0 at 0); ``maximum`` and
+    # ``minimum`` take a number for either; ``rsqrt`` is one kernel where the library has
+    # one; ``cos`` also takes a step count (schedules). ``out`` is a temporary of the
+    # caller's own to write the result into, as NumPy's ``out=`` (JAX ignores it).
     def abs(self, x: Array, /) -> Array: ...
-    # The square root elementwise. Here and below, ``out`` is a temporary of the caller's own to
-    # write the result into, as NumPy's ``out=`` (JAX ignores it).
     def sqrt(self, x: Array, /, out: Array | None = None) -> Array: ...
-    # ``1 / sqrt(x)`` elementwise (one kernel where the library has one).
     def rsqrt(self, x: Array, /, out: Array | None = None) -> Array: ...
-    # The sign elementwise; ``x/|x|`` (0 at 0) for complex ``x``.
     def sign(self, x: Array, /) -> Array: ...
-    # The cosine elementwise (schedules evaluate it on a step count).
     def cos(self, x: Any, /) -> Any: ...
-    # The real part.
     def real(self, x: Array, /) -> Array: ...
-    # The complex conjugate.
     def conj(self, x: Array, /) -> Array: ...
-    # The larger of ``a`` and ``b`` elementwise (either may be a number).
     def maximum(self, a: Any, b: Any, /, out: Array | None = None) -> Array: ...
-    # ``a / b`` elementwise.
     def divide(self, a: Any, b: Any, /, out: Array | None = None) -> Array: ...
-    # ``a * b`` elementwise.
     def multiply(self, a: Any, b: Any, /, out: Array | None = None) -> Array: ...
-    # The smaller of ``a`` and ``b`` elementwise (either may be a number).
     def minimum(self, a: Any, b: Any, /) -> Array: ...
-    # ``a`` where ``cond`` holds, else ``b``.
+    # ``a`` where ``cond`` holds, else ``b``; a real ``x`` clamped to ``[lo, hi]``.
     def where(self, cond: Array, a: Any, b: Any, /) -> Array: ...
-    # A real ``x`` clamped to ``[lo, hi]``.
     def clamp(self, x: Array, lo: Any, hi: Any) -> Array: ...
     # ``a + w*(b - a)`` elementwise, written into ``a`` when ``inplace`` and allowed.
     def lerp(self, a: Array, b: Array, w: Any, inplace: bool = False) -> Array: ...
     # ``a*x + b*y`` as one new array of ``x``'s dtype, ``a`` and ``b`` numbers.
     def scaled_sum(self, a: Any, x: Array, b: Any, y: Array) -> Array: ...
 
-    # --- reductions ----------------------------------------------------------------------
-
-    # The largest element of ``a`` (``a >= 0``), 0 for an empty ``a``, as a 0-d array.
+    # --- reductions, each a 0-d array ----------------------------------------------------
+    # The largest element of ``a`` (``a >= 0``), 0 for an empty ``a``; the smallest, ``inf``.
     def amax(self, a: Array) -> Array: ...
-    # The smallest element of ``a``, ``inf`` for an empty ``a``, as a 0-d array.
     def amin(self, a: Array) -> Array: ...
-    # The number of non-zero elements of ``g``, a 0-d array of ``like``'s dtype.
+    # The number of non-zero elements of ``g``, of ``like``'s dtype.
     def count_nonzero(self, g: Array, like: Array) -> Array: ...
-    # Whether every element of ``g`` is finite, a 0-d bool array, warning of nothing.
+    # Whether every element of ``g`` is finite, a bool, warning of nothing.
     def allfinite(self, g: Array) -> Array: ...
 
     # --- matrices (for rules that are not elementwise: Muon, Adafactor) --------------------
-
     # ``x`` with its last two axes swapped (never conjugated).
     def transpose(self, x: Array, /) -> Array: ...
     # The matrix product over the last two axes, batched, accumulated in float32 at least and
-    # rounded to the arrays' dtype.
+    # rounded to the arrays' dtype; ``beta*c + alpha*(a @ b)``, rounded once to ``c``'s dtype.
     def matmul(self, a: Array, b: Array, /) -> Array: ...
-    # ``beta*c + alpha*(a @ b)``, batched, rounded once to ``c``'s dtype.
     def matmul_add(self, c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array: ...
-    # The 2-norm of ``x`` over ``axes`` (kept, of length 1), of ``x``'s real dtype.
+    # The 2-norm of ``x`` over ``axes``, of ``x``'s real dtype; the mean; each keeping
+    # ``axes`` with length 1.
     def vector_norm(self, x: Array, axes: tuple) -> Array: ...
-    # The mean of ``x`` over ``axes``, kept as axes of length 1.
     def mean(self, x: Array, axes: tuple) -> Array: ...
     # ``x`` rounded to bfloat16 (NumPy: float32 holding bfloat16's values).
     def to_bfloat16(self, x: Array) -> Array: ...
@@ -155,23 +131,19 @@ class Backend(Protocol):
     def machine_epsilon(self, x: Array) -> float: ...
 
     # --- written once over the primitives (common.py) -------------------------------------
-
-    # ``|g|^2``, real for complex ``g`` (``common.abs2``).
+    # ``|g|^2``, real for complex ``g``; ``g`` clamped to ``[lo, hi]``, complex parts each;
+    # the ``p``-norm of all of ``g``.
     def abs2(self, g: Array) -> Array: ...
-    # ``g`` clamped to ``[lo, hi]``, complex parts each (``common.clip``).
     def clip(self, g: Array, lo: Any, hi: Any) -> Array: ...
-    # The ``p``-norm of all of ``g`` (``common.norm``).
     def norm(self, g: Array, p: float) -> Array: ...
 
     # --- whole trees of arrays -----------------------------------------------------------
-
     # One flat vector of ``arrays`` in the dtype ``like``'s promote to; differentiable.
     def concat(self, arrays: list, like: list) -> Array: ...
     # Segments of ``v`` ending at ``stops``, each a new array like ``like``'s.
     def split(self, v: Array, stops: list, like: list) -> list: ...
 
     # --- checkpoints ---------------------------------------------------------------------
-
     # ``(values, dtype name)``: ``a`` as a NumPy array on the host, for a checkpoint.
     def host(self, a: Array, at: str) -> tuple: ...
     # The host values ``arr`` as an array like ``ref`` (its library and device).
@@ -180,7 +152,6 @@ class Backend(Protocol):
 
 class Grouping(Protocol):
     """What a backend with ``CONCATENATES`` provides besides: ``fused.Group``'s steps."""
-
     # Where ``x`` lives; arrays of one group share it.
     def device(self, x: Array) -> Any: ...
     # What a group's views assume of its arrays' memory, cheap to read each step.
@@ -204,14 +175,12 @@ class Grouping(Protocol):
 class Fusing(Protocol):
     """What a backend with ``FUSES_ITSELF`` provides besides, in the module that extends it
     (``registry.extension``)."""
-
     # ``(left, done)``: entries left for the plain path, ``(leaf, new x)`` stepped.
-    def fuse(self, entries: list) -> tuple[list, list]: ...
+    def fuse(self, entries: list, found: dict | None = None) -> tuple[list, list]: ...
 
 
 class Carrying(Protocol):
     """What a backend of a library whose parameters carry their gradients provides."""
-
     # Whether ``model`` holds a model of the library whose parameters carry ``.grad``.
     def hasmodule(self, model: Any) -> bool: ...
     # The gradient tree read from the parameters of ``model``.
@@ -220,14 +189,12 @@ class Carrying(Protocol):
 
 class Nodes(Protocol):
     """What a backend of a library with its own model classes provides."""
-
     # Register the library's model classes with ``tree.register_node``.
     def register_nodes(self) -> None: ...
 
 
 class Checking(Protocol):
     """What a backend that knows of a mistake in what is trained provides."""
-
     # Warn when training the node ``x`` (children ``kids``) whole is such a mistake.
     def check_trainable(self, x: Any, kids: dict) -> None: ...
 
@@ -235,14 +202,12 @@ class Checking(Protocol):
 class Registering(Protocol):
     """What a backend that registers this package's rules with its library provides, in the
     module that extends it (``registry.extension``)."""
-
     # Register the rule class ``cls`` with the library (once).
     def register_rule(self, cls: type) -> None: ...
 
 
 class Sharding(Protocol):
     """What a backend of arrays split across processes provides (each holds a part)."""
-
     # The part of ``x`` that this process holds, sharing its memory.
     def local(self, x: Array) -> Array: ...
     # ``apply(state, x, *grads)`` on whole arrays (see ``registry.on_whole``).

@@ -17,7 +17,15 @@ from optimisers.backends.protocol import Backend
 
 _ROOTS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax"}
 _LOADED: dict[str, ModuleType] = {}
-_BY_TYPE: dict[type, str | None] = {}
+
+LIBRARIES: dict[type, str | None] = {}
+"""The answer of :func:`library` for each type met so far (``None``: not an array type); a
+caller on every step's path reads it itself: ``LIBRARIES[cls] if cls in LIBRARIES else
+library(x)``."""
+
+BACKENDS: dict[type, ModuleType] = {}
+"""The answer of :func:`of` for each array type met so far; a caller on every step's path
+reads it itself, without a call here: ``BACKENDS.get(type(x)) or of(x)``."""
 
 
 def library(x: Any) -> str | None:
@@ -25,7 +33,7 @@ def library(x: Any) -> str | None:
     ``"dtensor"``), or ``None`` when ``x`` is not an array of a supported library."""
     cls = type(x)
     try:
-        return _BY_TYPE[cls]
+        return LIBRARIES[cls]
     except KeyError:
         pass
     root = _ROOTS.get(cls.__module__.partition(".")[0])
@@ -37,7 +45,7 @@ def library(x: Any) -> str | None:
         root = "dtensor"  # a sharded tensor: stepped shard by shard (backends/dtensor.py)
     if root == "jax" and not hasattr(x, "shape") or root == "jax" and isinstance(x, type):
         root = None
-    _BY_TYPE[cls] = root
+    LIBRARIES[cls] = root
     return root
 
 
@@ -93,11 +101,22 @@ def ops(lib: str) -> ModuleType:
 
 
 def of(x: Any) -> Backend:
-    """The backend module for the array ``x``."""
+    """of(x) -> the backend module for the array ``x``, kept in :data:`BACKENDS` by type.
+
+    Example:
+        >>> import numpy as np
+        >>> of(np.zeros(1)).__name__, BACKENDS[np.ndarray] is of(np.zeros(1))
+        ('optimisers.backends.numpy', True)
+    """
+    try:
+        return BACKENDS[type(x)]
+    except KeyError:
+        pass
     lib = library(x)
     if lib is None:
         raise TypeError(f"expected an array of NumPy, PyTorch or JAX, got {type(x).__name__}")
-    return ops(lib)
+    mod = BACKENDS[type(x)] = ops(lib)
+    return mod
 
 
 def nograd() -> contextlib.AbstractContextManager:

@@ -28,6 +28,7 @@ from optimisers.backends._torchnn import (  # noqa: F401 (protocol.Carrying)
     register_nodes,
     unwrapped,
 )
+from optimisers.backends.common import FLOAT16_EPS
 from optimisers.backends.packs import PAD, Packs
 
 Array = torch.Tensor
@@ -175,12 +176,24 @@ def machine_epsilon(x: Array) -> float:
     return float(torch.finfo(_REAL.get(x.dtype, x.dtype)).eps)
 
 
+def abs2(g: Array) -> Array:
+    """``|g|^2``, real for a complex ``g`` (``g * conj(g)``'s real part)."""
+    return (g * g.conj()).real if g.is_complex() else g * g
+
+
+def eps(x: Array, e: Any) -> Any:
+    """``e`` as a hyper-parameter of ``x``, at least ``common.FLOAT16_EPS`` for a float16
+    ``x`` (a non-zero ``e``)."""
+    if ishalf(x) and e:
+        e = max(e, FLOAT16_EPS)
+    (e,) = hyper(x, e)
+    return e
+
+
 # written once over the primitives above, for every backend (common.py)
 _SELF = sys.modules[__name__]
-abs2 = functools.partial(common.abs2, _SELF)
 clip = functools.partial(common.clip, _SELF)
 norm = functools.partial(common.norm, _SELF)
-eps = functools.partial(common.eps, _SELF)
 
 
 def total_norm(arrays: list, p: float) -> Array | None:

@@ -110,7 +110,9 @@ def signature(state: Any, out: list) -> Any:
         n = len(out)
         parts = [signature(s, out) for s in state]
         return Node(parts) if len(out) > n else state
-    if backends.library(state) is not None:
+    cls = type(state)  # the registry's table read here: no call per state part per step
+    lib = backends.LIBRARIES[cls] if cls in backends.LIBRARIES else backends.library(state)
+    if lib is not None:
         out.append(state)
         return ARRAY
     return state

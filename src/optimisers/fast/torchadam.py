@@ -6,6 +6,7 @@ and CUDA, else foreach); equal to the rule's ``apply`` to rounding. The Leafs' s
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -49,7 +50,8 @@ class Native:
 
     def __init__(self, clip: bool, count: float, xs: list, arrays: list) -> None:
         x0 = xs[0]
-        self.clip, self.xs = clip, xs
+        self.clip = clip
+        self.xs = [x.detach() for x in xs]  # (plain tensors: no Parameter dispatch per call)
         self.ms, self.vs = [a[0] for a in arrays], [a[1] for a in arrays]
         self.kind = {"fused": True} if x0.device.type in FUSED else {"foreach": True}
         sizes = [x.numel() for x in xs]
@@ -69,32 +71,35 @@ class Native:
         if not all(type(h) in (float, int) for h in hypers) or scale is False:
             return False
         eta, b1, b2, eps, lambd = map(float, hypers)
+        mul = _scaling(scale)
         ps, ms, vs = self.xs, self.ms, self.vs
         if self.flat:
             xbuf, m, v, xviews, vectors = self.flat
-            _cat(self.xs, xbuf, vectors)
+            if lambd:  # (without decay, the step taken from zeros is added to each below)
+                _cat(self.xs, xbuf, vectors)
+            else:
+                xbuf.zero_()
             _cat(grads, self.gbuf, vectors)  # (shaped as the parameters: checked)
-            if self.clip:
-                self.gbuf.mul_(scale)
             ps, grads, ms, vs = [xbuf], [self.gbuf], [m], [v]
-        elif self.clip:
+            if mul is not None:
+                self.gbuf.mul_(mul)
+        elif mul is not None:  # scaled into a copy: the user's gradients kept
             for g, into in zip(grads, self.gviews):
-                torch.mul(g, scale, out=into)
+                torch.mul(g, mul, out=into)
             grads = self.gviews
         adam(ps, grads, ms, vs, [], self.steps, decoupled_weight_decay=lambd != 0,
              amsgrad=False, beta1=b1, beta2=b2, lr=eta, weight_decay=lambd, eps=eps,
              maximize=False, **self.kind)
         if self.flat:
-            for x, y in zip(self.xs, xviews):
-                x.copy_(y)
+            (torch._foreach_copy_ if lambd else torch._foreach_add_)(self.xs, xviews)
         return True
 
     def states(self, sig: Any) -> list:
         """Each member's new state: its moments, and the count in ``sig``."""
         if self.clip:
             head, (_, _, t) = sig
-            return [(head, (m, v, t)) for m, v in zip(self.ms, self.vs)]
-        return [(m, v, sig[2]) for m, v in zip(self.ms, self.vs)]
+            return list(zip(repeat(head), zip(self.ms, self.vs, repeat(t))))
+        return list(zip(self.ms, self.vs, repeat(sig[2])))
 
 
 SMALL = (64, 8192)
@@ -120,6 +125,16 @@ def _cat(arrays: list, into: Any, vectors: bool) -> None:
         torch.cat(arrays, out=into)
     else:
         torch.cat([a.reshape(-1) for a in arrays], out=into)
+
+
+def _scaling(scale: Any) -> Any:
+    """ClipGlobalNorm's factor ``scale``, or ``None`` where it is exactly 1 (read on the CPU
+    only: no wait for a device), the gradients then stepped as they are."""
+    if isinstance(scale, float) and scale == 1.0 or (
+            isinstance(scale, torch.Tensor) and scale.device.type == "cpu"
+            and scale.item() == 1.0):
+        return None
+    return scale
 
 
 def _scale(clipped: Any, like: Any) -> Any:

@@ -1,5 +1,4 @@
-"""Adaptive rules: a per-element step size from running moments of the gradient; the Adam
-family's maths written once, in the helpers below (``out=`` where allowed)."""
+"""Adaptive rules: a per-element step from running moments; the Adam family's maths once."""
 
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ _Hyper = namedtuple("_Hyper", "xp eta b1 b2 c1 c2 eps")
 
 def _hyper(rule: Rule, x: Any) -> _Hyper:
     """``x``'s backend and ``rule``'s ``eta``, ``beta`` (:func:`decays`) and ``epsilon``."""
-    xp = backends.of(x)
+    xp = backends.BACKENDS.get(type(x)) or backends.of(x)  # the table: no call on a step
     (eta,) = xp.hyper(x, rule.eta)
     return _Hyper(xp, eta, *decays(xp, x, *rule.beta), xp.eps(x, rule.epsilon))
 

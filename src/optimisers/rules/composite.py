@@ -36,14 +36,10 @@ class OptimiserChain(Rule):
         for r in rules:
             if not isinstance(r, Rule):
                 raise TypeError(f"OptimiserChain takes rules, got {type(r).__name__}")
-            if isinstance(r, MixedPrecision):
-                raise ValueError("MixedPrecision writes the parameter itself, so it cannot sit "
-                                 "inside an OptimiserChain; wrap the chain instead: "
-                                 "MixedPrecision(OptimiserChain(...))")
-            if isinstance(r, EMA):
-                raise ValueError("EMA averages the parameter after the whole step, which a "
-                                 "rule inside an OptimiserChain does not see; wrap the chain "
-                                 "instead: EMA(OptimiserChain(...))")
+            if isinstance(r, (MixedPrecision, EMA)):  # they act on the parameter itself
+                raise ValueError(f"{type(r).__name__} acts on the parameter after the whole "
+                                 f"step, so it cannot sit inside an OptimiserChain; wrap the "
+                                 f"chain instead: {type(r).__name__}(OptimiserChain(...))")
         object.__setattr__(self, "rules", tuple(rules))
 
     def __repr__(self) -> str:

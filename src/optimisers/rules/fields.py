@@ -1,11 +1,5 @@
-"""Hyper-parameter fields: each declares, beside its default, the values it allows.
-
-``eta: float = hyperparameter(0.001, "[0, inf)")``; :meth:`Rule.__post_init__` calls
-:func:`check`, so the constructor, ``dataclasses.replace`` (``adjust``) and ``load`` all
-validate, with ``torch.optim``'s messages. A number (a Python number, a NumPy scalar, a
-0-d array) is stored as the Python number it holds; ``bool`` and complex are refused.
-Values traced under ``jax.jit`` are kept unchecked.
-"""
+"""Hyper-parameter fields that declare the values they allow, checked by :func:`check` at
+construction (so ``adjust`` and ``load`` validate too), with ``torch.optim``'s messages."""
 
 from __future__ import annotations
 
@@ -182,8 +176,7 @@ def _fits(kind: str, value: Any) -> bool:
 
 
 def dtype_name(value: Any) -> str | None:
-    """dtype_name(value) -> the name of a NumPy, PyTorch or JAX dtype (or scalar type, or
-    name), or ``None`` for a value that names no dtype."""
+    """dtype_name(value) -> the name of a NumPy, PyTorch or JAX dtype, or ``None``."""
     if value is None or isinstance(value, (bool, int, float)):
         return None  # np.dtype(None) is float64: a None is no dtype here
     try:

@@ -1,8 +1,4 @@
-"""Schedule-Free rules: no learning-rate decay, an average of the iterates instead.
-
-The parameter holds the training point ``y``, the state ``z``; the evaluation point ``x``
-comes from both, by :func:`~optimisers.averaged`.
-"""
+"""Schedule-Free rules: no learning-rate decay, an average of the iterates instead."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Tree-level rules: each Leaf in scope gives a :meth:`part`, the parts a :meth:`total`,
-and each Leaf steps with :meth:`given`, an ordinary rule holding it (``reduce.py``)."""
+"""Tree-level rules: one reduction over the Leafs in scope (``reduce.py``), then a plain rule."""
 
 from __future__ import annotations
 

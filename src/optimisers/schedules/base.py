@@ -1,6 +1,4 @@
-"""The schedules' protocol: :class:`Schedule` and its registry, a rule at its Leaf's clock
-(:func:`at`, :func:`timed`), :class:`Function` and :class:`Scaled`.
-"""
+"""The schedules' protocol: :class:`Schedule`, its registry, and a rule at a clock (:func:`at`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The schedules of closed form and the ones that join schedules in time, with the values of
-optax's and ``torch.optim.lr_scheduler``'s.
-"""
+"""Closed-form schedules and those joining schedules in time (optax's and torch's values)."""
 
 from __future__ import annotations
 
