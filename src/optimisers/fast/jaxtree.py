@@ -313,24 +313,23 @@ def _skeleton(tree: Any) -> tuple[Any, list]:
     each Leaf as its index in ``leafs`` (a tied Leaf once), ``None`` as itself."""
     leafs: list = []
     index: dict[int, int] = {}
-    top: list = []
-    building = [(None, top, 1)]
-    for _, t in nodes(tree):
-        if isinstance(t, (dict, tuple, list)):
-            building.append((t, [], len(t)))
-        elif t is None:
-            building[-1][1].append(None)
-        else:
-            i = index.get(id(t))
-            if i is None:
-                i = index[id(t)] = len(leafs)
-                leafs.append(t)
-            building[-1][1].append(i)
-        while len(building) > 1 and len(building[-1][1]) == building[-1][2]:
-            node, kids, _ = building.pop()
-            keys = tuple(node) if isinstance(node, dict) else None
-            building[-1][1].append((type(node), keys, tuple(kids)))
-    return top[0], leafs
+
+    def walk(t: Any) -> Any:
+        if isinstance(t, dict):
+            return type(t), tuple(t), tuple(map(walk, t.values()))
+        if isinstance(t, (tuple, list)):
+            return type(t), None, tuple(map(walk, t))
+        if t is None:
+            return None
+        if not isinstance(t, Leaf):
+            list(nodes(tree))  # raises, naming the key path
+        i = index.get(id(t))
+        if i is None:
+            i = index[id(t)] = len(leafs)
+            leafs.append(t)
+        return i
+
+    return walk(tree), leafs
 
 
 def _build(skeleton: Any, leafs: list) -> Any:
@@ -504,9 +503,10 @@ def _joined(treedef: Any, where: tuple, numbers: tuple, arrays: tuple) -> Any:
 _RECORD = tuple(GetAttrKey(k) for k in ("rule", "complements", "clock", "counters", "states"))
 
 
-def _group(leafs: list, made: tuple | None, key: Any) -> tuple[tuple, tuple]:
+def _group(leafs: list, states: list, made: tuple | None, key: Any) -> tuple[tuple, tuple]:
     """``(children, layout)`` of a group's record: its rule's numbers and their complements,
-    its clock, its members' state numbers (one for all), each member's state arrays."""
+    its clock, its members' state numbers (one for all), each member's state arrays;
+    ``states``: the members' states split by :func:`_parts`."""
     first = leafs[0]
     raw = _SLOT.__get__(first, Leaf)
     if type(raw) is _Pending:
@@ -514,7 +514,6 @@ def _group(leafs: list, made: tuple | None, key: Any) -> tuple[tuple, tuple]:
     else:
         numbers, comps, treedef = _record(raw, first.state, made)
     clock = _arrays(first.clock, first.state, made, ("clock", key))
-    states = [_parts(leaf.state, getattr(leaf, "layout", None)) for leaf in leafs]
     counters = _arrays(states[0][2], first.state, made, ("counters", key), first.state)
     layout = (first.frozen, treedef, states[0][0], states[0][1])
     return (numbers, comps, clock, counters, tuple(s[3] for s in states)), layout
@@ -548,9 +547,10 @@ def _unflatten_leaf(aux: tuple, children: Any) -> Leaf:
     return Leaf(rule.made() if type(rule) is _Pending else rule, state, aux[0], clock)
 
 
-def _groups(leafs: list) -> dict:
+def _groups(leafs: list, parts: list) -> dict:
     """The Leafs' indices by group: frozen alike, one rule by value (its Python numbers by
-    value, anything else by identity), one clock, their states' numbers alike."""
+    value, anything else by identity), one clock, their states' numbers alike; ``parts``
+    gets each Leaf's state split by :func:`_parts`."""
     keys: dict[int, Any] = {}
     groups: dict[tuple, list] = {}
     for i, leaf in enumerate(leafs):
@@ -564,7 +564,8 @@ def _groups(leafs: list) -> dict:
             except TypeError:  # an unhashable static field: the rule by identity
                 key = id(rule)
             keys[id(rule)] = key
-        state_def, where, numbers, _ = _parts(leaf.state, getattr(leaf, "layout", None))
+        parts.append(_parts(leaf.state, getattr(leaf, "layout", None)))
+        state_def, where, numbers, _ = parts[-1]
         groups.setdefault((leaf.frozen, key, _key(leaf.clock), state_def, where,
                            tuple(map(_key, numbers))), []).append(i)
     return groups
@@ -574,8 +575,10 @@ def _flatten_root(tree: Any) -> tuple:
     skeleton, leafs = _skeleton(tree)
     made = (getattr(tree, "_made", {}), {})
     children, layout = [], []
-    for members in _groups(leafs).values():
-        kids, group = _group([leafs[i] for i in members], made, id(leafs[members[0]]))
+    parts: list = []
+    for members in _groups(leafs, parts).values():
+        kids, group = _group([leafs[i] for i in members], [parts[i] for i in members], made,
+                             id(leafs[members[0]]))
         children.append(kids)
         layout.append((group, tuple(members)))
     tree._made = made[1]
