@@ -63,7 +63,10 @@ class Rule:
         return not type(self).__module__.startswith("optimisers.")
 
     def init(self, x: Any) -> Any:
-        """The initial state for the array ``x``; ``None`` for a stateless rule."""
+        """The initial state for the array ``x``; ``None`` for a stateless rule. A number in
+        the state (a step count) may depend on the rule's numbers and on the state's own
+        numbers, never on the array's shape: under ``jax.jit`` a group of Leafs steps one
+        such number for all its members."""
         return None
 
     def apply(self, state: Any, x: Any, dx: Any, *higher: Any) -> tuple[Any, Any]:
