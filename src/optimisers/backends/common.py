@@ -62,7 +62,7 @@ def floored(xp: Any, e: Any) -> Any:
         >>> import numpy as np
         >>> from optimisers.backends import numpy as xp
         >>> floored(xp, 1e-8), floored(xp, 0.0), floored(xp, 0.1)
-        (6.103515625e-05, 0.0, 0.1)
+        (1e-07, 0.0, 0.1)
     """
     if istraced(e):
         return xp.where(e != 0, xp.maximum(e, FLOAT16_EPS), e)
