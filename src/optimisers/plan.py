@@ -13,7 +13,7 @@ from optimisers import backends
 from optimisers.fast.fused import in_group
 from optimisers.gather import DOTGRAD, Entry, add, grad_array
 from optimisers.keypath import KeyPath
-from optimisers.leaf import Leaf, leaves
+from optimisers.leaf import Leaf
 from optimisers.reduce import group_totals
 from optimisers.tree import child_getter, children
 
@@ -27,7 +27,17 @@ _GRAD, _LEAF = operator.attrgetter("grad"), operator.attrgetter("is_leaf")
 
 def first_leaf(t: Any) -> Leaf | None:
     """first_leaf(tree) -> the first Leaf of a state tree in walk order, or ``None``."""
-    return next((leaf for _, leaf in leaves(t)), None)
+    stack = [iter((t,))]  # (its own loop: a steady update_ stays out of leaf.py's walk)
+    while stack:
+        for t in stack[-1]:
+            if isinstance(t, Leaf):
+                return t
+            if isinstance(t, (dict, tuple, list)):
+                stack.append(iter(t.values() if isinstance(t, dict) else t))
+                break
+        else:
+            stack.pop()
+    return None
 
 
 class Plan:

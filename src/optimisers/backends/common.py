@@ -49,13 +49,21 @@ def eps(xp: Any, x: Any, e: Any) -> Any:
     """eps(xp, x, e) -> ``e`` as a hyper-parameter of ``x``, floored at :data:`FLOAT16_EPS`
     for a float16 ``x``."""
     if xp.ishalf(x):
-        e = _floored(xp, e)
+        e = floored(xp, e)
     (e,) = xp.hyper(x, e)
     return e
 
 
-def _floored(xp: Any, e: Any) -> Any:
-    """A non-zero ``e`` at least :data:`FLOAT16_EPS` (by ``where`` when traced)."""
+def floored(xp: Any, e: Any) -> Any:
+    """floored(xp, e) -> a non-zero ``e`` at least :data:`FLOAT16_EPS` (by ``where`` when
+    traced): a float16 array's epsilon, for every backend's ``eps``.
+
+    Example:
+        >>> import numpy as np
+        >>> from optimisers.backends import numpy as xp
+        >>> floored(xp, 1e-8), floored(xp, 0.0), floored(xp, 0.1)
+        (1e-07, 0.0, 0.1)
+    """
     if istraced(e):
         return xp.where(e != 0, xp.maximum(e, FLOAT16_EPS), e)
     return max(e, FLOAT16_EPS) if e else e

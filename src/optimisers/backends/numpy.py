@@ -16,7 +16,6 @@ from numpy import abs, conj, minimum, real, sign, where  # noqa: F401
 from numpy import clip as clamp  # noqa: F401
 
 from optimisers.backends import common
-from optimisers.backends.common import FLOAT16_EPS
 from optimisers.backends.packs import PAD, Packs
 
 Array = np.ndarray
@@ -184,10 +183,9 @@ def abs2(g: Array) -> Array:
 
 
 def eps(x: Array, e: Any) -> Any:
-    """``e`` as a hyper-parameter of ``x``, at least ``common.FLOAT16_EPS`` for a float16
-    ``x`` (a non-zero ``e``)."""
-    if x.dtype == np.float16 and e:
-        e = max(e, FLOAT16_EPS)
+    """``e`` as a hyper-parameter of ``x``, floored for a float16 ``x`` (``common.floored``)."""
+    if x.dtype == np.float16:
+        e = common.floored(_SELF, e)
     (e,) = hyper(x, e)
     return e
 

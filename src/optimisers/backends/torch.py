@@ -28,7 +28,6 @@ from optimisers.backends._torchnn import (  # noqa: F401 (protocol.Carrying)
     register_nodes,
     unwrapped,
 )
-from optimisers.backends.common import FLOAT16_EPS
 from optimisers.backends.packs import PAD, Packs
 
 Array = torch.Tensor
@@ -182,10 +181,9 @@ def abs2(g: Array) -> Array:
 
 
 def eps(x: Array, e: Any) -> Any:
-    """``e`` as a hyper-parameter of ``x``, at least ``common.FLOAT16_EPS`` for a float16
-    ``x`` (a non-zero ``e``)."""
-    if ishalf(x) and e:
-        e = max(e, FLOAT16_EPS)
+    """``e`` as a hyper-parameter of ``x``, floored for a float16 ``x`` (``common.floored``)."""
+    if ishalf(x):
+        e = common.floored(_SELF, e)
     (e,) = hyper(x, e)
     return e
 
