@@ -241,7 +241,8 @@ _EAGER = ("jax",)  # backends registering this package's types (Leaf, rules) wit
 
 
 def rule_defined(cls: type) -> None:
-    """rule_defined(cls): loaded backends register the new rule class (JAX: a pytree)."""
+    """rule_defined(cls): loaded backends register the new rule or schedule class (JAX: a
+    pytree)."""
     for lib in _EAGER:
         loaded = extension(lib)
         if loaded is not None:

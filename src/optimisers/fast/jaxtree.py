@@ -10,8 +10,9 @@ children. ``Leaf.frozen`` is static. Python numbers among the children (hyper-pa
 and counters such as Adam's step count in a state) are flattened as weakly typed 0-d
 arrays, so they are data under ``equinox.filter_jit`` too.
 
-Under ``jax.jit`` XLA fuses each Leaf's plain ``apply`` itself; :func:`fuse` steps only the
-Leafs of one shape whose rule stacks (``Muon``), by one ``jax.vmap`` (``fast/batched.py``).
+Under ``jax.jit`` XLA fuses each Leaf's plain ``apply`` itself; :func:`fuse` steps a group's
+Leafs with its rule made once (and Leafs of one shape whose rule stacks, ``Muon``, by one
+``jax.vmap``, ``fast/batched.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from optimisers.backends import sharding
 from optimisers.leaf import Leaf, nodes
 from optimisers.reduce import given, places
 from optimisers.rules import NewValue, call
-from optimisers.schedules import at
+from optimisers.schedules import Schedule, at
 
 
 def fuse(entries: list, found: dict | None = None) -> tuple[list, list]:
@@ -184,12 +185,15 @@ def _isdata(field: dataclasses.Field) -> bool:
 @functools.cache
 def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The names of ``cls``'s data fields and of its static fields (``None``: not a
-    dataclass, so the rule is static as a whole)."""
+    dataclass, so the rule is static as a whole). A schedule's fields are all data but its
+    flags (declared ``static``): its formula never branches in Python on its numbers, ints
+    included, so an ``adjust`` to other numbers never re-traces."""
     if not dataclasses.is_dataclass(cls):
         return None
     fields = dataclasses.fields(cls)
-    return (tuple(f.name for f in fields if _isdata(f)),
-            tuple(f.name for f in fields if not _isdata(f)))
+    data = (lambda f: not f.metadata.get("static")) if issubclass(cls, Schedule) else _isdata
+    return (tuple(f.name for f in fields if data(f)),
+            tuple(f.name for f in fields if not data(f)))
 
 
 _AS_IS: set[type] = set()
@@ -251,7 +255,17 @@ def _unflatten_rule(cls: type, aux: tuple, kids: Any) -> Any:
 
 
 def register_rule(cls: type) -> None:
-    """Register the rule class ``cls`` as a JAX pytree (once)."""
+    """register_rule(cls) -> None: the rule or schedule class ``cls`` as a JAX pytree (once),
+    rebuilt without re-running its checks on traced numbers.
+
+    Example:
+        >>> from optimisers import Adam, Linear
+        >>> register_rule(Linear)  # done already: each class registers itself when defined
+        >>> [str(v.dtype) for v in jax.tree.leaves(Linear(1.0, 0.0, 10))]
+        ['float32', 'float32', 'int32']
+        >>> len(jax.tree.leaves(Adam()))  # eta, beta (two), epsilon
+        4
+    """
     if cls in _REGISTERED:
         return
     _REGISTERED.add(cls)
@@ -608,12 +622,14 @@ def _unflatten_root(aux: tuple, children: Any) -> Any:
 def _register_all() -> None:
     from optimisers.rules import Rule
 
-    jax.tree_util.register_pytree_with_keys(
-        Leaf, _flatten_leaf_with_keys, _unflatten_leaf, _flatten_leaf)
+    for cls in (Leaf, _Rebuilt):  # (a group's member taken out alone flattens as a Leaf)
+        jax.tree_util.register_pytree_with_keys(
+            cls, _flatten_leaf_with_keys, _unflatten_leaf, _flatten_leaf)
     for cls in _ROOTS.values():
         jax.tree_util.register_pytree_with_keys(
             cls, _flatten_root_with_keys, _unflatten_root, _flatten_root)
     _register_subclasses(Rule, register_rule)
+    _register_subclasses(Schedule, register_rule)
 
 
 def _register_subclasses(base: type, register: Any) -> None:
@@ -625,56 +641,4 @@ def _register_subclasses(base: type, register: Any) -> None:
         todo.extend(cls.__subclasses__())
 
 
-# --- schedules: pytrees whose every number is a leaf ---------------------------------------
-#
-# A schedule's numbers (start, end, steps, boundaries...) are all children, ints included:
-# its formula never branches in Python on them, so that an ``adjust`` to a schedule of the
-# same class with other numbers never re-traces. Only flags (``Exponential.staircase``,
-# declared ``static``) and ``Function``'s function are static. Nested schedules
-# (``Warmup.schedule``, ``Join.schedules``) are children, and flatten in turn.
-
-
-@functools.cache
-def _schedule_layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    fields = dataclasses.fields(cls)
-    return (tuple(f.name for f in fields if not f.metadata.get("static")),
-            tuple(f.name for f in fields if f.metadata.get("static")))
-
-
-def _flatten_schedule(s: Any) -> tuple[list, tuple]:
-    data, static = _schedule_layout(type(s))
-    return ([_dynamic(getattr(s, n)) for n in data],
-            (data, tuple((n, getattr(s, n)) for n in static)))
-
-
-def _flatten_schedule_with_keys(s: Any) -> tuple[list, tuple]:
-    kids, aux = _flatten_schedule(s)
-    return [(GetAttrKey(n), v) for n, v in zip(aux[0], kids)], aux
-
-
-def register_schedule(cls: type) -> None:
-    """register_schedule(cls) -> None: the schedule class ``cls`` as a JAX pytree (once),
-    rebuilt as rules are, without re-running its checks on traced numbers.
-
-    Example:
-        >>> from optimisers import Linear
-        >>> register_schedule(Linear)  # done already: each schedule class registers itself
-        >>> [str(v.dtype) for v in jax.tree.leaves(Linear(1.0, 0.0, 10))]
-        ['float32', 'float32', 'int32']
-    """
-    if cls in _REGISTERED:
-        return
-    _REGISTERED.add(cls)  # (its fields are read at its first flattening: once a dataclass)
-    jax.tree_util.register_pytree_with_keys(
-        cls, _flatten_schedule_with_keys, functools.partial(_unflatten_rule, cls),
-        _flatten_schedule)
-
-
-def _register_schedules() -> None:
-    from optimisers.schedules import Schedule
-
-    _register_subclasses(Schedule, register_schedule)
-
-
 _register_all()
-_register_schedules()

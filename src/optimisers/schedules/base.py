@@ -51,9 +51,7 @@ class Schedule:
         known = SCHEDULES.get(cls.__name__, cls)
         if (known.__module__, known.__qualname__) == (cls.__module__, cls.__qualname__):
             SCHEDULES[cls.__name__] = cls  # (slots=True makes the class anew: the new one)
-        register = getattr(sys.modules.get("optimisers.fast.jaxtree"), "register_schedule", None)
-        if register is not None:  # JAX seen already: the new schedule is a pytree too
-            register(cls)
+        backends.rule_defined(cls)  # JAX seen already: the new schedule is a pytree too
 
     def __call__(self, t: Any) -> Any:
         """The value at step ``t`` (counting from 0)."""
