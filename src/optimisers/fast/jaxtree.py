@@ -1,26 +1,15 @@
-"""JAX pytrees of this package's types: every rule, every schedule, ``Leaf``, and the root
-of a state tree (:func:`root`), which flattens into one record per group of Leafs; and
+"""JAX pytrees of ``Leaf`` and of the root of a state tree (:func:`root`), which flattens
+into one record per group of Leafs, with the rules and schedules (``fast/jaxrules.py``); and
 :func:`fuse`. The registry imports this module with the JAX backend (``registry.extend``).
 
-A rule's hyper-parameters (its ``float`` fields, and ``tuple`` fields such as ``beta``) are
-pytree *children*, so ``adjust`` of a learning rate passes new data to a jitted update
-without re-tracing it; its other fields (``bool``, ``int``, dtypes, and fields declared
-with ``metadata={"static": True}``) are static auxiliary data, and nested rules are
-children. ``Leaf.frozen`` is static. Python numbers among the children (hyper-parameters,
-and counters such as Adam's step count in a state) are flattened as weakly typed 0-d
-arrays, so they are data under ``equinox.filter_jit`` too.
-
-Under ``jax.jit`` XLA fuses each Leaf's plain ``apply`` itself; :func:`fuse` steps a group's
-Leafs with its rule made once (and Leafs of one shape whose rule stacks, ``Muon``, by one
-``jax.vmap``, ``fast/batched.py``).
+``Leaf.frozen`` is static. Python numbers in a state (Adam's step count) are flattened as
+weakly typed 0-d arrays, as a rule's are. Under ``jax.jit`` XLA fuses each Leaf's plain
+``apply`` itself; :func:`fuse` steps a group's Leafs with its rule made once (and Leafs of
+one shape whose rule stacks, ``Muon``, by one ``jax.vmap``, ``fast/batched.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import operator
-import threading
 from typing import Any
 
 import jax
@@ -30,10 +19,13 @@ from jax.tree_util import GetAttrKey
 
 from optimisers.backends import jax as xp
 from optimisers.backends import sharding
+from optimisers.fast.jaxrules import dynamic, raw, register_rule, register_subclasses
 from optimisers.leaf import Leaf, nodes
 from optimisers.reduce import given, places
 from optimisers.rules import NewValue, call
 from optimisers.schedules import Schedule, at
+
+__all__ = ["fuse", "root", "register_rule", "StateDict", "StateList", "StateTuple"]
 
 
 def fuse(entries: list, found: dict | None = None) -> tuple[list, list]:
@@ -159,120 +151,6 @@ def _counting(now: Any, e: Any, old: tuple) -> tuple[bool, ...]:
 _COUNTING: dict[tuple, tuple] = {}  # what _counting found, by the step's structure
 
 
-# --- pytree registration of Leaf and the rules ---------------------------------------------
-
-_REGISTERED: set[type] = set()
-
-
-_DATA_TYPES = ("float", "tuple", "Rule", "Array")
-
-
-def _isdata(field: dataclasses.Field) -> bool:
-    """Whether a rule's field travels as pytree data (a child) rather than static aux.
-
-    Decided by the field's declaration alone, never by its value (``jax.tree.map`` may
-    put anything at a leaf, and the structure must not change): ``float``, ``tuple``
-    (such as ``beta``, or a chain's rules) and ``Rule`` fields are data; ``bool``,
-    ``int`` and anything else (``Any``: a dtype) are static, as is a field declared with
-    ``dataclasses.field(metadata={"static": True})``.
-    """
-    if field.metadata.get("static"):
-        return False
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
-    return any(t in kind for t in _DATA_TYPES)
-
-
-@functools.cache
-def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """The names of ``cls``'s data fields and of its static fields (``None``: not a
-    dataclass, so the rule is static as a whole). A schedule's fields are all data but its
-    flags (declared ``static``): its formula never branches in Python on its numbers, ints
-    included, so an ``adjust`` to other numbers never re-traces."""
-    if not dataclasses.is_dataclass(cls):
-        return None
-    fields = dataclasses.fields(cls)
-    data = (lambda f: not f.metadata.get("static")) if issubclass(cls, Schedule) else _isdata
-    return (tuple(f.name for f in fields if data(f)),
-            tuple(f.name for f in fields if not data(f)))
-
-
-_AS_IS: set[type] = set()
-
-
-def _dynamic(v: Any) -> Any:
-    """A Python number (in tuples too) as a weakly typed 0-d JAX array: traced data under
-    ``equinox.filter_jit`` too, which would make it static and re-trace when it changes."""
-    if type(v) in _AS_IS or getattr(_RAW, "on", False):  # arrays and tracers: kept fast
-        return v
-    if type(v) is tuple:  # a state, or beta: arrays inline, no call for them
-        new = tuple([e if type(e) in _AS_IS else _dynamic(e) for e in v])
-        return v if all(map(operator.is_, new, v)) else new  # (kept: nothing to make)
-    if isinstance(v, jax.Array):
-        _AS_IS.add(type(v))
-        return v
-    if isinstance(v, (bool, np.bool_)):
-        return v
-    if isinstance(v, (float, np.floating)):
-        return jnp.asarray(float(v))
-    if isinstance(v, (int, np.integer)):
-        return jnp.asarray(int(v))
-    return v
-
-
-def _split(rule: Any) -> tuple[tuple, list, tuple]:
-    cls = type(rule)
-    layout = _layout(cls)
-    if layout is None:
-        return (), [], (("", rule),)
-    data, static = layout
-    return (data, [_dynamic(getattr(rule, n)) for n in data],
-            tuple((n, getattr(rule, n)) for n in static))
-
-
-def _flatten_rule(rule: Any) -> tuple[list, tuple]:
-    names, kids, static = _split(rule)
-    return kids, (names, static)
-
-
-def _flatten_rule_with_keys(rule: Any) -> tuple[list, tuple]:
-    names, kids, static = _split(rule)
-    return [(GetAttrKey(n), v) for n, v in zip(names, kids)], (names, static)
-
-
-def _unflatten_rule(cls: type, aux: tuple, kids: Any) -> Any:
-    names, static = aux
-    if static and static[0][0] == "":
-        return static[0][1]  # not a dataclass: the rule itself was the aux data
-    rule = object.__new__(cls)  # never re-run __init__/__post_init__ on traced values
-    fields = getattr(rule, "__dict__", None)
-    if fields is not None:  # a frozen dataclass: its fields set as object.__setattr__ would
-        fields.update(zip(names, kids))
-        fields.update(static)
-        return rule
-    for n, v in (*zip(names, kids), *static):  # __slots__
-        object.__setattr__(rule, n, v)
-    return rule
-
-
-def register_rule(cls: type) -> None:
-    """register_rule(cls) -> None: the rule or schedule class ``cls`` as a JAX pytree (once),
-    rebuilt without re-running its checks on traced numbers.
-
-    Example:
-        >>> from optimisers import Adam, Linear
-        >>> register_rule(Linear)  # done already: each class registers itself when defined
-        >>> [str(v.dtype) for v in jax.tree.leaves(Linear(1.0, 0.0, 10))]
-        ['float32', 'float32', 'int32']
-        >>> len(jax.tree.leaves(Adam()))  # eta, beta (two), epsilon
-        4
-    """
-    if cls in _REGISTERED:
-        return
-    _REGISTERED.add(cls)
-    jax.tree_util.register_pytree_with_keys(
-        cls, _flatten_rule_with_keys, functools.partial(_unflatten_rule, cls), _flatten_rule)
-
-
 # --- Leafs and the root: one record of numbers per group of Leafs --------------------------
 #
 # A Leaf flattens as a record of one member: its rule's numbers (as data) and the precise
@@ -356,18 +234,6 @@ def _build(skeleton: Any, leafs: list) -> Any:
     return cls._make(kids) if hasattr(cls, "_make") else cls(kids)
 
 
-_RAW = threading.local()
-
-
-def _raw(rule: Any) -> tuple[list, Any]:
-    """The rule's pytree leaves as they are (Python numbers kept) and its treedef."""
-    _RAW.on = True
-    try:
-        return jax.tree.flatten(rule)
-    finally:
-        _RAW.on = False
-
-
 def _key(v: Any) -> Any:
     return (type(v), v) if type(v) in (float, int, bool) else id(v)
 
@@ -394,9 +260,9 @@ def _record(rule: Any, state: Any, made: tuple | None) -> tuple[tuple, tuple, An
     ``state``'s); ``made``: the root's arrays of its last flatten and of this one."""
     kept = made[0].get(id(rule)) if made is not None else None
     if kept is None or kept[0] is not rule:
-        values, treedef = _raw(rule)
+        values, treedef = raw(rule)
         comps = [_complement(v) for v in values]
-        new = [_dynamic(v) for v in (*values, *comps) if v is not None]
+        new = [dynamic(v) for v in (*values, *comps) if v is not None]
         placed = iter(new if _traced(new) else sharding.beside(state, new))
         numbers = tuple(next(placed) for _ in values)
         kept = (rule, numbers, tuple(c if c is None else next(placed) for c in comps), treedef)
@@ -416,7 +282,7 @@ def _arrays(v: Any, state: Any, made: tuple | None, key: Any, owner: Any = None)
     owner = v if owner is None else owner
     kept = made[0].get(key) if made is not None else None
     if kept is None or kept[0] is not owner:
-        out = _dynamic(v)
+        out = dynamic(v)
         if out is not v and not _traced(jax.tree.leaves(out)):
             values, treedef = jax.tree.flatten(out)
             out = jax.tree.unflatten(treedef, sharding.beside(state, values))
@@ -571,7 +437,7 @@ def _groups(leafs: list, parts: list) -> dict:
         rule = _SLOT.__get__(leaf, Leaf)
         key = keys.get(id(rule))
         if key is None:
-            values, treedef = _raw(rule) if type(rule) is not _Pending else ((), id(rule))
+            values, treedef = raw(rule) if type(rule) is not _Pending else ((), id(rule))
             key = (treedef, tuple(map(_key, values)))
             try:
                 hash(key)
@@ -628,17 +494,8 @@ def _register_all() -> None:
     for cls in _ROOTS.values():
         jax.tree_util.register_pytree_with_keys(
             cls, _flatten_root_with_keys, _unflatten_root, _flatten_root)
-    _register_subclasses(Rule, register_rule)
-    _register_subclasses(Schedule, register_rule)
-
-
-def _register_subclasses(base: type, register: Any) -> None:
-    """``register`` every subclass of ``base`` defined so far, at any depth."""
-    todo = list(base.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        register(cls)
-        todo.extend(cls.__subclasses__())
+    register_subclasses(Rule)
+    register_subclasses(Schedule)
 
 
 _register_all()
