@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy as _copy_module
 import dataclasses
+import functools
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -44,20 +45,14 @@ def places(rule: Rule) -> tuple:
         (((0,), ClipGlobalNorm(omega=1.0, p=2.0)),)
     """
     try:
-        return _PLACES[rule]
-    except (KeyError, TypeError):
-        pass
-    found = tuple(_find(rule, ()))
-    if len(_PLACES) > 4096:  # (a rule adjusted at every step is a new rule each time)
-        _PLACES.clear()
-    try:
-        _PLACES[rule] = found
+        return _places(rule)
     except TypeError:  # unhashable: a value traced under jit
-        pass
-    return found
+        return tuple(_find(rule, ()))
 
 
-_PLACES: dict[Any, tuple] = {}
+@functools.lru_cache(maxsize=4096)  # (a rule adjusted at every step is a new rule each time)
+def _places(rule: Rule) -> tuple:
+    return tuple(_find(rule, ()))
 
 
 def _find(rule: Any, place: tuple) -> list:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -124,6 +125,7 @@ def call(rule: Rule, state: Any, x: Any, grads: tuple) -> tuple[Any, Any]:
     return rule.apply(state, x, *(grads if n >= len(grads) else grads[: int(n)]))
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class NewValue:
     """NewValue(value): a step that sets the parameter to ``value`` (``MixedPrecision``).
 
@@ -132,10 +134,7 @@ class NewValue:
         3.0
     """
 
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    value: Any
 
 
 def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:

@@ -38,7 +38,6 @@ class LAMB(Rule):
     """
 
     reads_x = True
-
     eta: float = hyperparameter(0.001, "[0, inf)")
     beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     epsilon: float = hyperparameter(1e-6, "[0, inf)")
@@ -81,7 +80,6 @@ class LARS(Rule):
     """
 
     reads_x = True
-
     eta: float = hyperparameter(1.0, "[0, inf)")
     lambd: float = hyperparameter(0.0, "[0, inf)")
     trust: float = hyperparameter(0.001, "[0, inf)")

@@ -64,7 +64,6 @@ class Muon(Rule):
 
     reads_x = True
     stacks = True
-
     eta: float = hyperparameter(1e-3, "[0, inf)")
     rho: float = hyperparameter(0.95, "[0, 1]")
     lambd: float = hyperparameter(0.1, "[0, inf)")
@@ -141,7 +140,6 @@ class Adafactor(Rule):
     """
 
     reads_x = True
-
     eta: float = hyperparameter(1e-2, "[0, inf)")
     beta2_decay: float = hyperparameter(-0.8, "(-inf, 0]")
     epsilon: tuple = hyperparameter((None, 1e-3), "[0, inf) or None", "[0, inf)")

@@ -47,7 +47,6 @@ class ScheduleFreeAdamW(Rule):
 
     elementwise = True
     reads_x = True
-
     eta: float = hyperparameter(0.0025, "[0, inf)")
     beta: tuple = hyperparameter((0.9, 0.999), "(0, 1]", "[0, 1)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")

@@ -87,7 +87,6 @@ class ClipGlobalNorm(TreeRule):
     """
 
     elementwise = True  # given the norm (the group's rule is given it first)
-
     omega: float = hyperparameter(1.0, "[0, inf)")
     p: float = hyperparameter(2.0, "(0, inf]", static=True)
 
@@ -184,7 +183,6 @@ class SkipNonFinite(_Counting, TreeRule):
     """
 
     elementwise = True  # given the decision (the group's rule is given it first)
-
     limit: int | None = hyperparameter(None, "[0, inf) or None", kind="whole", static=True)
 
     def part(self, dx: Any) -> Any:
