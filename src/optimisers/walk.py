@@ -36,8 +36,7 @@ def enter(path: tuple, x: Any, inside: dict, what: str) -> None:
 def mirror(x: Any, new_children: Mapping) -> Any:
     """The state tree's twin of the node ``x``: a tuple or list, or a ``dict`` by key."""
     if ispositional(x):
-        return list(new_children.values()) if isinstance(x, list) else tuple(
-            new_children.values())
+        return list(new_children.values()) if isinstance(x, list) else tuple(new_children.values())
     return dict(new_children)
 
 

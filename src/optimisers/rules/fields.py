@@ -239,8 +239,7 @@ def hyperparameter(default: Any = dataclasses.MISSING, *within: str, kind: str =
     allowed = Allowed(kind, intervals if len(intervals) > 1 else
                       intervals[0] if intervals else None)
     metadata = {"allowed": allowed, **({"static": True} if static else {})}
-    return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata=metadata)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
 @functools.cache

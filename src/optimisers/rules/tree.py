@@ -160,8 +160,7 @@ class _Skipping(_Counting, Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        return (xp.where(self.finite, 0, state + 1),
-                xp.where(self.finite, dx, xp.zeros_like(dx)))
+        return (xp.where(self.finite, 0, state + 1), xp.where(self.finite, dx, xp.zeros_like(dx)))
 
 
 @dataclass(frozen=True)
