@@ -21,8 +21,7 @@ __all__ = ["places", "totals", "group_totals", "given", "copier"]
 
 
 def copier() -> Any:
-    """copier() -> a function copying writable arrays (packed state stays packed), leaving
-    anything else as it is."""
+    """copier() -> a function copying writable arrays, leaving anything else as it is."""
     copiers: dict[str, Any] = {}
 
     def copy(a: Any) -> Any:
@@ -96,9 +95,8 @@ def group_totals(rule: Rule, clock: Any, grads: list, states: list, paths: list
 
 
 def _checked(rule: TreeRule, grads: list, held: Iterable, place: tuple, paths: list) -> Any:
-    """The total of ``rule``'s parts of ``grads``, once the rule has let the step be; the
-    states at ``place`` of the Leafs' ``(rule, state)`` pairs ``held`` are read only for a
-    rule that checks them."""
+    """The total of ``rule``'s parts of ``grads``, checked against the states at ``place``
+    of the ``(rule, state)`` pairs ``held`` (read only for a rule that checks them)."""
     total = rule.total(rule.parts(grads))
     if type(rule).check is not TreeRule.check:
         rule.check(total, [_state_at(r, s, place) for r, s in held], paths)

@@ -175,9 +175,9 @@ def substitute(x: Any, new: dict) -> Any:
 
 
 def _rewritten(t: Any, x: Any, at: Callable, build: Callable, what: str) -> Any:
-    """``x`` rebuilt: ``at(t, x)`` gives ``(new value, None)``, or ``(None, (key, t's child,
-    x's child) triples)`` to walk into; only nodes with a changed child are rebuilt, each
-    mutable one once (ties kept)."""
+    """``x`` with ``new`` where ``at(t, x)`` gives ``(new, None)``, walked into where it gives
+    ``(None, (key, t's child, x's child) triples)``: only nodes with a changed child rebuilt,
+    each mutable one once (ties kept)."""
     memo: dict[int, tuple[Any, Any]] = {}
     inside: dict[int, tuple] = {}
 

@@ -153,8 +153,7 @@ def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
 
 
 def _arrays(state: Any) -> list:
-    """The arrays in a state's tuples, lists and dicts; a weakly typed 0-d one (JAX's
-    counters under ``jit``) is a number."""
+    """The arrays in a state (a weakly typed 0-d one, JAX's counter under ``jit``, is none)."""
     stack, found = [state], []
     while stack:
         s = stack.pop()
