@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy as _copy_module
 import dataclasses
+import functools
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -20,8 +21,7 @@ __all__ = ["places", "totals", "group_totals", "given", "copier"]
 
 
 def copier() -> Any:
-    """copier() -> a function copying writable arrays (packed state stays packed), leaving
-    anything else as it is."""
+    """copier() -> a function copying writable arrays, leaving anything else as it is."""
     copiers: dict[str, Any] = {}
 
     def copy(a: Any) -> Any:
@@ -44,20 +44,14 @@ def places(rule: Rule) -> tuple:
         (((0,), ClipGlobalNorm(omega=1.0, p=2.0)),)
     """
     try:
-        return _PLACES[rule]
-    except (KeyError, TypeError):
-        pass
-    found = tuple(_find(rule, ()))
-    if len(_PLACES) > 4096:  # (a rule adjusted at every step is a new rule each time)
-        _PLACES.clear()
-    try:
-        _PLACES[rule] = found
+        return _places(rule)
     except TypeError:  # unhashable: a value traced under jit
-        pass
-    return found
+        return tuple(_find(rule, ()))
 
 
-_PLACES: dict[Any, tuple] = {}
+@functools.lru_cache(maxsize=4096)  # (a rule adjusted at every step is a new rule each time)
+def _places(rule: Rule) -> tuple:
+    return tuple(_find(rule, ()))
 
 
 def _find(rule: Any, place: tuple) -> list:
@@ -101,9 +95,8 @@ def group_totals(rule: Rule, clock: Any, grads: list, states: list, paths: list
 
 
 def _checked(rule: TreeRule, grads: list, held: Iterable, place: tuple, paths: list) -> Any:
-    """The total of ``rule``'s parts of ``grads``, once the rule has let the step be; the
-    states at ``place`` of the Leafs' ``(rule, state)`` pairs ``held`` are read only for a
-    rule that checks them."""
+    """The total of ``rule``'s parts of ``grads``, checked against the states at ``place``
+    of the ``(rule, state)`` pairs ``held`` (read only for a rule that checks them)."""
     total = rule.total(rule.parts(grads))
     if type(rule).check is not TreeRule.check:
         rule.check(total, [_state_at(r, s, place) for r, s in held], paths)

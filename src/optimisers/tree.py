@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import operator
@@ -159,20 +160,15 @@ def _copied(x: Any, new_children: Mapping, put: Callable | None = None) -> Any:
 
 
 def _rebuild_mapping(x: Mapping, old: dict, new_children: Mapping) -> Mapping:
-    """A Mapping like ``x`` with some children replaced: a dict subclass's copy is written,
-    any other Mapping built from its items."""
+    """A Mapping like ``x``: a dict subclass's copy written, any other built from its items."""
     items = {k: new_children.get(k, v) for k, v in old.items()}
     if type(x) is dict:
         return items
-    if isinstance(x, dict):
-        try:
-            y = copy.copy(x)
-            if y is not x:
-                for k, v in new_children.items():
-                    y[k] = v
-                return y
-        except (TypeError, ValueError):  # an immutable dict: constructed below
-            pass
+    with contextlib.suppress(TypeError, ValueError):  # (an immutable dict: constructed below)
+        if isinstance(x, dict) and (y := copy.copy(x)) is not x:
+            for k, v in new_children.items():
+                y[k] = v
+            return y
     try:
         return type(x)(items)
     except TypeError as err:

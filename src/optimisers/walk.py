@@ -36,8 +36,7 @@ def enter(path: tuple, x: Any, inside: dict, what: str) -> None:
 def mirror(x: Any, new_children: Mapping) -> Any:
     """The state tree's twin of the node ``x``: a tuple or list, or a ``dict`` by key."""
     if ispositional(x):
-        return list(new_children.values()) if isinstance(x, list) else tuple(
-            new_children.values())
+        return list(new_children.values()) if isinstance(x, list) else tuple(new_children.values())
     return dict(new_children)
 
 
@@ -176,9 +175,9 @@ def substitute(x: Any, new: dict) -> Any:
 
 
 def _rewritten(t: Any, x: Any, at: Callable, build: Callable, what: str) -> Any:
-    """``x`` rebuilt: ``at(t, x)`` gives ``(new value, None)``, or ``(None, (key, t's child,
-    x's child) triples)`` to walk into; only nodes with a changed child are rebuilt, each
-    mutable one once (ties kept)."""
+    """``x`` with ``new`` where ``at(t, x)`` gives ``(new, None)``, walked into where it gives
+    ``(None, (key, t's child, x's child) triples)``: only nodes with a changed child rebuilt,
+    each mutable one once (ties kept)."""
     memo: dict[int, tuple[Any, Any]] = {}
     inside: dict[int, tuple] = {}
 

@@ -14,6 +14,7 @@ from optimisers.rules.adaptive import (
     OAdam,
     RAdam,
     RMSProp,
+    ScheduleFreeAdamW,
 )
 from optimisers.rules.base import RULES, NewValue, Rule, call, ngrads
 from optimisers.rules.composite import EMA, AccumGrad, MixedPrecision, OptimiserChain
@@ -27,9 +28,7 @@ from optimisers.rules.descent import (
     SignDecay,
     WeightDecay,
 )
-from optimisers.rules.layerwise import LAMB, LARS
-from optimisers.rules.matrix import Adafactor, Muon
-from optimisers.rules.schedulefree import ScheduleFreeAdamW
+from optimisers.rules.layerwise import LAMB, LARS, Adafactor, Muon
 from optimisers.rules.tree import ClipGlobalNorm, SkipNonFinite, TreeRule
 
 __all__ = [

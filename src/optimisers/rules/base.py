@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -127,6 +128,7 @@ def call(rule: Rule, state: Any, x: Any, grads: tuple) -> tuple[Any, Any]:
     return rule.apply(state, x, *(grads if n >= len(grads) else grads[: int(n)]))
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class NewValue:
     """NewValue(value): a step that sets the parameter to ``value`` (``MixedPrecision``).
 
@@ -135,10 +137,7 @@ class NewValue:
         3.0
     """
 
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    value: Any
 
 
 def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
@@ -157,8 +156,7 @@ def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
 
 
 def _arrays(state: Any) -> list:
-    """The arrays in a state's tuples, lists and dicts; a weakly typed 0-d one (JAX's
-    counters under ``jit``) is a number."""
+    """The arrays in a state (a weakly typed 0-d one, JAX's counter under ``jit``, is none)."""
     stack, found = [state], []
     while stack:
         s = stack.pop()

@@ -113,7 +113,6 @@ class AccumGrad(Rule):
     """
 
     elementwise = True
-
     n: int = hyperparameter(1, "[1, inf)", kind="whole")
 
     def init(self, x):
@@ -226,7 +225,6 @@ class EMA(Rule):
 
     elementwise = True
     reads_x = True
-
     rule: Rule = hyperparameter(default_factory=Descent, kind="rule")
     decay: float = hyperparameter(0.999, "[0, 1]")
 

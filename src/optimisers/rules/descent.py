@@ -23,7 +23,6 @@ class Descent(Rule):
     """
 
     elementwise = True
-
     eta: float = hyperparameter(0.1, "[0, inf)")
 
     def apply(self, state, x, dx):
@@ -49,7 +48,6 @@ class Momentum(Rule):
     """
 
     elementwise = True
-
     eta: float = hyperparameter(0.01, "[0, inf)")
     rho: float = hyperparameter(0.9, "[0, 1]")
     eta_outside: bool = hyperparameter(False, kind="flag")
@@ -84,7 +82,6 @@ class Nesterov(Rule):
     """
 
     elementwise = True
-
     eta: float = hyperparameter(0.001, "[0, inf)")
     rho: float = hyperparameter(0.9, "[0, 1]")
     eta_outside: bool = hyperparameter(False, kind="flag")
@@ -119,7 +116,6 @@ class Rprop(Rule):
     """
 
     elementwise = True
-
     eta: float = hyperparameter(0.001, "[0, inf)")
     ell: tuple = hyperparameter((0.5, 1.2), "(0, 1)", "(1, inf)")
     gamma: tuple = hyperparameter((1e-6, 50.0), "[0, inf)", "[0, inf)")
@@ -162,7 +158,6 @@ class WeightDecay(Rule):
 
     elementwise = True
     reads_x = True
-
     lambd: float = hyperparameter(5e-4, "[0, inf)")
 
     def apply(self, state, x, dx):
@@ -182,7 +177,6 @@ class SignDecay(Rule):
 
     elementwise = True
     reads_x = True
-
     lambd: float = hyperparameter(1e-3, "[0, inf)")
 
     def apply(self, state, x, dx):
@@ -203,7 +197,6 @@ class ClipGrad(Rule):
     """
 
     elementwise = True
-
     delta: float = hyperparameter(10.0, "[0, inf)")
 
     def apply(self, state, x, dx):

@@ -108,11 +108,9 @@ class Allowed:
             if not _fits(self.kind, value):
                 self._refuse(rule, name, value, within, index)
             return value
-        from optimisers.schedules import Schedule, as_schedule  # (it imports this module)
-
-        if backends.istraced(value) or isinstance(value, Schedule):
+        if backends.istraced(value) or isinstance(value, SCHEDULE):
             return value  # unknown here (a schedule's is checked where evaluated: schedules.at)
-        if callable(value) and (scheduled := as_schedule(value)) is not value:
+        if callable(value) and (scheduled := SCHEDULED(value)) is not value:
             return scheduled  # a plain function step -> value: a schedule
         number = _number(value)
         if number is None or (self.kind == "whole" and type(number) is not int):
@@ -163,6 +161,8 @@ _TOO_LARGE = int(np.finfo(float).max) + 2**970  # the least int that float() ove
 
 
 RULE: tuple[type, ...] = ()  # (Rule,), set by rules/base.py
+SCHEDULE: tuple[type, ...] = ()  # (Schedule,), set by schedules.py, which imports this module
+SCHEDULED: Any = None  # schedules.as_schedule, set there too
 
 
 def _fits(kind: str, value: Any) -> bool:
@@ -239,8 +239,7 @@ def hyperparameter(default: Any = dataclasses.MISSING, *within: str, kind: str =
     allowed = Allowed(kind, intervals if len(intervals) > 1 else
                       intervals[0] if intervals else None)
     metadata = {"allowed": allowed, **({"static": True} if static else {})}
-    return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata=metadata)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
 @functools.cache

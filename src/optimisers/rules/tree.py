@@ -87,7 +87,6 @@ class ClipGlobalNorm(TreeRule):
     """
 
     elementwise = True  # given the norm (the group's rule is given it first)
-
     omega: float = hyperparameter(1.0, "[0, inf)")
     p: float = hyperparameter(2.0, "(0, inf]", static=True)
 
@@ -161,8 +160,7 @@ class _Skipping(_Counting, Rule):
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
-        return (xp.where(self.finite, 0, state + 1),
-                xp.where(self.finite, dx, xp.zeros_like(dx)))
+        return (xp.where(self.finite, 0, state + 1), xp.where(self.finite, dx, xp.zeros_like(dx)))
 
 
 @dataclass(frozen=True)
@@ -184,7 +182,6 @@ class SkipNonFinite(_Counting, TreeRule):
     """
 
     elementwise = True  # given the decision (the group's rule is given it first)
-
     limit: int | None = hyperparameter(None, "[0, inf) or None", kind="whole", static=True)
 
     def part(self, dx: Any) -> Any:
