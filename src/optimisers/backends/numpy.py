@@ -276,23 +276,18 @@ def packed(parts: tuple) -> list:
     dtype = parts[0].dtype
     n = sum(p.size for p in parts)
     buf = np.zeros(n + PAD // dtype.itemsize, dtype)
-    lo = start = _PACKS.start(buf, dtype.itemsize)
-    views = []
-    for p in parts:
-        v = buf[start:start + p.size].reshape(p.shape)
+    lo = _PACKS.start(buf, dtype.itemsize)
+    views = list(_segments(buf[lo:lo + n], parts))
+    for v, p in zip(views, parts):
         if not (p.flags.c_contiguous and p.dtype.kind in "biufc"  # all bytes zero (not -0.0):
                 and not p.reshape(-1).view(np.uint8).any()):  # the buffer has them already
             np.copyto(v, p)
-        views.append(v)
-        start += p.size
     return _PACKS.add(buf, lo, n, views)
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
     buf = _PACKS.whole(parts)
-    if buf is not None:
-        return buf, True
-    return np.concatenate(parts, axis=None), False
+    return (buf, True) if buf is not None else (np.concatenate(parts, axis=None), False)
 
 
 def scatter(flat: Array, parts: tuple) -> list | None:

@@ -48,6 +48,7 @@ device = operator.attrgetter("device")
 _SHAPE = operator.attrgetter("shape")
 transpose = functools.partial(torch.transpose, dim0=-2, dim1=-1)
 mean = functools.partial(torch.mean, keepdim=True)
+to_bfloat16 = operator.methodcaller("to", torch.bfloat16)
 
 
 def isfloating(x: Array) -> bool:
@@ -76,10 +77,6 @@ def _on(x: Array, v: torch.Tensor) -> torch.Tensor:
     return v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
 
 
-def complement(v: Any) -> Any:
-    return 1 - v  # before any cast: in float64 for a Python number, as optax computes it
-
-
 def zeros_like(x: Array, real_: bool = False) -> Array:
     return torch.zeros_like(x.real if real_ and x.is_complex() else x, requires_grad=False)
 
@@ -88,6 +85,10 @@ def full_like(x: Array, value: float | complex, real_: bool = False) -> Array:
     value = value if isinstance(value, complex) else float(value)
     return torch.full_like(x.real if real_ and x.is_complex() else x, value,
                            requires_grad=False)
+
+
+def complement(v: Any) -> Any:
+    return 1 - v  # before any cast: in float64 for a Python number, as optax computes it
 
 
 def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
@@ -158,10 +159,6 @@ def vector_norm(x: Array, axes: tuple) -> Array:
     return torch.linalg.vector_norm(x, 2, dim=axes, keepdim=True)
 
 
-def to_bfloat16(x: Array) -> Array:
-    return x.to(torch.bfloat16)
-
-
 def machine_epsilon(x: Array) -> float:
     return float(torch.finfo(_REAL.get(x.dtype, x.dtype)).eps)
 
@@ -215,13 +212,7 @@ def todtype(dtype: Any) -> torch.dtype:
     """A torch dtype from a PyTorch, NumPy or JAX dtype, or a name (``"bfloat16"``)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if isinstance(dtype, str):
-        name = dtype.removeprefix("torch.")
-    else:
-        try:
-            name = np.dtype(dtype).name
-        except TypeError as err:
-            raise TypeError(f"cannot read {dtype!r} as a dtype") from err
+    name = dtype.removeprefix("torch.") if isinstance(dtype, str) else np.dtype(dtype).name
     got = getattr(torch, name, None)
     if not isinstance(got, torch.dtype):
         raise TypeError(f"PyTorch has no dtype {name!r}")
@@ -281,6 +272,10 @@ def concat(arrays: list, like: list) -> Array:
     return torch.cat([a.reshape(-1).to(dtype) for a in arrays])
 
 
+def settle(leaf: Any) -> Any:
+    return leaf  # PyTorch needs nothing made ahead
+
+
 def split(v: Array, stops: list, like: list) -> list:
     """Views of one new copy of ``v`` (never of ``v``); differentiable."""
     sizes = [b - a for a, b in zip([0, *stops[:-1]], stops)]
@@ -292,10 +287,6 @@ def split(v: Array, stops: list, like: list) -> list:
         out.append(seg if seg.dtype == x.dtype and seg.device == x.device
                    else seg.to(dtype=x.dtype, device=x.device, copy=True))
     return out
-
-
-def settle(leaf: Any) -> Any:
-    return leaf  # PyTorch needs nothing made ahead
 
 
 # --- fused groups (fast/fused.py) ---------------------------------------------------------------
@@ -327,9 +318,7 @@ def pack_into(parts: tuple, packs: Packs, dress: Callable[[list], list]) -> list
 
 def joined(parts: tuple) -> tuple[Array, bool]:
     buf = _PACKS.whole(parts)
-    if buf is not None:
-        return buf, True
-    return flatcat(list(parts)), False
+    return (buf, True) if buf is not None else (flatcat(list(parts)), False)
 
 
 def scatter(flat: Array, parts: tuple) -> None:
