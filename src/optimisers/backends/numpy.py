@@ -243,13 +243,11 @@ def concat(arrays: list, like: list) -> Array:
 
 
 def split(v: Array, stops: list, like: list) -> list:
-    out, start = [], 0
-    for stop, x in zip(stops, like):
-        seg = v[start:stop].reshape(x.shape)
+    out = []
+    for seg, x in zip(_segments(v, like), like):  # (stops: the sizes of like's, summed)
         if seg.dtype.kind == "c" and x.dtype.kind != "c":
             seg = seg.real
         out.append(seg.astype(x.dtype, copy=True))
-        start = stop
     return out
 
 
