@@ -370,7 +370,6 @@ def untraced(fn: Callable) -> Callable:
 registry.COMPILERS.append((torch.compiler.is_compiling, untraced))
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def host(a: Array, at: str) -> tuple[np.ndarray, str]:
@@ -386,14 +385,14 @@ def host(a: Array, at: str) -> tuple[np.ndarray, str]:
         size = t.element_size()
         if size not in _BITS:
             raise TypeError(f"cannot save {at}: tensors of dtype {name}") from None
-        return t.view(_BITS[size]).numpy().view(_UNSIGNED[size]), name
+        return t.view(_BITS[size]).numpy().view(f"u{size}"), name
 
 
 def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
     if not bits:
         return torch.from_numpy(arr).to(device=ref.device)
-    signed = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[arr.dtype.itemsize]
-    return torch.from_numpy(arr.view(signed)).view(ref.dtype).to(device=ref.device)
+    signed = arr.view(f"i{arr.dtype.itemsize}")  # torch's views of unsigned ints are few
+    return torch.from_numpy(signed).view(ref.dtype).to(device=ref.device)
 
 
 def dtype_name_of(v: Any) -> str:
