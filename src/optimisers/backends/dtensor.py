@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -88,7 +87,7 @@ def like(y: Any, x: Array) -> Array:
 
 def amax(a: Array) -> Array:
     """The largest element, a ``DTensor`` replicated over ``a``'s mesh (0 for an empty ``a``)."""
-    return _extreme(a, torch.amax, -math.inf, "max")
+    return _extreme(a, "max")
 
 
 def _without_out(f: Callable) -> Callable[..., Array]:
@@ -107,18 +106,18 @@ def allfinite(g: Array) -> Array:
 
 def amin(a: Array) -> Array:
     """The smallest element, as :func:`amax` (``inf`` for an empty ``a``)."""
-    return _extreme(a, torch.amin, math.inf, "min")
+    return _extreme(a, "min")
 
 
-def _extreme(a: Array, reduce: Callable, none: float, op: str) -> Any:
-    """DTensor's own reduction fails on a process holding none of ``a``."""
+def _extreme(a: Array, op: str) -> Any:
+    """Each shard reduced alone (DTensor's own reduction fails on a process holding none of
+    ``a``; the torch backend's gives 0 or ``inf`` for none: identities for ``|g|``)."""
+    reduce = getattr(_torch, "a" + op)
     if not a.numel():
-        return _torch.amax(a) if op == "max" else _torch.amin(a)
-    shard = local(a)
-    part = reduce(shard) if shard.numel() else shard.new_full((), none)
+        return reduce(a)
     mesh = a.device_mesh
-    partial = DTensor.from_local(part, mesh, [Partial(op)] * mesh.ndim, run_check=False)
-    return partial.redistribute(mesh, [Replicate()] * mesh.ndim)
+    part = DTensor.from_local(reduce(local(a)), mesh, [Partial(op)] * mesh.ndim, run_check=False)
+    return part.redistribute(mesh, [Replicate()] * mesh.ndim)
 
 
 # written once over the primitives (common.py), bound to this module: its amax and hyper
@@ -198,9 +197,7 @@ def packed(parts: tuple) -> list:
 
 def joined(parts: tuple) -> tuple[torch.Tensor, bool]:
     buf = _PACKS.whole(parts)
-    if buf is not None:
-        return buf, True
-    return flatcat(list(parts)), False
+    return (buf, True) if buf is not None else (flatcat(list(parts)), False)
 
 
 def scatter(flat: torch.Tensor, parts: tuple) -> None:
@@ -234,6 +231,8 @@ def gathered(apply: Callable, state: Any, x: Array, *grads: Array) -> tuple[Any,
     gathered), each process keeping its part of the results, placed as ``x`` (another
     shape: replicated)."""
     def placed(v: Any) -> Any:
+        if isinstance(v, NewValue):
+            return type(v)(placed(v.value))
         if not isinstance(v, torch.Tensor) or isinstance(v, DTensor):
             return v
         mesh = x.device_mesh
@@ -241,7 +240,7 @@ def gathered(apply: Callable, state: Any, x: Array, *grads: Array) -> tuple[Any,
         return distribute_tensor(v, mesh, placements, src_data_rank=None)
 
     state, step = apply(_mapped(_whole, state), _whole(x), *map(_whole, grads))
-    return _mapped(placed, state), _mapped(placed, step)
+    return _mapped(placed, state), placed(step)
 
 
 def _whole(v: Any) -> Any:
@@ -249,14 +248,12 @@ def _whole(v: Any) -> Any:
 
 
 def _mapped(f: Callable, v: Any) -> Any:
-    """``f`` on each item of a state or step (a ``NewValue``'s value too)."""
+    """``f`` on each item of a state, its tuples, lists and dicts rebuilt."""
     if isinstance(v, (tuple, list)):
         items = [_mapped(f, item) for item in v]
         return type(v)._make(items) if hasattr(type(v), "_make") else type(v)(items)
     if isinstance(v, dict):
         return {k: _mapped(f, item) for k, item in v.items()}
-    if isinstance(v, NewValue):
-        return type(v)(f(v.value))
     return f(v)
 
 

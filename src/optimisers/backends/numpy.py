@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 import numpy as np
-from numpy import abs, conj, minimum, real, sign, where  # noqa: F401
+from numpy import abs, conj, cos, minimum, real, sign, where  # noqa: F401
 from numpy import clip as clamp  # noqa: F401
 
 from optimisers.backends import common
@@ -23,23 +23,23 @@ Array = np.ndarray
 CONCATENATES = True  # fused.Group steps groups over concatenations (protocol.Grouping)
 FUSES_ITSELF = False
 
-_SIZE = operator.attrgetter("size")
+# protocol functions that are NumPy's own
+iscomplex = np.iscomplexobj
+maywrite = operator.attrgetter("flags.writeable")
+shape, size, nbytes = map(operator.attrgetter, ("shape", "size", "nbytes"))
+amax = functools.partial(np.max, initial=0)
+amin = functools.partial(np.min, initial=np.inf)
+transpose = functools.partial(np.swapaxes, axis1=-1, axis2=-2)
+mean = functools.partial(np.mean, keepdims=True)
+flatcat = functools.partial(np.concatenate, axis=None)
 
 
 def isfloating(x: Array) -> bool:
     return x.dtype.kind in "fc"
 
 
-def iscomplex(x: Array) -> bool:
-    return x.dtype.kind == "c"
-
-
 def ishalf(x: Array) -> bool:
     return x.dtype == np.float16
-
-
-def maywrite(x: Array) -> bool:
-    return bool(x.flags.writeable)
 
 
 def hyper(x: Array, *values: float) -> tuple:
@@ -49,13 +49,11 @@ def hyper(x: Array, *values: float) -> tuple:
 
 
 def like(y: Array, x: Array) -> Array:
-    """``y`` as a new value of the parameter ``x``: itself (only PyTorch marks parameters)."""
-    return y
+    return y  # only PyTorch marks parameters
 
 
 def complement(v: Any) -> Any:
-    """``1 - v`` before any cast: in float64 for a Python number, as optax computes it."""
-    return 1 - v
+    return 1 - v  # before any cast: in float64 for a Python number, as optax computes it
 
 
 def zeros_like(x: Array, real_: bool = False) -> Array:
@@ -68,7 +66,6 @@ def full_like(x: Array, value: float, real_: bool = False) -> Array:
 
 
 def complex_from(re: Array, im: Array) -> Array:
-    """The complex array ``re + i*im``, of their precision."""
     return re + 1j * im
 
 
@@ -85,14 +82,6 @@ def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
     out = a * x
     out += b * np.asarray(y, out.dtype)
     return out
-
-
-def amax(a: Array) -> Array:
-    return a.max(initial=0)
-
-
-def amin(a: Array) -> Array:
-    return a.min(initial=np.inf)
 
 
 def sqrt(x: Array, out: Array | None = None) -> Array:
@@ -132,10 +121,6 @@ def count_nonzero(g: Array, like: Array) -> Array:
 # --- matrices (protocol.Backend: transpose, matmul, matmul_add, vector_norm, ...) ---------
 
 
-def transpose(x: Array) -> Array:
-    return np.swapaxes(x, -1, -2)
-
-
 def _wide(x: Array) -> Array:
     """``x`` in float32 at least: what products accumulate in."""
     return x.astype(np.promote_types(x.dtype, np.float32), copy=False)
@@ -155,10 +140,6 @@ def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
 def vector_norm(x: Array, axes: tuple) -> Array:
     return np.sqrt(abs2(_wide(x)).sum(axis=axes, keepdims=True)).astype(x.real.dtype,
                                                                          copy=False)
-
-
-def mean(x: Array, axes: tuple) -> Array:
-    return x.mean(axis=axes, keepdims=True)
 
 
 def to_bfloat16(x: Array) -> Array:
@@ -197,17 +178,14 @@ norm = functools.partial(common.norm, _SELF)
 
 
 def isfinite(n: Any) -> bool | None:
-    """Whether a scalar is finite."""
     return bool(np.isfinite(n))
 
 
 def cast(x: Array, like: Array) -> Array:
-    """``x`` in the dtype of ``like`` (no copy when it already is)."""
     return np.asarray(x).astype(like.dtype, copy=False)
 
 
 def astype(x: Array, dtype: Any) -> Array:
-    """A copy of ``x`` in ``dtype`` (complex kept complex)."""
     dt = todtype(dtype)
     if x.dtype.kind == "c":
         dt = np.result_type(dt, np.complex64)
@@ -215,7 +193,6 @@ def astype(x: Array, dtype: Any) -> Array:
 
 
 def todtype(dtype: Any) -> Any:
-    """A NumPy dtype from a NumPy, PyTorch or JAX dtype, or a name."""
     try:
         return np.dtype(dtype)
     except TypeError:  # torch.float32 and the like
@@ -227,7 +204,6 @@ def copy(x: Array) -> Array:
 
 
 def assign(dst: Array, value: Any) -> Array:
-    """Write ``value`` into ``dst`` if it may be written, else return ``value`` as a new array."""
     if dst.flags.writeable:
         np.copyto(dst, value, casting="unsafe")
         return dst
@@ -235,7 +211,6 @@ def assign(dst: Array, value: Any) -> Array:
 
 
 def subtract(x: Array, d: Any, inplace: bool) -> Array:
-    """``x - d``, written into ``x`` when ``inplace`` and ``x`` is writable."""
     if inplace and x.flags.writeable:
         np.subtract(x, d, out=x, casting="unsafe")
         return x
@@ -246,10 +221,6 @@ def add(a: Array, b: Array) -> Array:
     return np.asarray(a + b)  # 0-d arrays add up to a NumPy scalar: keep an array
 
 
-def shape(x: Array) -> tuple:
-    return tuple(x.shape)
-
-
 gradtype = type  # the type of a gradient that needs no cast for a parameter x
 
 
@@ -258,39 +229,25 @@ def dtype_name(x: Array) -> str:
 
 
 def dtype_name_of(v: Any) -> str:
-    """dtype_name_of(v) -> the name of a NumPy dtype or scalar type (``'float16'``)."""
     return np.dtype(v).name
 
 
 def isnumber(g: Array) -> bool:
-    """Whether ``g`` holds numbers (bool, integer, floating or complex)."""
     return g.dtype.kind in "biufc"
 
 
-def size(x: Array) -> int:
-    return int(x.size)
-
-
-def nbytes(x: Array) -> int:
-    return int(x.nbytes)
-
-
 def concat(arrays: list, like: list) -> Array:
-    """One flat vector of ``arrays``, in their common (promoted) dtype."""
     dtype = np.result_type(*like) if like else np.float32
     return np.concatenate([np.ravel(a).astype(dtype, copy=False) for a in arrays] or
                           [np.zeros(0, dtype)])
 
 
 def split(v: Array, stops: list, like: list) -> list:
-    """Consecutive segments of ``v`` ending at ``stops``, new arrays like ``like``'s."""
-    out, start = [], 0
-    for stop, x in zip(stops, like):
-        seg = v[start:stop].reshape(x.shape)
+    out = []
+    for seg, x in zip(_segments(v, like), like):  # (stops: the sizes of like's, summed)
         if seg.dtype.kind == "c" and x.dtype.kind != "c":
             seg = seg.real
         out.append(seg.astype(x.dtype, copy=True))
-        start = stop
     return out
 
 
@@ -306,41 +263,28 @@ def device(x: Array) -> str:
 
 def footprints(xs: list) -> list:
     """What a group's views assume of each array's memory: its size (``resize`` changes it)."""
-    return list(map(_SIZE, xs))
-
-
-def flatcat(arrays: list) -> Array:
-    """All ``arrays`` raveled into one new vector (they share a dtype)."""
-    return np.concatenate(arrays, axis=None)
+    return list(map(size, xs))
 
 
 def packed(parts: tuple) -> list:
-    """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
     dtype = parts[0].dtype
     n = sum(p.size for p in parts)
     buf = np.zeros(n + PAD // dtype.itemsize, dtype)
-    lo = start = _PACKS.start(buf, dtype.itemsize)
-    views = []
-    for p in parts:
-        v = buf[start:start + p.size].reshape(p.shape)
+    lo = _PACKS.start(buf, dtype.itemsize)
+    views = list(_segments(buf[lo:lo + n], parts))
+    for v, p in zip(views, parts):
         if not (p.flags.c_contiguous and p.dtype.kind in "biufc"  # all bytes zero (not -0.0):
                 and not p.reshape(-1).view(np.uint8).any()):  # the buffer has them already
             np.copyto(v, p)
-        views.append(v)
-        start += p.size
     return _PACKS.add(buf, lo, n, views)
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
-    """``(flat, isview)``: the packed buffer of exactly ``parts``, else their concatenation."""
     buf = _PACKS.whole(parts)
-    if buf is not None:
-        return buf, True
-    return np.concatenate(parts, axis=None), False
+    return (buf, True) if buf is not None else (np.concatenate(parts, axis=None), False)
 
 
 def scatter(flat: Array, parts: tuple) -> list | None:
-    """Write segments of ``flat`` into ``parts``; new arrays instead where one is read-only."""
     if all(p.flags.writeable for p in parts):
         collections.deque(map(np.copyto, parts, _segments(flat, parts)), 0)
         return None
@@ -348,7 +292,6 @@ def scatter(flat: Array, parts: tuple) -> list | None:
 
 
 def _segments(flat: Array, parts: Any) -> Any:
-    """The consecutive segments of ``flat`` shaped like each of ``parts``."""
     start = 0
     for p in parts:
         yield flat[start:start + p.size].reshape(p.shape)
@@ -356,9 +299,8 @@ def _segments(flat: Array, parts: Any) -> Any:
 
 
 def subtractor(xs: list) -> Any:
-    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place."""
     views = [x.reshape(-1) if x.flags.c_contiguous else x for x in xs]
-    stops = list(itertools.accumulate(map(_SIZE, views)))
+    stops = list(itertools.accumulate(map(size, views)))
     cuts = list(map(slice, [0, *stops[:-1]], stops))
     dtype = views[0].dtype if views else None
     flat = all(v.ndim == 1 and v.dtype == dtype for v in views)
@@ -377,17 +319,14 @@ def subtractor(xs: list) -> Any:
 
 
 def split_like(d: Array, xs: list) -> list:
-    """New arrays ``x_i - segment of d``, shaped and typed like each ``x_i``."""
     return [np.asarray(x - seg, dtype=x.dtype) for x, seg in zip(xs, _segments(d, xs))]
 
 
 def copier() -> Any:
-    """A copy function that keeps packed state packed; read-only arrays shared."""
     return _PACKS.copier(lambda a: a.copy() if a.flags.writeable else a, packed)
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:
-    """``(x, g, [states])`` as flat views, or ``None`` (see ``fused.Group._chunked``)."""
     every = [x, *arrays]
     if not all(a.flags.c_contiguous and a.flags.writeable and a.size == x.size
                for a in every) or not g.flags.c_contiguous or g.size != x.size:
@@ -396,19 +335,10 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
 
 
 def host(a: Any, at: str) -> tuple[Array, str]:
-    """host(a, at) -> ``(values, dtype name)``: ``a``'s values on the host, for a checkpoint."""
     arr = np.asarray(a)
     return arr, arr.dtype.name
 
 
 def from_host(arr: Array, ref: Any, bits: bool, weak: bool = False) -> Array:
-    """from_host(arr, ref, bits) -> ``arr`` as an array like ``ref`` (``bits``: viewed as it)."""
     return arr.view(ref.dtype) if bits else arr
 
-
-# --- what schedules (schedules.py) call: where, minimum and maximum above, and cos ----------
-
-
-def cos(x: Any) -> Any:
-    """cos(x) -> the cosine of each element (a schedule's half cosine)."""
-    return np.cos(x)

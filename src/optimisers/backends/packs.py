@@ -47,9 +47,7 @@ class Packs:
     def _record(self, a: Any) -> tuple | None:
         base = self.base(a)
         record = self._records.get(id(base)) if base is not None else None
-        if record is None or record[0]() is not base:
-            return None
-        return record
+        return record if record is not None and record[0]() is base else None
 
     def whole(self, parts: tuple) -> Any:
         """The buffer as one flat view when ``parts`` are exactly its views; else ``None``."""

@@ -35,18 +35,24 @@ Array = torch.Tensor
 CONCATENATES = True  # fused.Group steps groups over concatenations (protocol.Grouping)
 FUSES_ITSELF = False
 ASYNC = True  # reading a result on the host (float) waits for the device: keep it there
-_SHAPE = operator.attrgetter("shape")
 
 _REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32,
          torch.complex128: torch.float64}
 
+# protocol functions that are PyTorch's own
+iscomplex = torch.is_complex
+complex_from = torch.complex
+flatcat = _flatten_dense_tensors  # only read: it may be a view
+size = torch.Tensor.numel
+device = operator.attrgetter("device")
+_SHAPE = operator.attrgetter("shape")
+transpose = functools.partial(torch.transpose, dim0=-2, dim1=-1)
+mean = functools.partial(torch.mean, keepdim=True)
+to_bfloat16 = operator.methodcaller("to", torch.bfloat16)
+
 
 def isfloating(x: Array) -> bool:
     return x.is_floating_point() or x.is_complex()
-
-
-def iscomplex(x: Array) -> bool:
-    return x.is_complex()
 
 
 def ishalf(x: Array) -> bool:
@@ -58,8 +64,8 @@ def maywrite(x: Array) -> bool:
 
 
 def hyper(x: Array, *values: Any) -> tuple:
-    """Hyper-parameters as Python floats (weakly typed: arithmetic stays in ``x``'s dtype);
-    a tensor value is moved to ``x``'s device and real dtype."""
+    """Python floats (weakly typed: arithmetic stays in ``x``'s dtype); a tensor on ``x``'s
+    device and real dtype."""
     return tuple(_on(x, v) if isinstance(v, torch.Tensor) else float(v) for v in values)
 
 
@@ -71,11 +77,6 @@ def _on(x: Array, v: torch.Tensor) -> torch.Tensor:
     return v.to(device=x.device, dtype=_REAL.get(x.dtype, x.dtype))
 
 
-def complement(v: Any) -> Any:
-    """``1 - v`` before any cast: in float64 for a Python number, as optax computes it."""
-    return 1 - v
-
-
 def zeros_like(x: Array, real_: bool = False) -> Array:
     return torch.zeros_like(x.real if real_ and x.is_complex() else x, requires_grad=False)
 
@@ -84,6 +85,10 @@ def full_like(x: Array, value: float | complex, real_: bool = False) -> Array:
     value = value if isinstance(value, complex) else float(value)
     return torch.full_like(x.real if real_ and x.is_complex() else x, value,
                            requires_grad=False)
+
+
+def complement(v: Any) -> Any:
+    return 1 - v  # before any cast: in float64 for a Python number, as optax computes it
 
 
 def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
@@ -100,11 +105,6 @@ def minimum(a: Any, b: Any) -> Array:
     if not isinstance(a, torch.Tensor):
         return torch.clamp(b, max=a)
     return torch.minimum(a, b)
-
-
-def complex_from(re: Array, im: Array) -> Array:
-    """The complex tensor ``re + i*im``, of their precision."""
-    return torch.complex(re, im)
 
 
 def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
@@ -138,10 +138,6 @@ def count_nonzero(g: Array, like: Array) -> Array:
 # --- matrices (protocol.Backend: transpose, matmul, matmul_add, vector_norm, ...) ---------
 
 
-def transpose(x: Array) -> Array:
-    return x.transpose(-2, -1)
-
-
 def _as_stack(t: Array) -> Array:
     """A matrix, or a stack of them of any depth, as a stack ``(n, rows, cols)``."""
     return t.reshape(math.prod(t.shape[:-2]), *t.shape[-2:])  # (-1: ambiguous if empty)
@@ -161,14 +157,6 @@ def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
 
 def vector_norm(x: Array, axes: tuple) -> Array:
     return torch.linalg.vector_norm(x, 2, dim=axes, keepdim=True)
-
-
-def mean(x: Array, axes: tuple) -> Array:
-    return x.mean(dim=axes, keepdim=True)
-
-
-def to_bfloat16(x: Array) -> Array:
-    return x.to(torch.bfloat16)
 
 
 def machine_epsilon(x: Array) -> float:
@@ -206,17 +194,14 @@ def total_norm(arrays: list, p: float) -> Array | None:
 
 
 def isfinite(n: Any) -> bool | None:
-    """Whether a scalar is finite."""
     return bool(torch.isfinite(torch.as_tensor(n)))
 
 
 def cast(x: Any, like: Array) -> Array:
-    """``x`` as a tensor of ``like``'s dtype and device (no copy when it already is)."""
     return torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
 def astype(x: Array, dtype: Any) -> Array:
-    """A copy of ``x`` in ``dtype`` (complex kept complex)."""
     dt = todtype(dtype)
     if x.is_complex():
         dt = torch.promote_types(dt, torch.complex64)
@@ -227,13 +212,7 @@ def todtype(dtype: Any) -> torch.dtype:
     """A torch dtype from a PyTorch, NumPy or JAX dtype, or a name (``"bfloat16"``)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if isinstance(dtype, str):
-        name = dtype.removeprefix("torch.")
-    else:
-        try:
-            name = np.dtype(dtype).name
-        except TypeError as err:
-            raise TypeError(f"cannot read {dtype!r} as a dtype") from err
+    name = dtype.removeprefix("torch.") if isinstance(dtype, str) else np.dtype(dtype).name
     got = getattr(torch, name, None)
     if not isinstance(got, torch.dtype):
         raise TypeError(f"PyTorch has no dtype {name!r}")
@@ -245,14 +224,12 @@ def copy(x: Array) -> Array:
 
 
 def assign(dst: Array, value: Any) -> Array:
-    """Write ``value`` into ``dst`` in place (tensors may always be written)."""
     with torch.no_grad():
         dst.copy_(value if isinstance(value, torch.Tensor) else torch.as_tensor(value))
     return dst
 
 
 def subtract(x: Array, d: Any, inplace: bool) -> Array:
-    """``x - d``, into ``x`` when ``inplace``, else a new tensor like ``x``."""
     with torch.no_grad():
         if inplace:
             return x.sub_(d)
@@ -267,7 +244,6 @@ def like(y: Array, x: Array) -> Array:
 
 
 def gradtype(x: Array) -> type:
-    """The type of a gradient that needs no cast for ``x``."""
     return torch.Tensor if isinstance(x, nn.Parameter) else type(x)
 
 
@@ -280,12 +256,7 @@ def dtype_name(x: Array) -> str:
 
 
 def isnumber(g: Array) -> bool:
-    """Whether ``g`` holds numbers (bool, integer, floating or complex)."""
     return True
-
-
-def size(x: Array) -> int:
-    return int(x.numel())
 
 
 def nbytes(x: Array) -> int:
@@ -293,7 +264,6 @@ def nbytes(x: Array) -> int:
 
 
 def concat(arrays: list, like: list) -> Array:
-    """One flat vector of ``arrays``, in their common (promoted) dtype; differentiable."""
     if not arrays:
         return torch.zeros(0)
     dtype = like[0].dtype
@@ -302,9 +272,12 @@ def concat(arrays: list, like: list) -> Array:
     return torch.cat([a.reshape(-1).to(dtype) for a in arrays])
 
 
+def settle(leaf: Any) -> Any:
+    return leaf  # PyTorch needs nothing made ahead
+
+
 def split(v: Array, stops: list, like: list) -> list:
-    """Consecutive segments of ``v`` ending at ``stops``, like ``like``'s; differentiable,
-    views of one new copy of ``v`` (never of ``v``)."""
+    """Views of one new copy of ``v`` (never of ``v``); differentiable."""
     sizes = [b - a for a, b in zip([0, *stops[:-1]], stops)]
     out = []
     for seg, x in zip(torch.split(v.clone(), sizes), like):
@@ -322,23 +295,13 @@ _PACKS = Packs(lambda a: a._base, lambda b, lo, n: b.narrow(0, lo, n),
                lambda b: b.data_ptr())
 
 
-def device(x: Array) -> torch.device:
-    return x.device
-
-
 def footprints(xs: list) -> tuple:
-    """What a group's views assume of each tensor's memory: address, shape and strides."""
+    """Each tensor's address, shape and strides."""
     return (list(map(torch.Tensor.data_ptr, xs)), list(map(_SHAPE, xs)),
             list(map(torch.Tensor.stride, xs)))
 
 
-def flatcat(arrays: list) -> Array:
-    """All ``arrays`` flattened into one vector (only read: it may be a view)."""
-    return _flatten_dense_tensors(arrays)
-
-
 def packed(parts: tuple) -> list:
-    """Copy ``parts`` into one new buffer; return views of it shaped like each part."""
     return pack_into(parts, _PACKS, list)
 
 
@@ -354,25 +317,19 @@ def pack_into(parts: tuple, packs: Packs, dress: Callable[[list], list]) -> list
 
 
 def joined(parts: tuple) -> tuple[Array, bool]:
-    """``(flat, isview)``: the packed buffer of exactly ``parts``, else their concatenation."""
     buf = _PACKS.whole(parts)
-    if buf is not None:
-        return buf, True
-    return flatcat(list(parts)), False
+    return (buf, True) if buf is not None else (flatcat(list(parts)), False)
 
 
 def scatter(flat: Array, parts: tuple) -> None:
-    """Write consecutive segments of ``flat`` into each of ``parts`` (in place)."""
     torch._foreach_copy_(list(parts), list(_unflatten_dense_tensors(flat, parts)))
 
 
 def subtractor(xs: list) -> Any:
-    """A function ``f(d)`` doing ``x -= segment of d`` for each ``x`` in place."""
     return lambda d: torch._foreach_sub_(xs, _unflatten_dense_tensors(d, xs))
 
 
 def split_like(d: Array, xs: list) -> list:
-    """New tensors ``x_i - segment of d``, each like ``x_i``."""
     out = list(torch._foreach_sub(xs, _unflatten_dense_tensors(d, xs)))
     for i, (x, y) in enumerate(zip(xs, out)):
         if y.dtype != x.dtype:
@@ -383,7 +340,7 @@ def split_like(d: Array, xs: list) -> list:
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:
-    """``(x, g, [states])`` as flat views, or ``None`` (off the CPU: see ``Group._chunked``)."""
+    """``None`` off the CPU (see ``Group._chunked``)."""
     n = x.numel()
     if x.device.type != "cpu" or not all(
             a.layout == torch.strided and a.is_contiguous() and a.numel() == n
@@ -393,7 +350,6 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
 
 
 def copier() -> Any:
-    """A copy function that keeps packed state packed: a packed buffer is copied once."""
     return _PACKS.copier(copy, packed)
 
 
@@ -414,16 +370,10 @@ def untraced(fn: Callable) -> Callable:
 registry.COMPILERS.append((torch.compiler.is_compiling, untraced))
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def host(a: Array, at: str) -> tuple[np.ndarray, str]:
-    """host(a, at) -> ``(values, dtype name)``: the tensor's values on the host, for a
-    checkpoint; a dtype NumPy lacks (bfloat16, float8) as its bits.
-
-    Raises:
-        TypeError: for a sparse tensor, or a dtype of an unusual item size.
-    """
+    """A dtype NumPy lacks (bfloat16, float8) as its bits; a TypeError for a sparse tensor."""
     t = a.detach()
     if t.layout is not torch.strided:
         raise TypeError(f"cannot save {at}: a {t.layout} tensor; make it dense")
@@ -435,25 +385,20 @@ def host(a: Array, at: str) -> tuple[np.ndarray, str]:
         size = t.element_size()
         if size not in _BITS:
             raise TypeError(f"cannot save {at}: tensors of dtype {name}") from None
-        return t.view(_BITS[size]).numpy().view(_UNSIGNED[size]), name
+        return t.view(_BITS[size]).numpy().view(f"u{size}"), name
 
 
 def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
-    """from_host(arr, ref, bits) -> ``arr`` as a tensor on ``ref``'s device (``bits``: raw)."""
     if not bits:
         return torch.from_numpy(arr).to(device=ref.device)
-    signed = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[arr.dtype.itemsize]
-    return torch.from_numpy(arr.view(signed)).view(ref.dtype).to(device=ref.device)
+    signed = arr.view(f"i{arr.dtype.itemsize}")  # torch's views of unsigned ints are few
+    return torch.from_numpy(signed).view(ref.dtype).to(device=ref.device)
 
 
 def dtype_name_of(v: Any) -> str:
-    """dtype_name_of(v) -> the name of a torch dtype object (``'bfloat16'``)."""
     return str(v).removeprefix("torch.")
 
 
-# --- what schedules (schedules.py) call: where, minimum and maximum above, and cos ----------
-
-
 def cos(x: Any) -> Any:
-    """cos(x) -> the cosine of each element; of a Python number, a Python float."""
+    """Of a Python number (a schedule's step count), a Python float."""
     return torch.cos(x) if isinstance(x, torch.Tensor) else math.cos(x)

@@ -28,7 +28,6 @@ VALUES = ("array", "tuple", "list", "dict", "float", "complex", "rule", "schedul
           "function", "dtype")
 FREE = object()  # the ``like`` of keys and hyper-parameters: nothing to compare with
 _BUILD = object()  # the work item that builds a container once its children are read
-_NAMES: dict = {}  # (library, dtype) -> the dtype's name
 
 
 class Invalid(ValueError):
@@ -44,10 +43,7 @@ def params(cls: type) -> tuple[inspect.Parameter, ...]:
 
 def dtype_name(a: Any) -> str:
     """The name of the dtype of an array of any library, or of a NumPy scalar."""
-    lib = backends.library(a)
-    if (lib, a.dtype) not in _NAMES:
-        _NAMES[lib, a.dtype] = backends.ops(lib or "numpy").dtype_name(a)
-    return _NAMES[lib, a.dtype]
+    return backends.ops(backends.library(a) or "numpy").dtype_name(a)
 
 
 def encode_dtype(v: Any) -> dict | None:

@@ -92,8 +92,8 @@ def load(path: str | os.PathLike, like: Any) -> Any:
             raise ValueError(f"{name!r} is not an intact optimisers checkpoint (truncated, "
                              f"corrupted, or another kind of file): {type(e).__name__}: "
                              f"{e}") from e
-        fused.pack([leaf for leaf, *_ in reader.rules if _hashable(leaf.rule)])
-    return tree  # with states laid out as setup lays them out, for the fused path
+        fused.pack([leaf for leaf, *_ in reader.rules])  # states laid out as setup lays them
+    return tree
 
 
 @contextlib.contextmanager
@@ -111,12 +111,3 @@ def _paused_collector() -> Iterator[None]:
 def _no_floats(s: str) -> Any:
     raise Invalid(f"the checkpoint is malformed: a bare JSON number {s} (floats are stored "
                   f"as strings)")
-
-
-def _hashable(rule: Any) -> bool:
-    """Whether a rule may key a fused group (no list field, no JAX array)."""
-    try:
-        hash(rule)
-    except TypeError:
-        return False
-    return True

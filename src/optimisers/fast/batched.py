@@ -1,12 +1,6 @@
-"""JAX's stacks: Leafs of one shape whose rule stacks (``Muon``), stepped by ``jax.vmap``.
-
-What ``fused.Stack`` does for NumPy and PyTorch, for JAX (whose backend groups its own
-entries: ``fast/jaxtree.py``'s ``fuse``). Under ``jax.jit`` each Leaf brings its own traced
-hyper-parameters, so a group is the Leafs whose rule and state have one structure (not
-one value) and whose parameters have one shape, dtype and placement: ``jax.vmap`` runs
-the rule's ``apply`` once over their rules, states, parameters and gradients stacked
-along a new first axis. Each matrix product of the rule becomes one batched product, and
-each Leaf gets what its own ``apply`` gives it (tests compare).
+"""JAX's stacks (``fused.Stack`` for NumPy and PyTorch): Leafs whose rule stacks (``Muon``)
+and whose rule and state have one structure, and parameters one shape, dtype and placement,
+stepped by one ``jax.vmap`` of the rule's ``apply``: one batched product per matrix product.
 """
 
 from __future__ import annotations
@@ -59,10 +53,8 @@ def _stack(*values: Any) -> Any:
 
 
 def _shared(rules: list) -> Any:
-    """The one rule of all Leafs when they have equal rules of Python numbers (outside
-    ``jit``), which ``apply`` then gets as it is: so its numbers stay Python floats, as on
-    the plain path (``1 - rho`` and ``eta * sqrt(rows/cols)`` computed in float32 would
-    round otherwise); else ``None``."""
+    """The one rule of all Leafs when equal and of Python numbers (outside ``jit``), so that
+    its numbers stay Python floats, as on the plain path; else ``None``."""
     if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(rules)):
         return None
     first = rules[0]
@@ -70,8 +62,8 @@ def _shared(rules: list) -> Any:
 
 
 def _step(members: list) -> list:
-    """One ``vmap`` of the rule's ``apply`` over the group (``(entry, its rule at its
-    clock)`` each): ``(leaf, state, x)`` each."""
+    """One ``vmap`` of ``apply`` over ``(entry, its rule at its clock)`` pairs: ``(leaf,
+    state, x)`` each."""
     kinds: list = []
 
     def apply(rule: Any, state: Any, x: Any, g: Any) -> tuple:
@@ -90,10 +82,7 @@ def _step(members: list) -> list:
     out = []
     for i, e in enumerate(members):
         state = jax.tree.map(lambda v, i=i: v[i], states)
-        if ds is None:
-            y = e.x
-        else:
-            y = ds[i] if kinds[0] is NewValue else e.x - ds[i]
-            y = jnp.asarray(y, e.x.dtype)
+        y = e.x if ds is None else jnp.asarray(
+            ds[i] if kinds[0] is NewValue else e.x - ds[i], e.x.dtype)
         out.append((e.leaf, state, y))
     return out
