@@ -202,7 +202,7 @@ def total_norm(arrays: list, p: float) -> Array | None:
             type(a) is torch.Tensor and a.dtype == a0.dtype and a.device == a0.device
             and a.layout == torch.strided for a in arrays):
         return None
-    return torch.nn.utils.get_total_norm(arrays, p)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(arrays, p)), p)
 
 
 def isfinite(n: Any) -> bool | None:
