@@ -308,6 +308,17 @@ def test_plain_tensors_requiring_grad_read_grad():
     assert torch.equal(w.detach(), torch.tensor([1.0, 0.0, -1.0]))
 
 
+def test_a_parameter_resized_through_data_is_refused_after_steady_steps():
+    m = torch.nn.Linear(3, 2)
+    tree = O.setup(O.Adam(1e-3), m)
+    for _ in range(2):  # (the second step reads .grad through the steady-state plan)
+        m.weight.grad, m.bias.grad = torch.ones(2, 3), torch.ones(2)
+        O.update_(tree, m)
+    m.weight.data, m.weight.grad = torch.zeros(4, 3), torch.ones(4, 3)
+    with pytest.raises(ValueError, match="shape"):
+        O.update_(tree, m)
+
+
 def test_complex_parameters_descend():
     w = torch.zeros(2, dtype=torch.complex64)
     target = torch.tensor([1 + 2j, -1j], dtype=torch.complex64)

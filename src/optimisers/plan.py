@@ -45,7 +45,7 @@ class Plan:
     back to the validating gather."""
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
-                 "groups", "group", "firsts", "columns", "dotted", "nograd")
+                 "groups", "group", "firsts", "columns", "dotted", "nograd", "xs", "dotgrad")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
@@ -57,16 +57,15 @@ class Plan:
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
         self.prog = self._compile(tree, model, KeyPath())
-        self.specs = [(backends.of(x).gradtype(x), x.shape, x.dtype)
-                      for _, x, _ in self.slots]
+        self.xs = [x for _, x, _ in self.slots]  # (dotgrad: whether the last read took .grad)
+        self.specs = [(backends.of(x).gradtype(x), x.shape, x.dtype) for x in self.xs]
         self.columns = tuple(map(list, zip(*self.specs))) if self.specs else ([], [], [])
         self.tied = len({id(leaf) for leaf, _, _ in self.slots}) < len(self.slots)
         # update_(tree, module): which slots read a .grad (the first path to each tensor)
         self.firsts = None
         if backends.carries_grads(model) is not None:
             seen: set[int] = set()
-            self.firsts = [id(x) not in seen and not seen.add(id(x))
-                           for _, x, _ in self.slots]
+            self.firsts = [id(x) not in seen and not seen.add(id(x)) for x in self.xs]
             self.firsts = True if all(self.firsts) else self.firsts  # (no tensor twice)
 
     def _compile(self, t: Any, x: Any, kp: KeyPath) -> Any:
@@ -106,7 +105,9 @@ class Plan:
         """Note ``node``'s children at ``keys`` (all Leafs or ``None``: compared by ``==``)."""
         by_eq = all(k is None or isinstance(k, Leaf) for k in kids)
         bulk = getattr(get, "many", None)  # all children at once (a module's parameters)
-        bulk = bulk(node, keys) if bulk is not None else None
+        items = operator.itemgetter(*keys) if len(keys) > 1 else None  # (or by one call)
+        bulk = bulk(node, keys) if bulk is not None else (lambda: items(node)) if (
+            items is not None and get is operator.getitem) else None
         if isinstance(node, (list, tuple)) and keys == tuple(range(len(node))):
             self.edges.append((None, node, tuple(kids) if by_eq and isinstance(
                 node, tuple) else kids, by_eq))
@@ -134,7 +135,8 @@ class Plan:
         gs, leaves = per_tree[0], group.leaves
         txs, shapes, dtypes = self.columns
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
-                or list(map(_SHAPE, gs)) != shapes or list(map(_DTYPE, gs)) != dtypes
+                or not self.dotgrad and list(map(_SHAPE, gs)) != shapes  # (torch checks a
+                or list(map(_DTYPE, gs)) != dtypes  # .grad's size; moved() each tensor's)
                 or len(group.states) != len(leaves)  # each Leaf as the group left it:
                 or not all(map(operator.is_, map(_STATE, leaves), group.states))
                 or not all(map(operator.is_, map(_CLOCK, leaves), group.clocks))
@@ -159,14 +161,14 @@ class Plan:
         """Each gradient tree's gradients by slot, or ``None`` when anything differs."""
         if tree is not self.tree or model is not self.model or not self._unchanged():
             return None
+        self.dotgrad = grads is DOTGRAD
         if grads is DOTGRAD:
             if self.firsts is None:
                 return None
-            xs = [x for _, x, _ in self.slots]
-            if self.firsts is True and all(map(_LEAF, xs)):  # (one C call a column)
-                return [list(map(_GRAD, xs))]
+            if self.firsts is True and all(map(_LEAF, self.xs)):  # (one C call a column)
+                return [list(map(_GRAD, self.xs))]
             return [[x.grad if first and x.is_leaf else None
-                     for x, first in zip(xs, self.firsts)]]
+                     for x, first in zip(self.xs, self.firsts)]]
         per_tree = []
         for g in grads:
             out = [None] * len(self.slots)

@@ -190,7 +190,7 @@ def total_norm(arrays: list, p: float) -> Array | None:
             type(a) is torch.Tensor and a.dtype == a0.dtype and a.device == a0.device
             and a.layout == torch.strided for a in arrays):
         return None
-    return torch.nn.utils.get_total_norm(arrays, p)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(arrays, p)), p)
 
 
 def isfinite(n: Any) -> bool | None:
@@ -270,10 +270,6 @@ def concat(arrays: list, like: list) -> Array:
     for a in like[1:]:
         dtype = torch.promote_types(dtype, a.dtype)
     return torch.cat([a.reshape(-1).to(dtype) for a in arrays])
-
-
-def settle(leaf: Any) -> Any:
-    return leaf  # PyTorch needs nothing made ahead
 
 
 def split(v: Array, stops: list, like: list) -> list:
