@@ -68,7 +68,6 @@ def setup(rule: Rules, model: Any) -> Any:
             naming the paths.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import AdamW, Descent
         >>> w = np.ones(2)
         >>> tree = setup(Descent(), {"enc": w, "dec": w, "steps": np.arange(3)})
@@ -392,7 +391,6 @@ def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
         TypeError: a gradient is not an array, or a model was passed as the tree.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Descent
         >>> model = {"w": np.array([1.0, 2.0]), "n": 3}
         >>> tree = setup(Descent(0.1), model)
@@ -419,7 +417,6 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
     parameter's ``.grad`` is used.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Momentum
         >>> model = [np.array([1.0, 2.0])]
         >>> tree = setup(Momentum(0.1), model)

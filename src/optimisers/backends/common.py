@@ -59,7 +59,6 @@ def floored(xp: Any, e: Any) -> Any:
     traced): a float16 array's epsilon, for every backend's ``eps``.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers.backends import numpy as xp
         >>> floored(xp, 1e-8), floored(xp, 0.0), floored(xp, 0.1)
         (1e-07, 0.0, 0.1)

@@ -42,7 +42,6 @@ def state_dict(tree: Any) -> dict:
         ValueError: two Leafs would give the same key (a model key holding a dot).
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Adam, setup, update_
         >>> model = {"w": np.ones(2)}
         >>> tree, model = update_(setup(Adam(0.1), model), model, {"w": np.ones(2)})
@@ -115,7 +114,6 @@ def load_state_dict(tree: Any, d: Mapping) -> Any:
         TypeError: ``tree`` is not a state tree, or ``d`` is not a mapping.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Adam, setup, update_
         >>> model = {"w": np.ones(2)}
         >>> trained, _ = update_(setup(Adam(0.1), model), model, {"w": np.ones(2)})
