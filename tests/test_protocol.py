@@ -5,6 +5,7 @@ declared as booleans; ``norm``, ``clip``, ``abs2`` and ``eps`` are the shared on
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import inspect
@@ -244,6 +245,16 @@ def test_eps_floors_a_traced_epsilon_too():
     got = jax.jit(lambda e: xp.eps(half, e))(jnp.asarray([1e-8, 0.0, 1e-3]))
     want = np.array([common.FLOAT16_EPS, 0.0, 1e-3], np.float16)
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_mapstate_gives_each_item_its_dotted_key_and_rebuilds_the_containers():
+    Moments = collections.namedtuple("Moments", "m v")
+    state = (Moments(1, [2, 3]), {"t": 4}, None)
+    got = common.mapstate(lambda v, k: (k, v), state, "w.state")
+    assert got == (Moments(("w.state.0.0", 1), [("w.state.0.1.0", 2), ("w.state.0.1.1", 3)]),
+                   {"t": ("w.state.1.t", 4)}, ("w.state.2", None))
+    assert type(got[0]) is Moments and type(got[0].v) is list
+    assert common.mapstate(lambda v, k: (k, v), 5) == ("", 5)
 
 
 def test_of_returns_a_backend():

@@ -10,6 +10,7 @@ import pytest
 
 import optimisers as O
 from optimisers.keypath import KeyPath
+from optimisers.state import chooser
 
 
 def model():
@@ -55,6 +56,21 @@ def test_bad_rules_are_type_errors():
         O.setup({"*": 3}, model())
     with pytest.raises(TypeError, match="takes a Rule first"):
         O.setup(3, model())
+
+
+def test_chooser_is_the_function_setup_asks_for_every_kind_of_rule():
+    x, bias = np.ones(2), KeyPath("enc", "bias")
+    assert chooser(O.Adam())(bias, x) == O.Adam()
+    by_pattern = chooser({"*.bias": None, "enc.*": O.Descent()})
+    assert by_pattern(bias, x) is None
+    assert by_pattern(KeyPath("enc", "weight"), x) == O.Descent()
+    with pytest.raises(ValueError, match=r"no pattern of setup matches .* norm\.scale"):
+        by_pattern(KeyPath("norm", "scale"), x)
+    assert chooser(lambda kp, a: None)(bias, x) is None
+    with pytest.raises(TypeError, match=r"gave a str for enc\.bias"):
+        chooser(lambda kp, a: "adam")(bias, x)
+    with pytest.raises(TypeError, match="takes a Rule first"):
+        chooser(3)
 
 
 def test_patterns_equal_torch_param_groups():

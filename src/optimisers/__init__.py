@@ -3,7 +3,7 @@
 ``setup(rule, model)`` builds a tree of optimiser states mirroring the model;
 ``update`` / ``update_`` take one step. Models may hold NumPy, PyTorch or JAX arrays in
 any nesting of containers, dataclasses and registered classes, up to
-``optimisers.walk.MAX_DEPTH`` (100) containers deep.
+``optimisers.walk.MAX_DEPTH`` (100) containers deep. Examples assume ``import numpy as np``.
 """
 
 from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_

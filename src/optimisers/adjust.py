@@ -32,7 +32,6 @@ def select(tree: Any, where: Where = None) -> list[Leaf]:
             ``(KeyPath, Leaf)``.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Descent, setup
         >>> tree = setup(Descent(), {"enc": {"w": np.ones(2), "bias": np.ones(2)}})
         >>> len(select(tree, "*.bias")), len(select(tree, "enc")), len(select(tree))
@@ -217,7 +216,6 @@ def adjust_(tree: Any, eta: float | None = None, *, where: Where = None, **field
     As :func:`adjust`, but mutating the Leafs.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import AdamW, setup
         >>> tree = setup(AdamW(lambd=0.1), {"w": np.ones(2), "bias": np.ones(2)})
         >>> _ = adjust_(tree, where="bias", lambd=0.0)
@@ -235,7 +233,6 @@ def freeze_(tree: Any, where: Where = None) -> Any:
     """freeze_(tree, where=None) -> tree, with the chosen Leafs frozen (skipped by updates).
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Descent, setup
         >>> tree = setup(Descent(), {"enc": np.ones(2), "dec": np.ones(2)})
         >>> _ = freeze_(tree["enc"]); tree["enc"].frozen, tree["dec"].frozen
@@ -250,7 +247,6 @@ def thaw_(tree: Any, where: Where = None) -> Any:
     """thaw_(tree, where=None) -> tree, with the chosen Leafs unfrozen.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Descent, setup
         >>> tree = freeze_(setup(Descent(), [np.ones(2), np.ones(2)]))
         >>> [leaf.frozen for leaf in select(thaw_(tree, "1"))]

@@ -19,7 +19,6 @@ def averaged(tree: Any, model: Any) -> Any:
         ValueError: the tree does not match the model, naming the path, as ``update``.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import EMA, Descent, setup, update
         >>> model = {"w": np.array([1.0]), "n": 3}
         >>> tree = setup(EMA(Descent(0.5), decay=0.9), model)

@@ -36,7 +36,6 @@ class Restructure:
     autodiff (gradients through a tie accumulate).
 
     Example:
-        >>> import numpy as np
         >>> flat, re = destructure({"w": np.ones((2, 2)), "b": np.zeros(2)})
         >>> re
         Restructure(dict, ..., 6)
@@ -77,7 +76,6 @@ def destructure(model: Any) -> tuple[Any, Restructure]:
     walk order, in their common dtype. ``re(v)`` rebuilds the model (:class:`Restructure`).
 
     Example:
-        >>> import numpy as np
         >>> w = np.array([1.0, 2.0])
         >>> flat, re = destructure({"enc": w, "dec": w, "bias": np.array([3.0], np.float32)})
         >>> flat
@@ -98,7 +96,6 @@ def trainables(model: Any, path: bool = False) -> list:
     In walk order; with ``path=True``, ``(KeyPath, array)`` pairs (a tie's first path).
 
     Example:
-        >>> import numpy as np
         >>> w = np.ones(2)
         >>> [str(kp) for kp, _ in trainables({"a": w, "b": w, "c": np.ones(1)}, path=True)]
         ['a', 'c']

@@ -21,7 +21,6 @@ class Leaf:
     (schedules are evaluated at it). The ``repr`` shows the state by shape and dtype.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Adam
         >>> Leaf(Adam(), Adam().init(np.zeros((3, 2), np.float32)))
         Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f32[3, 2], f32[3, 2], 0.0))

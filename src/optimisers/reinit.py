@@ -32,7 +32,6 @@ def reinit(tree: Any, model: Any, where: Where = None) -> Any:
         ValueError: when ``where`` picks no Leaf, or the tree does not match the model.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Adam, setup, update_
         >>> model = {"w": np.ones(3), "b": np.zeros(1)}
         >>> tree = setup(Adam(), model)

@@ -27,7 +27,7 @@ from optimisers.schedules import at, timed
 from optimisers.tree import isleaf, ismutable, isnumeric, maywrite, trainable
 from optimisers.walk import fmap, mirror, place, substitute, walk
 
-__all__ = ["Leaf", "setup", "update", "update_", "leaves"]
+__all__ = ["Leaf", "chooser", "setup", "update", "update_", "leaves"]
 
 
 Rules = Rule | Mapping[str, "Rule | None"] | Callable[[KeyPath, Any], "Rule | None"]
@@ -68,7 +68,6 @@ def setup(rule: Rules, model: Any) -> Any:
             naming the paths.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import AdamW, Descent
         >>> w = np.ones(2)
         >>> tree = setup(Descent(), {"enc": w, "dec": w, "steps": np.arange(3)})
@@ -81,14 +80,14 @@ def setup(rule: Rules, model: Any) -> Any:
         >>> tree["enc"]["bias"].rule.lambd, tree["enc"]["weight"].rule.lambd
         (0.0, 0.1)
     """
-    choose = _chooser(rule)
+    choose = chooser(rule)
     made: list[Leaf] = []
     libs: set = set()
 
     def make(kp: KeyPath, x: Any) -> Leaf | None:
         if not isnumeric(x):
             return None
-        r = rule if choose is None else choose(kp, x)
+        r = choose(kp, x)
         if r is None:
             return None
         why = r.refuses(x)
@@ -101,7 +100,7 @@ def setup(rule: Rules, model: Any) -> Any:
 
     tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
                 build=mirror, keys=trainable, skip=lambda v: None,
-                again=None if choose is None else _asker(choose))
+                again=None if isinstance(rule, Rule) else _asker(choose))
     fused.pack(made)
     for ext in filter(None, map(backends.registry.extension, libs)):
         tree = ext.root(tree)
@@ -111,10 +110,28 @@ def setup(rule: Rules, model: Any) -> Any:
     return tree
 
 
-def _chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None] | None:
-    """``rule`` as a checked function ``(KeyPath, array) -> Rule | None``; ``None`` for a rule."""
+def chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None]:
+    """chooser(rule) -> the function ``(KeyPath, array) -> Rule | None`` :func:`setup` asks.
+
+    Args:
+        rule: a rule, a mapping of ``where=`` patterns to rules or ``None`` (the first
+            match wins), or a function of the path and array, as :func:`setup` takes.
+
+    Returns:
+        The function; it raises ``ValueError`` where no pattern matches the path, and
+        ``TypeError`` where a function given gives something else than a rule or ``None``.
+
+    Raises:
+        TypeError: ``rule`` is none of these, or a mapping maps to something else.
+
+    Example:
+        >>> from optimisers import Adam, KeyPath
+        >>> choose = chooser({"*.bias": None, "*": Adam()})
+        >>> choose(KeyPath("enc", "bias"), np.ones(2)) is None
+        True
+    """
     if isinstance(rule, Rule):
-        return None
+        return lambda kp, x: rule
     if isinstance(rule, Mapping):
         return _by_pattern(rule)
     if not callable(rule):
@@ -158,12 +175,12 @@ def _another_rule(rule: Rules, model: Any, kp: KeyPath) -> str:
                 f"{kp} and arrays like it")
     if not kp:
         return "give it another rule, e.g. setup(AdamW(), model)"
-    choose, refused, kept = _chooser(rule), [], []
+    choose, refused, kept = chooser(rule), [], []
 
     def note(path: KeyPath, x: Any) -> None:
         if isnumeric(x):
             try:
-                r = rule if choose is None else choose(path, x)
+                r = choose(path, x)
             except ValueError:  # no pattern matches it: not this error's business
                 r = None
             (refused if r is not None and r.refuses(x) is not None else kept).append(path)
@@ -392,7 +409,6 @@ def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
         TypeError: a gradient is not an array, or a model was passed as the tree.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Descent
         >>> model = {"w": np.array([1.0, 2.0]), "n": 3}
         >>> tree = setup(Descent(0.1), model)
@@ -419,7 +435,6 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
     parameter's ``.grad`` is used.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Momentum
         >>> model = [np.array([1.0, 2.0])]
         >>> tree = setup(Momentum(0.1), model)

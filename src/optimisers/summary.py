@@ -55,7 +55,6 @@ def summary(tree: Any, model: Any = None) -> str:
     each line names its rule by a number, written out in full under the totals.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Adam, AccumGrad, OptimiserChain, setup, freeze_, adjust_
         >>> w = np.zeros((3, 2), np.float32)
         >>> model = {"enc": {"w": w, "bias": np.zeros(2, np.float32)}, "dec": {"w": w}}

@@ -304,7 +304,6 @@ def isnumeric(x: Any) -> bool:
     0-d arrays count; integer and boolean arrays and scalars never do.
 
     Example:
-        >>> import numpy as np
         >>> isnumeric(np.zeros(3)), isnumeric(np.zeros(3, int)), isnumeric(1.0)
         (True, False, False)
     """
@@ -318,7 +317,6 @@ def maywrite(x: Any) -> bool:
     Writable NumPy arrays and PyTorch tensors may; JAX and read-only NumPy arrays may not.
 
     Example:
-        >>> import numpy as np
         >>> a = np.zeros(2)
         >>> maywrite(a), maywrite(a.view()), a.setflags(write=False), maywrite(a)
         (True, True, None, False)
@@ -339,7 +337,6 @@ def ismutable(x: Any) -> bool:
     arrays, tuples, numbers, strings and frozen dataclasses holding nothing mutable are not.
 
     Example:
-        >>> import numpy as np
         >>> ismutable(np.zeros(2)), ismutable((1, 2)), ismutable([1, 2])
         (True, False, True)
     """

@@ -111,7 +111,6 @@ def fmap(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf, cache: bool 
         cache: whether to keep ties of mutable objects.
 
     Example:
-        >>> import numpy as np
         >>> w = np.ones(2)
         >>> out = fmap(lambda a: a * 2, {"enc": w, "dec": w, "n": (1.0,)})
         >>> out["enc"], out["enc"] is out["dec"]
@@ -139,7 +138,6 @@ def fleaves(x: Any, exclude: Callable = isleaf) -> list:
     """fleaves(x) -> the list of leaves of ``x``, in walk order; a tied mutable leaf once.
 
     Example:
-        >>> import numpy as np
         >>> w = np.zeros(2)
         >>> len(fleaves({"a": w, "b": w, "c": 1.0}))
         2

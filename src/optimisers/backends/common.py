@@ -3,17 +3,18 @@
 Each function takes the backend module first; a backend binds them to itself
 (``abs2 = functools.partial(common.abs2, <its module>)``), so rules call ``xp.abs2(g)``.
 NumPy and PyTorch write ``abs2`` and ``eps`` themselves (each step calls them: a step stays
-in the backend's file).
+in the backend's file). :func:`mapstate` walks a state's items, for every backend alike.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from optimisers.backends.registry import istraced
 
-__all__ = ["FLOAT16_EPS", "abs2", "clip", "norm", "eps"]
+__all__ = ["FLOAT16_EPS", "abs2", "clip", "norm", "eps", "mapstate"]
 
 FLOAT16_EPS = 1e-7
 """The smallest non-zero epsilon in float16 (Adam's 1e-8 would round to zero there)."""
@@ -59,7 +60,6 @@ def floored(xp: Any, e: Any) -> Any:
     traced): a float16 array's epsilon, for every backend's ``eps``.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers.backends import numpy as xp
         >>> floored(xp, 1e-8), floored(xp, 0.0), floored(xp, 0.1)
         (1e-07, 0.0, 0.1)
@@ -67,3 +67,18 @@ def floored(xp: Any, e: Any) -> Any:
     if istraced(e):
         return xp.where(e != 0, xp.maximum(e, FLOAT16_EPS), e)
     return max(e, FLOAT16_EPS) if e else e
+
+
+def mapstate(f: Callable[[Any, str], Any], x: Any, key: str = "") -> Any:
+    """mapstate(f, x, key="") -> the state ``x`` rebuilt, ``f(item, its dotted key)`` for each item.
+
+    Example:
+        >>> mapstate(lambda v, k: f"{k}={v}", ([1, 2], {"m": 3}), "state")
+        (['state.0.0=1', 'state.0.1=2'], {'m': 'state.1.m=3'})
+    """
+    if isinstance(x, dict):
+        return {k: mapstate(f, v, f"{key}.{k}") for k, v in x.items()}
+    if not isinstance(x, (tuple, list)):
+        return f(x, key)
+    items = [mapstate(f, v, f"{key}.{i}") for i, v in enumerate(x)]
+    return type(x)._make(items) if hasattr(type(x), "_make") else type(x)(items)

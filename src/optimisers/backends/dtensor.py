@@ -239,22 +239,13 @@ def gathered(apply: Callable, state: Any, x: Array, *grads: Array) -> tuple[Any,
         placements = x.placements if v.shape == x.shape else [Replicate()] * mesh.ndim
         return distribute_tensor(v, mesh, placements, src_data_rank=None)
 
-    state, step = apply(_mapped(_whole, state), _whole(x), *map(_whole, grads))
-    return _mapped(placed, state), placed(step)
+    state, step = apply(common.mapstate(lambda v, _: _whole(v), state), _whole(x),
+                        *map(_whole, grads))
+    return common.mapstate(lambda v, _: placed(v), state), placed(step)
 
 
 def _whole(v: Any) -> Any:
     return v.full_tensor() if isinstance(v, DTensor) else v
-
-
-def _mapped(f: Callable, v: Any) -> Any:
-    """``f`` on each item of a state, its tuples, lists and dicts rebuilt."""
-    if isinstance(v, (tuple, list)):
-        items = [_mapped(f, item) for item in v]
-        return type(v)._make(items) if hasattr(type(v), "_make") else type(v)(items)
-    if isinstance(v, dict):
-        return {k: _mapped(f, item) for k, item in v.items()}
-    return f(v)
 
 
 # --- checkpoints in the library's own file: whole arrays ------------------------------------

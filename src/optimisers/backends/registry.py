@@ -104,7 +104,6 @@ def of(x: Any) -> Backend:
     """of(x) -> the backend module for the array ``x``, kept in :data:`BACKENDS` by type.
 
     Example:
-        >>> import numpy as np
         >>> of(np.zeros(1)).__name__, BACKENDS[np.ndarray] is of(np.zeros(1))
         ('optimisers.backends.numpy', True)
     """
@@ -147,7 +146,6 @@ def on_whole(apply: Callable) -> Callable:
     arrays ``apply`` runs as it is.
 
     Example:
-        >>> import numpy as np
         >>> class Rule:
         ...     @on_whole
         ...     def apply(self, state, x, dx):

@@ -35,7 +35,6 @@ def save(path: str | os.PathLike, tree: Any) -> None:
 
     Example:
         >>> import os, tempfile
-        >>> import numpy as np
         >>> from optimisers import Adam, setup
         >>> folder = tempfile.TemporaryDirectory()
         >>> save(os.path.join(folder.name, "opt.ckpt"), setup(Adam(0.1), {"w": np.ones(3)}))
@@ -71,7 +70,6 @@ def load(path: str | os.PathLike, like: Any) -> Any:
 
     Example:
         >>> import os, tempfile
-        >>> import numpy as np
         >>> from optimisers import Adam, setup
         >>> folder = tempfile.TemporaryDirectory()
         >>> path = os.path.join(folder.name, "opt.ckpt")

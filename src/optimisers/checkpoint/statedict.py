@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from optimisers import backends
+from optimisers.backends.common import mapstate
 from optimisers.checkpoint import _codec as codec
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
@@ -42,7 +43,6 @@ def state_dict(tree: Any) -> dict:
         ValueError: two Leafs would give the same key (a model key holding a dot).
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Adam, setup, update_
         >>> model = {"w": np.ones(2)}
         >>> tree, model = update_(setup(Adam(0.1), model), model, {"w": np.ones(2)})
@@ -56,7 +56,7 @@ def state_dict(tree: Any) -> dict:
     for kp, leaf in _first_paths(tree):
         items = {"rule": rule_form(leaf.rule, kp), "frozen": bool(leaf.frozen),
                  "clock": int(leaf.clock)}
-        _map(lambda v, k, items=items: v is None or items.update({k: v.item() if isinstance(
+        mapstate(lambda v, k, items=items: v is None or items.update({k: v.item() if isinstance(
             v, np.generic) else v}), leaf.state, "state")  # NumPy scalars as Python numbers
         for name, value in items.items():
             if (key := _key(kp, name)) in out:
@@ -115,7 +115,6 @@ def load_state_dict(tree: Any, d: Mapping) -> Any:
         TypeError: ``tree`` is not a state tree, or ``d`` is not a mapping.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Adam, setup, update_
         >>> model = {"w": np.ones(2)}
         >>> trained, _ = update_(setup(Adam(0.1), model), model, {"w": np.ones(2)})
@@ -135,7 +134,7 @@ def load_state_dict(tree: Any, d: Mapping) -> Any:
                          f"made for another model or rule")
     for leaf, rule, frozen, clock, state in loads:
         leaf.rule, leaf.frozen = rule, frozen
-        leaf.state = _map(lambda v, _: v() if isinstance(v, functools.partial) else v, state, "")
+        leaf.state = mapstate(lambda v, _: v() if isinstance(v, functools.partial) else v, state)
         if clock is not None:
             leaf.clock = clock
     return tree
@@ -162,7 +161,7 @@ def _read_leaf(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> tuple:
             _take(d, key, used, ""), (int, np.integer)) or clock < 0):
         raise ValueError(f"the state dict's {key!r} is {clock!r:.40}; a clock is a whole "
                          f"number >= 0")
-    state = _map(lambda v, k: _state(v, d, k, used), leaf.state, _key(kp, "state"))
+    state = mapstate(lambda v, k: _state(v, d, k, used), leaf.state, _key(kp, "state"))
     return rule, bool(frozen), None if clock is None else int(clock), state
 
 
@@ -206,14 +205,3 @@ def _write(dst: Any, value: Any) -> Any:
     """``dst`` written from ``value`` (in place where it may be); itself if loaded into."""
     xp = backends.of(dst)
     return dst if value is dst else xp.assign(dst, xp.cast(value, dst))
-
-
-def _map(f: Any, x: Any, key: str) -> Any:
-    """``f(item, key)`` for each item of a state, its tuples, lists and dicts rebuilt."""
-    if isinstance(x, dict):
-        return {k: _map(f, v, f"{key}.{k}") for k, v in x.items()}
-    if not isinstance(x, (tuple, list)):
-        return f(x, key)
-    items = [_map(f, v, f"{key}.{i}") for i, v in enumerate(x)]
-    return items if isinstance(x, list) else type(x)._make(items) if hasattr(
-        type(x), "_make") else tuple(items)

@@ -6,7 +6,6 @@ the new parameter. A process's tree is an ordinary one with ``None`` where anoth
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -14,7 +13,6 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from optimisers import state as _state
-from optimisers.adjust import matches
 from optimisers.destructure import trainables
 from optimisers.keypath import KeyPath
 from optimisers.reduce import places
@@ -72,7 +70,7 @@ def setup(rule: Any, model: Any, shard: Any = None) -> Any:
                          "state alike; ZeRO-1 is for parameters every process holds whole")
     rank, world = dist.get_rank(shard), dist.get_world_size(shard)
     mine = {id(x) for x, r in zip(arrays, owners(arrays, world)) if r == rank}
-    choose = _chooser(rule)
+    choose = _state.chooser(rule)
 
     def pick(kp: KeyPath, x: Any) -> Rule | None:
         r = choose(kp, x)
@@ -88,22 +86,6 @@ def setup(rule: Any, model: Any, shard: Any = None) -> Any:
         if arrays:  # others own them all: no warning that this process trains none
             warnings.filterwarnings("ignore", "setup found no trainable parameter")
         return _state.setup(pick, model)
-
-
-def _chooser(rule: Any) -> Callable[[KeyPath, Any], Any]:
-    """``rule`` (as :func:`optimisers.setup` takes it) as a function of path and array."""
-    if isinstance(rule, Rule):
-        return lambda kp, x: rule
-    if isinstance(rule, Mapping):
-        def by_pattern(kp: KeyPath, x: Any) -> Any:
-            for pattern, r in rule.items():
-                if matches(pattern, kp):
-                    return r
-            raise ValueError(f"no pattern of setup matches the trainable array at {kp} "
-                             f"(patterns: {', '.join(map(repr, rule))}); add one, or "
-                             f"'*': None to leave the rest untrained")
-        return by_pattern
-    return rule
 
 
 def update_(tree: Any, model: Any, *grads: Any, shard: Any = None) -> tuple[Any, Any]:

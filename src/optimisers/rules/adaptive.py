@@ -107,7 +107,6 @@ class RMSProp(Rule):
     (sqrt(q - |l|^2) + eps)``: ``torch.optim.RMSprop(alpha=rho)``, ``rho < 1``.
 
     Example:
-        >>> import numpy as np
         >>> r, x = RMSProp(0.01), np.zeros(1)
         >>> r.apply(r.init(x), x, np.ones(1))[1].round(6)
         array([0.031623])
@@ -142,7 +141,6 @@ class Adam(_Moments, Rule):
     (sqrt(v/(1-b2^t)) + eps)``, ``t`` from 1: ``torch.optim.Adam``'s and ``optax.adam``'s.
 
     Example:
-        >>> import numpy as np
         >>> r, x = Adam(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]
         array([0.1])
@@ -164,7 +162,6 @@ class RAdam(_Moments, Rule):
     Optimisers.jl's form (torch's and optax's switch at ``r > 5``, ``eps`` elsewhere).
 
     Example:
-        >>> import numpy as np
         >>> r, x = RAdam(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]   # first steps: momentum only
         array([0.3])
@@ -196,7 +193,6 @@ class AdaMax(_Moments, Rule):
     (Kingma & Ba 2015, section 7): ``u = max(b2*u, |g|)``; ``d = eta/(1-b1^t) * m/(u + eps)``.
 
     Example:
-        >>> import numpy as np
         >>> r, x = AdaMax(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]
         array([0.1])
@@ -218,7 +214,6 @@ class OAdam(_Moments, Rule):
     2018), for saddle-point problems (GANs): ``d = 2*a - a_prev``, ``a`` Adam's step.
 
     Example:
-        >>> import numpy as np
         >>> r, x = OAdam(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]
         array([0.2])
@@ -244,7 +239,6 @@ class AdaGrad(Rule):
     ``eps``); ``d = eta*g / (sqrt(acc) + eps)``.
 
     Example:
-        >>> import numpy as np
         >>> r, x = AdaGrad(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([2.0]))[1]
         array([0.1])
@@ -271,7 +265,6 @@ class AdaDelta(Rule):
     (1-rho)*|d|^2``.
 
     Example:
-        >>> import numpy as np
         >>> r, x = AdaDelta(0.5, 0.01), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([1.0]))[1].round(4)
         array([0.14])
@@ -301,7 +294,6 @@ class AMSGrad(_Moments, Rule):
     moments (from ``eps``), ``vhat = max(vhat, v)``, ``d = eta*m / (sqrt(vhat) + eps)``.
 
     Example:
-        >>> import numpy as np
         >>> r, x = AMSGrad(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([1.0]))[1].round(4)
         array([0.3161])
@@ -329,7 +321,6 @@ class NAdam(_Moments, Rule):
     / (sqrt(v/(1-b2^t)) + eps)`` (Optimisers.jl v0.4: a stray ``b2`` in the root).
 
     Example:
-        >>> import numpy as np
         >>> r, x = NAdam(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([3.0]))[1].round(4)
         array([0.1474])
@@ -357,7 +348,6 @@ class AdamW(_Moments, Rule):
     ``optax.adamw``), else ``d = eta*a + lambd*x`` (the paper's fully decoupled form).
 
     Example:
-        >>> import numpy as np
         >>> r, x = AdamW(0.1, lambd=0.5), np.ones(1)
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]
         array([0.15])
@@ -387,7 +377,6 @@ class AdaBelief(_Moments, Rule):
     whose second moment tracks ``s = b2*s + (1-b2)*|g - m|^2 + eps``, the belief in ``g``.
 
     Example:
-        >>> import numpy as np
         >>> r, x = AdaBelief(0.1), np.zeros(1)
         >>> r.apply(r.init(x), x, np.array([3.0]))[1].round(4)
         array([0.1111])
@@ -412,7 +401,6 @@ class Lion(Rule):
     Algorithm 1, ``optax.lion(eta, weight_decay=0.0)`` (Optimisers.jl swaps the weights).
 
     Example:
-        >>> import numpy as np
         >>> r, x = Lion(0.1), np.zeros(2)
         >>> r.apply(r.init(x), x, np.array([3.0, -1.0]))[1]
         array([ 0.1, -0.1])
@@ -444,7 +432,6 @@ class ADOPT(_Moments, Rule):
     (1-b2)*|g|^2``; ``d = eta*m``: ``optax.contrib.adopt(use_clipping=clip)``.
 
     Example:
-        >>> import numpy as np
         >>> r, x = ADOPT(0.1), np.zeros(1)
         >>> s, d = r.apply(r.init(x), x, np.array([2.0])); d, s[1]   # the first: v only
         (array([0.]), array([4.]))
@@ -492,7 +479,6 @@ class ScheduleFreeAdamW(Rule):
     ``optax.contrib.schedule_free_adamw`` and its ``schedule_free_eval_params``.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import averaged, setup, update
         >>> model = {"w": np.array([1.0, -1.0])}
         >>> tree = setup(ScheduleFreeAdamW(0.1), model)

@@ -29,7 +29,6 @@ class Rule:
     no step). Write state through ``backends.of(x).assign`` to update in place.
 
     Example:
-        >>> import numpy as np
         >>> from dataclasses import dataclass
         >>> @dataclass(frozen=True)
         ... class SignSGD(Rule):

@@ -23,7 +23,6 @@ class OptimiserChain(Rule):
     accumulations) ends the chain for that update.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import ClipGrad
         >>> rule = OptimiserChain(ClipGrad(1.0), Descent(0.1))
         >>> rule.apply(rule.init(np.zeros(2)), np.zeros(2), np.array([5.0, 0.5]))[1]
@@ -104,7 +103,6 @@ class AccumGrad(Rule):
     and a chain keeps the later rules' states unchanged.
 
     Example:
-        >>> import numpy as np
         >>> r, x = AccumGrad(2), np.zeros(1)
         >>> s, d = r.apply(r.init(x), x, np.array([1.0])); d is None
         True
@@ -146,7 +144,6 @@ class MixedPrecision(Rule):
     dtype (a :class:`NewValue`). Outermost only: wrap a chain, never put it inside one.
 
     Example:
-        >>> import numpy as np
         >>> rule, x = MixedPrecision(Descent(1e-4)), np.ones(1, np.float16)
         >>> s = rule.init(x)
         >>> for _ in range(10):
@@ -215,7 +212,6 @@ class EMA(Rule):
     becomes ``decay*avg + (1-decay)*x`` (``optax.ema`` of the parameters, without debiasing).
 
     Example:
-        >>> import numpy as np
         >>> rule, x = EMA(Descent(0.5), decay=0.9), np.array([1.0])
         >>> s = rule.init(x)
         >>> s, d = rule.apply(s, x, np.array([1.0]))

@@ -17,7 +17,6 @@ class Descent(Rule):
     """Descent(eta=0.1): plain gradient descent, ``d = eta * g``.
 
     Example:
-        >>> import numpy as np
         >>> Descent(0.5).apply(None, np.zeros(2), np.array([1.0, -2.0]))[1]
         array([ 0.5, -1. ])
     """
@@ -41,7 +40,6 @@ class Momentum(Rule):
     ``rho = 1`` is allowed, as ``torch.optim.SGD`` allows ``momentum=1``.
 
     Example:
-        >>> import numpy as np
         >>> r, x = Momentum(0.1, 0.5), np.zeros(1)
         >>> s, d = r.apply(r.init(x), x, np.ones(1)); s, d = r.apply(s, x, np.ones(1)); d
         array([0.15])
@@ -75,7 +73,6 @@ class Nesterov(Rule):
     ``rho = 1`` is allowed, as for :class:`Momentum`.
 
     Example:
-        >>> import numpy as np
         >>> r, x = Nesterov(0.1, 0.5), np.zeros(1)
         >>> r.apply(r.init(x), x, np.ones(1))[1]
         array([0.15])
@@ -109,7 +106,6 @@ class Rprop(Rule):
     ``d = s * sign(g)``. As ``torch.optim.Rprop``; complex parts step apart.
 
     Example:
-        >>> import numpy as np
         >>> r, x = Rprop(0.1), np.zeros(1)
         >>> s, d = r.apply(r.init(x), x, np.ones(1)); r.apply(s, x, np.ones(1))[1]
         array([0.12])
@@ -151,7 +147,6 @@ class WeightDecay(Rule):
     before the optimiser in a chain.
 
     Example:
-        >>> import numpy as np
         >>> WeightDecay(0.1).apply(None, np.array([2.0]), np.array([1.0]))[1]
         array([1.2])
     """
@@ -170,7 +165,6 @@ class SignDecay(Rule):
     """SignDecay(lambd=1e-3): L1 decay added to the gradient, ``d = g + lambd*sign(x)``.
 
     Example:
-        >>> import numpy as np
         >>> SignDecay(0.1).apply(None, np.array([-2.0]), np.array([1.0]))[1]
         array([0.9])
     """
@@ -191,7 +185,6 @@ class ClipGrad(Rule):
     element's parts each).
 
     Example:
-        >>> import numpy as np
         >>> ClipGrad(1.0).apply(None, np.zeros(2), np.array([-3.0, 0.5]))[1]
         array([-1. ,  0.5])
     """
@@ -213,7 +206,6 @@ class ClipNorm(Rule):
     norm raises ``FloatingPointError`` when ``throw`` (not under ``jax.jit``).
 
     Example:
-        >>> import numpy as np
         >>> ClipNorm(1.0).apply(None, np.zeros(2), np.array([3.0, 4.0]))[1]
         array([0.6, 0.8])
     """

@@ -33,7 +33,6 @@ class LAMB(Rule):
     ``weight_decay`` is ``1e-4``). Train float16 through :class:`MixedPrecision`.
 
     Example:
-        >>> import numpy as np
         >>> r, x = LAMB(0.1), np.array([3.0, 4.0])
         >>> r.apply(r.init(x), x, np.array([1.0, 0.0]))[1].round(6)  # |d| = eta * |x|
         array([0.5, 0. ])
@@ -75,7 +74,6 @@ class LARS(Rule):
     arrays its mask leaves out another rule with ``setup``'s mapping).
 
     Example:
-        >>> import numpy as np
         >>> r, x = LARS(1.0, trust=0.01), np.array([3.0, 4.0])
         >>> r.apply(r.init(x), x, np.array([0.0, 2.0]))[1]   # |d| = trust * |x|
         array([0.  , 0.05])
@@ -143,7 +141,6 @@ class Muon(Rule):
         https://kellerjordan.github.io/posts/muon/
 
     Example:
-        >>> import numpy as np
         >>> r, x = Muon(0.1, lambd=0.0), np.zeros((2, 3))
         >>> g = np.array([[3.0, 0.0, 0.0], [0.0, 0.0, -1.0]])
         >>> r.apply(r.init(x), x, g)[1].round(3)  # singular values 3 and 1 made 0.75, 1.13
@@ -221,7 +218,6 @@ class Adafactor(Rule):
         Memory Cost", ICML 2018, https://arxiv.org/abs/1804.04235
 
     Example:
-        >>> import numpy as np
         >>> r, x = Adafactor(), np.ones((2, 3), np.float32)
         >>> state, d = r.apply(r.init(x), x, np.full((2, 3), 5.0, np.float32))
         >>> d[0], [a.shape for a in state[:2]]

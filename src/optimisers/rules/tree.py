@@ -23,7 +23,6 @@ class TreeRule(Rule):
     (``apply``), it treats its one array as the whole tree.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import ClipGlobalNorm
         >>> rule = ClipGlobalNorm(1.0)
         >>> total = rule.total([rule.part(np.array([3.0])), rule.part(np.array([4.0]))])
@@ -78,7 +77,6 @@ class ClipGlobalNorm(TreeRule):
     ``optax.clip_by_global_norm``. Put it first in a chain (after ``AccumGrad``).
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Descent, OptimiserChain, setup, update
         >>> model = [np.zeros(1), np.zeros(1)]
         >>> tree = setup(OptimiserChain(ClipGlobalNorm(1.0), Descent(1.0)), model)
@@ -172,7 +170,6 @@ class SkipNonFinite(_Counting, TreeRule):
     with nothing written (``limit=0``: always raise). As ``optax.apply_if_finite``.
 
     Example:
-        >>> import numpy as np
         >>> from optimisers import Descent, OptimiserChain, setup, update_
         >>> model = [np.ones(1), np.ones(1)]
         >>> tree = setup(OptimiserChain(SkipNonFinite(), Descent(0.5)), model)
