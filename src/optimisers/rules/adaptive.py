@@ -62,9 +62,9 @@ def adaptive_step(xp: Any, m: Any, v: Any, eps: Any, eta: Any = None, k1: Any = 
     den = v if k2 is None else xp.divide(v, k2)
     den = xp.sqrt(den, out=None if k2 is None else den)
     den += eps
-    u = xp.divide(m, k1) if eta is None else xp.multiply(m, eta)
     if eta is not None and k1 is not None:
-        u = xp.divide(u, k1, out=u)
+        eta = eta / k1  # (one scalar: one pass over m, as torch.optim's step size)
+    u = xp.divide(m, k1) if eta is None else xp.multiply(m, eta)
     return xp.divide(u, den, out=u)
 
 
