@@ -629,3 +629,24 @@ def test_state_made_from_the_parameter_may_be_donated_with_it(rule, dtype):
         tree, model = step(tree, model, grads)
         eager_tree, eager = O.update(eager_tree, eager, grads)
     assert_trees_close(model, eager, rtol=1e-2 if dtype == jnp.bfloat16 else 1e-4)
+
+
+def test_a_jitted_steps_tree_flattens_as_built_until_it_changes():
+    """The tree a jitted step returns flattens into the very arrays it was built from (a
+    training loop's next step makes no record anew), until a Leaf or a container of it
+    changes: a freeze, a new state, a Leaf put in another's place."""
+    model = {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}
+    step = jax.jit(O.update)
+    tree, model = step(O.setup(O.Adam(0.01), model), model, {k: v for k, v in model.items()})
+    first, again = jax.tree.leaves(tree), jax.tree.leaves(tree)
+    assert all(a is b for a, b in zip(first, again)) and len(first) == len(again)
+    O.freeze_(tree["b"])
+    assert len(jax.tree.leaves(tree)) == 2 * (9 + 3)
+    tree, model = step(tree, model, {k: v for k, v in model.items()})
+    tree["w"].state = (tree["w"].state[0] + 1, *tree["w"].state[1:])
+    np.testing.assert_array_equal(jax.tree.leaves(tree["w"].state)[0],
+                                  [v for v in jax.tree.leaves(tree) if v.shape == (2, 3)][0])
+    tree, model = step(tree, model, {k: v for k, v in model.items()})
+    tree["w"] = O.Leaf(O.Descent(0.5), None)
+    assert [float(v) for v in jax.tree.leaves(tree["w"])[:2]] == [0.5, 0.5]
+    assert len(jax.tree.leaves(tree)) == 3 + (9 + 3)

@@ -10,6 +10,8 @@ one shape whose rule stacks, ``Muon``, by one ``jax.vmap``, ``fast/batched.py``)
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import Any
 
 import jax
@@ -332,14 +334,15 @@ _SLOT = Leaf.__dict__["rule"]  # a Leaf's own slot, under _Rebuilt's property
 
 class _Rebuilt(Leaf):
     """A Leaf that JAX rebuilt: its rule, a :class:`_Pending`, made when first read; the
-    layout of its state's numbers as its record gave it (``layout``, see :func:`_parts`)."""
+    layout of its state's numbers as its record gave it (``layout``, see :func:`_parts`)
+    while its state is the one it was built with (``laid``)."""
 
-    __slots__ = ("layout",)
+    __slots__ = ("layout", "laid")
 
-    def __init__(self, rule: Any, state: Any, frozen: bool, clock: Any, layout: tuple = ()
-                 ) -> None:
+    def __init__(self, rule: Any, state: Any, frozen: bool, clock: Any,
+                 layout: tuple | None = None) -> None:
         super().__init__(rule, state, frozen, clock)
-        self.layout = (state, *layout) if layout else None
+        self.layout, self.laid = layout, state
 
     def _rule(self) -> Any:
         rule = _SLOT.__get__(self, Leaf)
@@ -360,19 +363,20 @@ def _isnumber(v: Any) -> bool:
     return aval is not None and aval.shape == () and getattr(aval, "weak_type", False)
 
 
-def _parts(state: Any, known: tuple | None = None) -> tuple[Any, tuple, tuple, tuple]:
+def _parts(state: Any, leaf: Any = None) -> tuple[Any, tuple, tuple, tuple]:
     """``(treedef, where, numbers, arrays)``: a state's leaves split into its numbers
-    (:func:`_isnumber`) and the rest; ``where`` says which is which, as ``known`` said
-    where that is this state's ``(state, treedef, where)`` (whatever ``jax.tree.map`` put
-    there, the structure stays)."""
-    if known is not None and known[0] is state:
-        treedef, where = known[1:]
+    (:func:`_isnumber`) and the rest; ``where`` says which is which, as the ``leaf``'s
+    record said where ``state`` is the one it was built with (whatever ``jax.tree.map``
+    put there, the structure stays)."""
+    layout = getattr(leaf, "layout", None)
+    if layout is not None and leaf.laid is state:
+        treedef, where = layout
         values = treedef.flatten_up_to(state)
     else:
         values, treedef = jax.tree.flatten(state)
         where = tuple(map(_isnumber, values))
-    return (treedef, where, tuple(v for v, w in zip(values, where) if w),
-            tuple(v for v, w in zip(values, where) if not w))
+    return (treedef, where, tuple(itertools.compress(values, where)),
+            tuple(itertools.compress(values, map(operator.not_, where))))
 
 
 def _joined(treedef: Any, where: tuple, numbers: tuple, arrays: tuple) -> Any:
@@ -444,7 +448,7 @@ def _groups(leafs: list, parts: list) -> dict:
             except TypeError:  # an unhashable static field: the rule by identity
                 key = id(rule)
             keys[id(rule)] = key
-        parts.append(_parts(leaf.state, getattr(leaf, "layout", None)))
+        parts.append(_parts(leaf.state, leaf))
         state_def, where, numbers, _ = parts[-1]
         groups.setdefault((leaf.frozen, key, _key(leaf.clock), state_def, where,
                            tuple(map(_key, numbers))), []).append(i)
@@ -452,6 +456,9 @@ def _groups(leafs: list, parts: list) -> dict:
 
 
 def _flatten_root(tree: Any) -> tuple:
+    kept = tree.__dict__.get("_flat")
+    if kept is not None and _unchanged(tree, *kept[1:]):
+        return kept[0], kept[1]
     skeleton, leafs = _skeleton(tree)
     made = (getattr(tree, "_made", {}), {})
     children, layout = [], []
@@ -474,15 +481,47 @@ def _unflatten_root(aux: tuple, children: Any) -> Any:
     skeleton, layout, n = aux
     leafs: list = [None] * n
     made: dict = {}
+    marks = []
     for (group, members), kids in zip(layout, children):
         rule, states = _members(group, kids)
         if type(rule) is not _Pending:
             made[id(rule)] = (rule, kids[0], kids[1], group[1])
+        laid = group[2:]
         for i, state in zip(members, states):
-            leafs[i] = _Rebuilt(rule, state, group[0], kids[2], group[2:])
+            leafs[i] = _Rebuilt(rule, state, group[0], kids[2], laid)
+        marks.append((members, rule, group[0], kids[2]))
     tree = _build(skeleton, leafs)
     tree._made = made
+    tree._flat = (children, aux, leafs, marks)
     return tree
+
+
+def _unchanged(tree: Any, aux: tuple, leafs: list, marks: list) -> bool:
+    """Whether a root that :func:`_unflatten_root` built holds the Leafs it was built with,
+    where it put them, each with the state, rule, flag and clock it was given: then its
+    flatten is the children it was built from (a training loop's next jitted step makes no
+    record anew, and no garbage)."""
+    for members, rule, frozen, clock in marks:
+        for i in members:
+            leaf = leafs[i]
+            if (leaf.state is not leaf.laid or _SLOT.__get__(leaf, Leaf) is not rule
+                    or leaf.frozen is not frozen or leaf.clock is not clock):
+                return False
+    return _same(aux[0], tree, leafs)
+
+
+def _same(skeleton: Any, t: Any, leafs: list) -> bool:
+    """Whether ``t`` has the containers, keys and Leafs of ``skeleton`` (:func:`_skeleton`)."""
+    if skeleton is None or type(skeleton) is int:
+        return t is (None if skeleton is None else leafs[skeleton])
+    cls, keys, kids = skeleton
+    if type(t) is not cls or len(t) != len(kids):
+        return False
+    if keys is not None:
+        if not all(map(operator.eq, t, keys)):
+            return False
+        t = t.values()
+    return all(_same(k, v, leafs) for k, v in zip(kids, t))
 
 
 def _register_all() -> None:
