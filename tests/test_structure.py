@@ -61,7 +61,7 @@ def test_a_steady_update_visits_five_files_at_most(lib):
     assert len(files) <= 5, files
 
 
-@pytest.mark.xfail(strict=True, reason="not reached yet: a steady NumPy update_ makes some 96 "
+@pytest.mark.xfail(strict=True, reason="not reached yet: a steady NumPy update_ makes some 92 "
                    "calls (fewer than 40 asked)")
 def test_a_steady_update_makes_few_calls():
     assert _hops("numpy")[2] < 40

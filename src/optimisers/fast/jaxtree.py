@@ -456,8 +456,9 @@ def _groups(leafs: list, parts: list) -> dict:
 
 
 def _flatten_root(tree: Any) -> tuple:
-    kept = tree.__dict__.get("_flat")
+    kept = tree.__dict__.pop("_flat", None)  # (not kept once changed: nor its old arrays)
     if kept is not None and _unchanged(tree, *kept[1:]):
+        tree._flat = kept
         return kept[0], kept[1]
     skeleton, leafs = _skeleton(tree)
     made = (getattr(tree, "_made", {}), {})
