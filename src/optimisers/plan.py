@@ -45,7 +45,7 @@ class Plan:
     back to the validating gather."""
 
     __slots__ = ("tree", "model", "edges", "sizes", "prog", "slots", "specs", "tied",
-                 "groups", "group", "firsts", "columns", "dotted", "nograd", "xs", "dotgrad")
+                 "groups", "group", "firsts", "columns", "dotted", "nograd", "xs")
 
     def __init__(self, tree: Any, model: Any) -> None:
         self.tree, self.model = tree, model
@@ -57,7 +57,7 @@ class Plan:
         self.sizes: list = []  # (container, len) for containers that may grow
         self.slots: list = []  # (leaf, x, keypath) per path to a Leaf, in walk order
         self.prog = self._compile(tree, model, KeyPath())
-        self.xs = [x for _, x, _ in self.slots]  # (dotgrad: whether the last read took .grad)
+        self.xs = [x for _, x, _ in self.slots]
         self.specs = [(backends.of(x).gradtype(x), x.shape, x.dtype) for x in self.xs]
         self.columns = tuple(map(list, zip(*self.specs))) if self.specs else ([], [], [])
         self.tied = len({id(leaf) for leaf, _, _ in self.slots}) < len(self.slots)
@@ -105,9 +105,10 @@ class Plan:
         """Note ``node``'s children at ``keys`` (all Leafs or ``None``: compared by ``==``)."""
         by_eq = all(k is None or isinstance(k, Leaf) for k in kids)
         bulk = getattr(get, "many", None)  # all children at once (a module's parameters)
-        items = operator.itemgetter(*keys) if len(keys) > 1 else None  # (or by one call)
-        bulk = bulk(node, keys) if bulk is not None else (lambda: items(node)) if (
-            items is not None and get is operator.getitem) else None
+        if bulk is not None:
+            bulk = bulk(node, keys)
+        elif get is operator.getitem and len(keys) > 1:  # (a dict's: by one call)
+            bulk = functools.partial(operator.itemgetter(*keys), node)
         if isinstance(node, (list, tuple)) and keys == tuple(range(len(node))):
             self.edges.append((None, node, tuple(kids) if by_eq and isinstance(
                 node, tuple) else kids, by_eq))
@@ -127,15 +128,16 @@ class Plan:
             and all(map(operator.is_, one.leaves, (leaf for leaf, _, _ in self.slots)))
         ) else None
 
-    def whole(self, per_tree: list) -> bool:
-        """Step the single group of every Leaf if nothing changed; ``False`` (nothing done)."""
+    def whole(self, per_tree: list, dotgrad: bool = False) -> bool:
+        """Step the single group of every Leaf if nothing changed; ``False`` (nothing done).
+        ``dotgrad``: the gradients were read from the tensors' ``.grad``."""
         group = self.group
         if group is None or len(per_tree) != 1:
             return False
         gs, leaves = per_tree[0], group.leaves
         txs, shapes, dtypes = self.columns
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
-                or not self.dotgrad and list(map(_SHAPE, gs)) != shapes  # (torch checks a
+                or not dotgrad and list(map(_SHAPE, gs)) != shapes  # (torch checks a
                 or list(map(_DTYPE, gs)) != dtypes  # .grad's size; moved() each tensor's)
                 or len(group.states) != len(leaves)  # each Leaf as the group left it:
                 or not all(map(operator.is_, map(_STATE, leaves), group.states))
@@ -161,7 +163,6 @@ class Plan:
         """Each gradient tree's gradients by slot, or ``None`` when anything differs."""
         if tree is not self.tree or model is not self.model or not self._unchanged():
             return None
-        self.dotgrad = grads is DOTGRAD
         if grads is DOTGRAD:
             if self.firsts is None:
                 return None

@@ -340,7 +340,7 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Ke
     if known is not None and known.dotted:
         grads = _nested(given, model)
     per_tree = known.read(tree, model, grads) if known is not None else None
-    if per_tree is not None and known.whole(per_tree):
+    if per_tree is not None and known.whole(per_tree, grads is DOTGRAD):
         return tree, model  # the usual training loop: one fused group, all checked
     entries = known.entries(per_tree) if per_tree is not None else None
     if entries is None:
