@@ -40,10 +40,13 @@ def _isdata(field: dataclasses.Field) -> bool:
     put anything at a leaf, and the structure must not change): ``float``, ``tuple``
     (such as ``beta``, or a chain's rules) and ``Rule`` fields are data; ``bool``,
     ``int`` and anything else (``Any``: a dtype) are static, as is a field declared with
-    ``dataclasses.field(metadata={"static": True})``.
+    ``dataclasses.field(metadata={"static": True})``; one declared with ``{"data": True}``
+    is data (a traced value of any type).
     """
     if field.metadata.get("static"):
         return False
+    if field.metadata.get("data"):
+        return True
     kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
     return any(t in kind for t in _DATA_TYPES)
 

@@ -21,7 +21,9 @@ from jax.tree_util import GetAttrKey
 
 from optimisers.backends import jax as xp
 from optimisers.backends import sharding
+from optimisers.fast import jaxsplit
 from optimisers.fast.jaxrules import dynamic, raw, register_rule, register_subclasses
+from optimisers.fast.jaxsplit import aval as _aval
 from optimisers.leaf import Leaf, nodes
 from optimisers.reduce import given, places
 from optimisers.rules import NewValue, call
@@ -35,9 +37,10 @@ def fuse(entries: list, found: dict | None = None) -> tuple[list, list]:
     ``done`` holds ``(leaf, new x)``, the Leafs advanced, and nothing is left.
 
     Leafs that share a rule and a clock (a group of the root's record) make their rule at
-    that clock once, with its tree-level totals ``found``, and the numbers of their new
-    states that depend on nothing but it and their old numbers (Adam's step count:
-    :func:`_counting`) once, so that the next step reads one of each. Leafs of one shape
+    that clock once, with its tree-level totals ``found``; traced, what their steps compute
+    from its numbers and their old state numbers alone (Adam's bias corrections, its new
+    step count) is computed once (:func:`_split_steps`), so that the traced program grows
+    like optax's and the next step reads one step count. Leafs of one shape
     whose rule stacks (``Muon``) step by one ``jax.vmap`` (``fast/batched.py``).
 
     Example:
@@ -76,12 +79,14 @@ def _step_group(members: list, found: dict | None, ticks: dict) -> list:
         now = given(now, found) if found else now
     except (ValueError, TypeError, ArithmeticError) as err:
         raise type(err)(f"{err} (in {first.rule!r} at {members[0].paths[0]!r})") from err
-    states, steps = zip(*[_called(now, e) for e in members])
-    states = list(states)
-    if len(members) > 1:
-        _share(now, members, states)
+    if _traced([members[0].x]):
+        steps = _split_steps(now, members)
+    else:
+        steps = [_called(now, e) for e in members]
+        if len(members) > 1:
+            _share(now, members, steps)
     out = []
-    for e, state, d in zip(members, states, steps):
+    for e, (state, d) in zip(members, steps):
         e.leaf.advance(state, ticks)
         if isinstance(d, NewValue):
             out.append((e.leaf, xp.like(d.value, e.x)))
@@ -97,60 +102,88 @@ def _called(now: Any, e: Any) -> tuple[Any, Any]:
         raise type(err)(f"{err} (in {e.leaf.rule!r} at {e.paths[0]!r})") from err
 
 
-def _share(now: Any, members: list, states: list) -> None:
-    """Give every member the first one's new state numbers where :func:`_counting` says they
-    are its own old numbers' and the rule's alone, and those old numbers are the first's."""
-    old = _parts(members[0].leaf.state)
-    new = _parts(states[0])
-    if not any(new[1]):
-        return
-    counting = _counting(now, members[0], old)
-    for i in range(1, len(members)):
-        mine = _parts(members[i].leaf.state)
-        if mine[0] != old[0] or tuple(map(_key, mine[2])) != tuple(map(_key, old[2])):
+def _split_steps(now: Any, members: list) -> list:
+    """Each traced member's ``(new state, step)``: ``now.apply`` traced once per structure
+    and split (:func:`_split`); the part that reads no array runs once for the members of a
+    structure whose old numbers are the same objects, and the new numbers made there are
+    given to the members of other structures whose old numbers are those too, so that the
+    next step reads one set of them."""
+    sets: dict[tuple, list] = {}
+    for i, e in enumerate(members):
+        parts = _parts(e.leaf.state, e.leaf)
+        olds = (parts[0], parts[1], tuple(map(_key, parts[2])))
+        shape = (_aval(e.x), tuple(map(_aval, e.grads)), tuple(map(_aval, parts[3])))
+        sets.setdefault((olds, shape), []).append((i, e, parts))
+    steps: list = [None] * len(members)
+    firsts: dict[tuple, tuple] = {}
+    for (olds, _), found in sets.items():
+        split, new = _split(now, found[0][1], found[0][2])
+        if split is None:
+            for i, e, _ in found:
+                steps[i] = _called(now, e)
             continue
-        out = _parts(states[i])
-        numbers = tuple(a if c and _aval(a) == _aval(b) else b
-                        for a, b, c in zip(new[2], out[2], counting))
-        states[i] = _joined(out[0], out[1], numbers, out[3])
+        common = jax.core.eval_jaxpr(split.common, split.consts, *found[0][2][2])
+        common = jaxsplit.barrier(common)
+        for i, e, parts in found:
+            outs = split.outputs(common, (parts[3], e.x, e.grads))
+            before = firsts.setdefault(olds, (split, outs))
+            same = before[0] is split or _alike(before[0].out, split.out)
+            steps[i] = _result(split, new, split.given(before[1], outs) if same else outs)
+    return steps
 
 
-def _aval(v: Any) -> Any:
-    return getattr(v, "aval", type(v))
+def _share(now: Any, members: list, steps: list) -> None:
+    """Not traced: give each member the first one's new state numbers where the step's
+    split says they read no array and the member's old numbers are the first's."""
+    first = _parts(members[0].leaf.state, members[0].leaf)
+    split, new = _split(now, members[0], first) if any(first[1]) else (None, False)
+    if split is None:
+        return
+    shared, out = jax.tree.flatten(_plain(steps[0]))
+    for i in range(1, len(members)):
+        mine = _parts(members[i].leaf.state, members[i].leaf)
+        if mine[:2] != first[:2] or tuple(map(_key, mine[2])) != tuple(map(_key, first[2])):
+            continue
+        values, treedef = jax.tree.flatten(_plain(steps[i]))
+        if _alike(treedef, out):
+            steps[i] = _result(split, new, split.given(shared, values))
 
 
-def _counting(now: Any, e: Any, old: tuple) -> tuple[bool, ...]:
-    """Which numbers of the state that ``now`` steps to from ``e``'s depend on nothing but
-    ``now`` and the old state's numbers: read off the jaxpr of that step (an equation that
-    takes an array, or a value made from one, makes a value that depends on it).
+def _plain(step: tuple) -> tuple:
+    state, d = step
+    return state, d.value if isinstance(d, NewValue) else d
+
+
+def _split(now: Any, e: Any, parts: tuple) -> tuple[Any, bool]:
+    """The :func:`~optimisers.fast.jaxsplit.split` of ``now.apply`` from ``e``'s structure,
+    its common arguments the state's numbers (``now``'s are the jaxpr's constants), and
+    whether the step sets a new value (:class:`NewValue`).
 
     A rule's state numbers must not depend on the shape of its array (documented on
     :meth:`~optimisers.Rule.init`), which a jaxpr cannot show."""
-    treedef, where, numbers, arrays = old
-    key = (jax.tree.structure(now), treedef, where, _aval(e.x),
-           tuple(map(_aval, e.grads)), tuple(map(_aval, arrays)))
-    known = _COUNTING.get(key)
-    if known is not None:
-        return known
+    treedef, where, numbers, arrays = parts
+    kinds = []
 
-    def step(numbers: tuple, arrays: tuple, x: Any, grads: tuple) -> list:
-        new, _ = call(now, _joined(treedef, where, numbers, arrays), x, grads)
-        values = jax.tree.leaves(new)
-        return [v for v in values if _isnumber(v)]
+    def step(numbers: tuple, arrays: tuple, x: Any, grads: tuple) -> tuple:
+        new, d = call(now, _joined(treedef, where, numbers, arrays), x, grads)
+        kinds.append(isinstance(d, NewValue))
+        return _plain((new, d))
 
-    closed = jax.make_jaxpr(step)(numbers, arrays, e.x, tuple(e.grads))
-    inner = closed.jaxpr
-    tainted = set(inner.invars[len(numbers):])
-    for eqn in inner.eqns:
-        if any(v in tainted for v in eqn.invars if not hasattr(v, "val")):
-            tainted.update(eqn.outvars)
-    found = tuple(hasattr(v, "val") or v not in tainted for v in inner.outvars)
-    if len(_COUNTING) > 256:
-        _COUNTING.clear()
-    return _COUNTING.setdefault(key, found)
+    found = jaxsplit.split(step, (numbers,), (arrays, e.x, tuple(e.grads)))
+    return found, bool(kinds and kinds[0])
 
 
-_COUNTING: dict[tuple, tuple] = {}  # what _counting found, by the step's structure
+def _result(split: Any, new: bool, outs: list) -> tuple[Any, Any]:
+    state, value = jax.tree.unflatten(split.out, outs)
+    return state, NewValue(value) if new else value
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Whether two tree structures are equal (one whose static data holds arrays is not)."""
+    try:
+        return bool(a == b)
+    except ValueError:
+        return False
 
 
 # --- Leafs and the root: one record of numbers per group of Leafs --------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -154,7 +154,7 @@ class _Decided(_Counting, Rule):
 class _Skipping(_Counting, Rule):
     """Under ``jax.jit``, the decision traced: chosen with ``where``."""
 
-    finite: Any = None
+    finite: Any = field(default=None, metadata={"data": True})
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
