@@ -83,8 +83,6 @@ def setup(rule: Rules, model: Any) -> Any:
     libs: set = set()
 
     def make(kp: KeyPath, x: Any) -> Leaf | None:
-        if not isnumeric(x):
-            return None
         r = choose(kp, x)
         if r is None:
             return None
@@ -95,9 +93,8 @@ def setup(rule: Rules, model: Any) -> Any:
         libs.add(backends.library(x))
         return made[-1]
 
-    tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
-                build=mirror, keys=trainable, skip=lambda v: None,
-                again=None if isinstance(rule, Rule) else _asker(choose))
+    tree = walk_trainable(make, model, cache=True, build=mirror,
+                          again=None if isinstance(rule, Rule) else _asker(choose))
     fused.pack(made)
     for ext in filter(None, map(backends.registry.extension, libs)):
         tree = ext.root(tree)
@@ -105,6 +102,16 @@ def setup(rule: Rules, model: Any) -> Any:
         warnings.warn("setup found no trainable parameter in the model: no floating-point "
                       "array sits at a trainable position", UserWarning, stacklevel=2)
     return tree
+
+
+def walk_trainable(f: Callable, model: Any, ys: tuple = (), *, cache: bool = False,
+                   build: Callable = lambda node, kids: None, again: Callable | None = None
+                   ) -> Any:
+    """The walk of ``setup`` (and ``trainables``): ``f(keypath, array, *ys_leaves)`` at each
+    trainable numeric array, ``None`` at every other leaf and untrained child."""
+    return walk(lambda kp, x, *ys: f(kp, x, *ys) if isnumeric(x) else None, model, ys,
+                exclude=lambda x: isnumeric(x) or isleaf(x), cache=cache, build=build,
+                keys=trainable, skip=lambda v: None, again=again)
 
 
 def chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None]:
@@ -175,15 +182,13 @@ def _another_rule(rule: Rules, model: Any, kp: KeyPath) -> str:
     choose, refused, kept = chooser(rule), [], []
 
     def note(path: KeyPath, x: Any) -> None:
-        if isnumeric(x):
-            try:
-                r = choose(path, x)
-            except ValueError:  # no pattern matches it: not this error's business
-                r = None
-            (refused if r is not None and r.refuses(x) is not None else kept).append(path)
+        try:
+            r = choose(path, x)
+        except ValueError:  # no pattern matches it: not this error's business
+            r = None
+        (refused if r is not None and r.refuses(x) is not None else kept).append(path)
 
-    walk(note, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
-         build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
+    walk_trainable(note, model)
     given = {"*": rule} if isinstance(rule, Rule) else rule
     items = [*(f"{p!r}: AdamW()" for p in covering(refused, kept)),
              *(f"{p!r}: {r!r}" for p, r in given.items())]
@@ -194,8 +199,6 @@ def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
     """``setup``'s check that every path of a tie gets the first path's rule from ``choose``."""
 
     def same(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
-        if not isnumeric(x):
-            return
         want = out.rule if isinstance(out, Leaf) else None
         r = choose(kp, x)
         if r != want:
@@ -203,9 +206,7 @@ def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
                              f"{want!r} and {r!r}; give its paths one rule")
 
     def again(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
-        walk(lambda rel, a, y: same(first + rel, kp + rel, a, y), x, (out,),
-             exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
-             build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
+        walk_trainable(lambda rel, a, y: same(first + rel, kp + rel, a, y), x, (out,))
     return again
 
 
