@@ -84,30 +84,22 @@ def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
     return out
 
 
-def sqrt(x: Array, out: Array | None = None) -> Array:
-    return np.sqrt(x, out=_out(out))
+def _out(out: Any) -> Array | None:
+    """``out`` where it is an array (not a NumPy scalar)."""
+    return out if isinstance(out, np.ndarray) else None
+
+
+def _into(f: Any) -> Any:
+    """NumPy's ufunc ``f``, writing into ``out`` where that is an array."""
+    return lambda *args, out=None: f(*args, out=_out(out))
+
+
+sqrt, maximum, divide, multiply = map(_into, (np.sqrt, np.maximum, np.divide, np.multiply))
 
 
 def rsqrt(x: Array, out: Array | None = None) -> Array:
     s = np.sqrt(x, out=_out(out))
     return np.reciprocal(s, out=_out(s))
-
-
-def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
-    return np.maximum(a, b, out=_out(out))
-
-
-def divide(a: Any, b: Any, out: Array | None = None) -> Array:
-    return np.divide(a, b, out=_out(out))
-
-
-def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
-    return np.multiply(a, b, out=_out(out))
-
-
-def _out(out: Any) -> Array | None:
-    """``out`` where it is an array (not a NumPy scalar)."""
-    return out if isinstance(out, np.ndarray) else None
 
 
 def allfinite(g: Array) -> Array:
