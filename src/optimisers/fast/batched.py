@@ -38,8 +38,7 @@ def fuse(entries: list) -> tuple[list, list]:
         key = (jax.tree.structure((rule, e.leaf.state)), tuple(x.shape), x.dtype,
                None if isinstance(x, jax.core.Tracer) else x.sharding)
         groups.setdefault(key, []).append((e, rule))
-    left: list = []
-    done: list = []
+    left, done = [], []
     for members in groups.values():
         if len(members) < fused.MIN_GROUP:
             left.extend(e for e, _ in members)
