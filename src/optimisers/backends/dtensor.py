@@ -242,8 +242,7 @@ def _whole(v: Any) -> Any:
 
 
 def host(a: Array, at: str) -> tuple[np.ndarray, str]:
-    """host(a, at) -> the whole array's values on the host (a collective: every process
-    calls it, as :func:`optimisers.save` does)."""
+    """host(a, at) -> the whole array on the host (a collective, as :func:`optimisers.save`)."""
     return _torch.host(a.full_tensor(), at)
 
 
