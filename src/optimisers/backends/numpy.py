@@ -305,9 +305,8 @@ def copier() -> Any:
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:
-    every = [x, *arrays]
     if not all(a.flags.c_contiguous and a.flags.writeable and a.size == x.size
-               for a in every) or not g.flags.c_contiguous or g.size != x.size:
+               for a in (x, *arrays)) or not g.flags.c_contiguous or g.size != x.size:
         return None
     return x.reshape(-1), g.reshape(-1), [a.reshape(-1) for a in arrays]
 
