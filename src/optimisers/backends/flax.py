@@ -103,11 +103,10 @@ def check_trainable(x: Any, kids: dict) -> None:
     next to ``batch_stats``), which would train the batch statistics too."""
     found = [c for c in _LINEN_STATE if c in kids]
     if isinstance(x, Mapping) and "params" in kids and found:
-        warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' "
-                      f"and {found[0]!r}): all of it would be trained, the {found[0]} "
-                      f"too. Pass variables['params'] instead, e.g. "
-                      f"setup(rule, variables['params']), and keep the other collections "
-                      f"for model.apply", UserWarning, stacklevel=5)
+        warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' and "
+                      f"{found[0]!r}): all of it would be trained, the {found[0]} too. Pass "
+                      f"variables['params'] instead, e.g. setup(rule, variables['params']), "
+                      f"and keep the other collections for model.apply", UserWarning, stacklevel=5)
 
 
 def register_nodes() -> None:
