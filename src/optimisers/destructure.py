@@ -7,8 +7,8 @@ from typing import Any
 
 from optimisers import backends
 from optimisers.keypath import KeyPath
-from optimisers.tree import isleaf, isnumeric, trainable
-from optimisers.walk import mirror, place, walk
+from optimisers.state import walk_trainable
+from optimisers.walk import mirror, place
 
 __all__ = ["destructure", "Restructure", "trainables"]
 
@@ -17,15 +17,11 @@ def _index(model: Any) -> tuple[Any, list[tuple[KeyPath, Any]]]:
     """A mirror of ``model`` holding each trainable array's index, and ``(path, array)``s."""
     found: list[tuple[KeyPath, Any]] = []
 
-    def mark(kp: KeyPath, x: Any) -> int | None:
-        if not isnumeric(x):
-            return None
+    def mark(kp: KeyPath, x: Any) -> int:
         found.append((kp, x))
         return len(found) - 1
 
-    tree = walk(mark, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
-                build=mirror, keys=trainable, skip=lambda v: None)
-    return tree, found
+    return walk_trainable(mark, model, cache=True, build=mirror), found
 
 
 class Restructure:

@@ -172,8 +172,7 @@ def nest_dotted(g: Any, model: Any) -> Any:
 
 
 def _put(node: dict, path: tuple, v: Any, key: Any, ours: set) -> None:
-    """Put gradient ``v`` (given under ``key``) at ``path`` below ``node``, merging with
-    what other keys gave there (copying, never writing, the caller's mappings)."""
+    """Put ``v`` (given under ``key``) at ``path`` below ``node``, merging into copies."""
     for k in path[:-1]:
         sub = node.get(k)
         if sub is None or isinstance(sub, Mapping) and id(sub) not in ours:

@@ -95,8 +95,7 @@ def group_totals(rule: Rule, clock: Any, grads: list, states: list, paths: list
 
 
 def _checked(rule: TreeRule, grads: list, held: Iterable, place: tuple, paths: list) -> Any:
-    """The total of ``rule``'s parts of ``grads``, checked against the states at ``place``
-    of the ``(rule, state)`` pairs ``held`` (read only for a rule that checks them)."""
+    """``rule``'s total of ``grads``, checked against the ``(rule, state)`` pairs ``held``."""
     total = rule.total(rule.parts(grads))
     if type(rule).check is not TreeRule.check:
         rule.check(total, [_state_at(r, s, place) for r, s in held], paths)

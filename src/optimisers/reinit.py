@@ -6,9 +6,9 @@ from typing import Any
 
 from optimisers.adjust import Where, select
 from optimisers.fast import fused
+from optimisers.gather import gather
 from optimisers.leaf import Leaf, map_leaves
 from optimisers.state import setup
-from optimisers.walk import place
 
 __all__ = ["reinit"]
 
@@ -41,29 +41,15 @@ def reinit(tree: Any, model: Any, where: Where = None) -> Any:
         Leaf(Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), (f64[5], f64[5], 0.0))
     """
     picked = {id(leaf) for leaf in select(tree, where)}
-    arrays: dict[int, Any] = {}
-
-    def note(leaf: Leaf, x: Any) -> Any:
-        arrays.setdefault(id(leaf), x)
-        return x
-
-    try:
-        place(tree, model, note)
-    except (KeyError, IndexError) as err:
-        raise ValueError(f"reinit(tree, model): the tree has key {err} where the model has "
-                         f"none; make the tree again with setup(rule, model)") from err
+    arrays = {id(e.leaf): e.x for e in gather(tree, model, ())}  # checked as update checks
     made: dict[int, Leaf] = {}
 
     def renew(leaf: Leaf) -> Leaf:
         if id(leaf) not in picked:
             return leaf
         if id(leaf) not in made:
-            new = setup(leaf.rule, arrays[id(leaf)])
-            if not isinstance(new, Leaf):
-                raise ValueError(f"reinit: the array for {leaf!r} is not a trainable "
-                                 f"floating-point array")
+            made[id(leaf)] = new = setup(leaf.rule, arrays[id(leaf)])  # a Leaf: x is numeric
             new.frozen = leaf.frozen
-            made[id(leaf)] = new
         return made[id(leaf)]
 
     new_tree = map_leaves(renew, tree)

@@ -59,13 +59,11 @@ def setup(rule: Rules, model: Any) -> Any:
         The state tree, to be passed to :func:`update` / :func:`update_`.
 
     Raises:
-        TypeError: when ``rule`` is not a :class:`Rule`, a mapping or a function, or the
-            function gives something else than a rule or ``None`` (naming the path).
-        ValueError: when no pattern matches a trainable array, the paths of one tied
-            array pick different rules, or a rule refuses its array (see
-            :meth:`Rule.refuses`: ``Muon`` trains real matrices only), or the model nests
-            deeper than :data:`~optimisers.walk.MAX_DEPTH` or contains itself (a cycle),
-            naming the paths.
+        TypeError: ``rule`` is none of these, or its function gives no rule (naming the path).
+        ValueError: no pattern matches a trainable array, a tie's paths pick different rules,
+            a rule refuses its array (:meth:`Rule.refuses`: ``Muon`` trains matrices only),
+            or the model nests deeper than :data:`~optimisers.walk.MAX_DEPTH` or contains
+            itself (a cycle), naming the paths.
 
     Example:
         >>> from optimisers import AdamW, Descent
@@ -85,22 +83,18 @@ def setup(rule: Rules, model: Any) -> Any:
     libs: set = set()
 
     def make(kp: KeyPath, x: Any) -> Leaf | None:
-        if not isnumeric(x):
-            return None
         r = choose(kp, x)
         if r is None:
             return None
-        why = r.refuses(x)
-        if why is not None:
+        if (why := r.refuses(x)) is not None:
             raise ValueError(f"{r!r} cannot train the array at {kp}: {why}; "
                              f"{_another_rule(rule, model, kp)}")
         made.append(Leaf(r, at(r, 0).init(x)))
         libs.add(backends.library(x))
         return made[-1]
 
-    tree = walk(make, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=True,
-                build=mirror, keys=trainable, skip=lambda v: None,
-                again=None if isinstance(rule, Rule) else _asker(choose))
+    tree = walk_trainable(make, model, cache=True, build=mirror,
+                          again=None if isinstance(rule, Rule) else _asker(choose))
     fused.pack(made)
     for ext in filter(None, map(backends.registry.extension, libs)):
         tree = ext.root(tree)
@@ -108,6 +102,16 @@ def setup(rule: Rules, model: Any) -> Any:
         warnings.warn("setup found no trainable parameter in the model: no floating-point "
                       "array sits at a trainable position", UserWarning, stacklevel=2)
     return tree
+
+
+def walk_trainable(f: Callable, model: Any, ys: tuple = (), *, cache: bool = False,
+                   build: Callable = lambda node, kids: None, again: Callable | None = None
+                   ) -> Any:
+    """The walk of ``setup`` (and ``trainables``): ``f(keypath, array, *ys_leaves)`` at each
+    trainable numeric array, ``None`` at every other leaf and untrained child."""
+    return walk(lambda kp, x, *ys: f(kp, x, *ys) if isnumeric(x) else None, model, ys,
+                exclude=lambda x: isnumeric(x) or isleaf(x), cache=cache, build=build,
+                keys=trainable, skip=lambda v: None, again=again)
 
 
 def chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None]:
@@ -118,8 +122,8 @@ def chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None]:
             match wins), or a function of the path and array, as :func:`setup` takes.
 
     Returns:
-        The function; it raises ``ValueError`` where no pattern matches the path, and
-        ``TypeError`` where a function given gives something else than a rule or ``None``.
+        The function; it raises as :func:`setup` does for a path no pattern matches, or a
+        function's answer that is no rule.
 
     Raises:
         TypeError: ``rule`` is none of these, or a mapping maps to something else.
@@ -178,15 +182,13 @@ def _another_rule(rule: Rules, model: Any, kp: KeyPath) -> str:
     choose, refused, kept = chooser(rule), [], []
 
     def note(path: KeyPath, x: Any) -> None:
-        if isnumeric(x):
-            try:
-                r = choose(path, x)
-            except ValueError:  # no pattern matches it: not this error's business
-                r = None
-            (refused if r is not None and r.refuses(x) is not None else kept).append(path)
+        try:
+            r = choose(path, x)
+        except ValueError:  # no pattern matches it: not this error's business
+            r = None
+        (refused if r is not None and r.refuses(x) is not None else kept).append(path)
 
-    walk(note, model, (), exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
-         build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
+    walk_trainable(note, model)
     given = {"*": rule} if isinstance(rule, Rule) else rule
     items = [*(f"{p!r}: AdamW()" for p in covering(refused, kept)),
              *(f"{p!r}: {r!r}" for p, r in given.items())]
@@ -194,12 +196,9 @@ def _another_rule(rule: Rules, model: Any, kp: KeyPath) -> str:
 
 
 def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
-    """Where ``setup``'s walk reaches a tied object again: ``choose`` must give each path
-    the first path's rule, else a ``ValueError`` names both."""
+    """``setup``'s check that every path of a tie gets the first path's rule from ``choose``."""
 
     def same(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
-        if not isnumeric(x):
-            return
         want = out.rule if isinstance(out, Leaf) else None
         r = choose(kp, x)
         if r != want:
@@ -207,15 +206,12 @@ def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
                              f"{want!r} and {r!r}; give its paths one rule")
 
     def again(first: KeyPath, kp: KeyPath, x: Any, out: Any) -> None:
-        walk(lambda rel, a, y: same(first + rel, kp + rel, a, y), x, (out,),
-             exclude=lambda x: isnumeric(x) or isleaf(x), cache=False,
-             build=lambda node, kids: None, keys=trainable, skip=lambda v: None)
+        walk_trainable(lambda rel, a, y: same(first + rel, kp + rel, a, y), x, (out,))
     return again
 
 
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
-    """Run each Leaf's rule once, fused where possible: the new arrays made out of place.
-    Rules that may raise (:meth:`Rule.raises`) run first, on copies, before any write."""
+    """Each Leaf's rule once, fused where possible (rules that may raise first, on copies)."""
     kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
     where: dict[int, tuple] = {}
     nows: dict = {}  # the rule at a clock, made once for Leafs that share both
@@ -230,20 +226,20 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
     found = totals(entries, where) if where else {}  # tree-level rules' reductions
     risky = [e for e in entries if e.leaf.rule.raises()] if inplace else []
     copy = copier() if risky else None
-    done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state), found) for e in risky}
+    done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state), found, nows) for e in risky}
     rest, new, groups = fused.step_groups([e for e in entries if id(e.leaf) not in done],
                                           inplace, known, found)
     for e in (*rest, *risky):
         leaf, x = e.leaf, e.x
         state, d = done[id(leaf)] if id(leaf) in done else _apply(e, leaf.state, found, nows)
         leaf.advance(state)
-        if isinstance(d, NewValue):
-            xp = backends.of(x)
-            y = xp.assign(x, d.value) if inplace else xp.like(d.value, x)
-        elif d is not None:
-            y = backends.of(x).subtract(x, d, inplace)
-        else:
+        if d is None:
             continue
+        xp = backends.of(x)
+        if isinstance(d, NewValue):
+            y = xp.assign(x, d.value) if inplace else xp.like(d.value, x)
+        else:
+            y = xp.subtract(x, d, inplace)
         if y is not x:
             new[id(leaf)] = y
     return new, groups
@@ -259,17 +255,14 @@ def _share(e: Entry, new: dict, inplace: bool) -> None:
         new[id(e.leaf)] = y
 
 
-def _apply(e: Entry, state: Any, found: dict, nows: dict | None = None, dry: bool = False
-           ) -> tuple[Any, Any]:
+def _apply(e: Entry, state: Any, found: dict, nows: dict, dry: bool = False) -> tuple[Any, Any]:
     """``(new_state, step)`` of one entry's rule (``dry``: only checked); errors name the path.
     ``nows``: the rule at a clock, made once for Leafs that share both."""
     try:
-        key = (id(e.leaf.rule), id(e.leaf.clock))
-        now = nows.get(key) if nows is not None else None
-        if now is None or now[0] is not e.leaf.rule or now[1] is not e.leaf.clock:
-            now = (e.leaf.rule, e.leaf.clock, at(e.leaf.rule, e.leaf.clock))
-            if nows is not None:
-                nows[key] = now
+        rule, clock = e.leaf.rule, e.leaf.clock
+        now = nows.get((id(rule), id(clock)))
+        if now is None or now[0] is not rule or now[1] is not clock:
+            now = nows[id(rule), id(clock)] = (rule, clock, at(rule, clock))
         now = given(now[2], found) if found else now[2]
         return (None, None) if dry else call(now, state, e.x, tuple(e.grads))
     except (ValueError, TypeError, ArithmeticError) as err:
@@ -312,9 +305,7 @@ def _kept_of(first: Leaf) -> _Kept:
 def plan_of(tree: Any) -> Plan | None:
     """plan_of(tree) -> the plan that ``update_`` keeps for ``tree`` (its fused groups:
     ``plan_of(tree).groups``), or ``None`` before any step."""
-    first = first_leaf(tree)
-    kept = getattr(first, "_kept", None)
-    return kept.plan if kept is not None else None
+    return getattr(getattr(first_leaf(tree), "_kept", None), "plan", None)
 
 
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:

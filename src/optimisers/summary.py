@@ -29,8 +29,7 @@ def _bytes(n: int) -> str:
 
 
 def _paired(tree: Any, x: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf, Any]]:
-    """Every ``(KeyPath, Leaf, array)`` of a state tree beside the model ``x``, in the order
-    of the model's children (``jax.jit`` returns dicts with sorted keys)."""
+    """Every ``(KeyPath, Leaf, array)`` beside the model, in its order (``jit`` sorts dicts)."""
     if isinstance(tree, Leaf):
         yield kp, tree, x
     elif isinstance(tree, (dict, tuple, list)):
@@ -113,8 +112,7 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def _wrapped(text: str) -> list[str]:
-    """A rule's ``repr`` broken after the least nested commas that fit :data:`WIDTH` columns,
-    indented to the first argument."""
+    """A rule's ``repr`` broken after its least nested commas that fit in :data:`WIDTH`."""
     breaks, depth = [], 0  # (where the next line starts, how deep in brackets)
     for i, c in enumerate(text):
         depth += (c in "([{") - (c in ")]}")

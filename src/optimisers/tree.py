@@ -121,10 +121,9 @@ def ispositional(x: Any) -> bool:
 
 
 def rebuild(x: T, new_children: Mapping) -> T:
-    """rebuild(x, new_children) -> a node like ``x`` with the given children replaced.
-
-    Keys not given keep their old value. ``x`` is never mutated; a dataclass or
-    registered class is copied, never re-initialised.
+    """rebuild(x, new_children) -> a node like ``x`` with the given children replaced (the
+    others kept); ``x`` is never mutated, a dataclass or registered class copied, never
+    re-initialised.
 
     Raises:
         ValueError: when a key is not one of ``x``'s children.
@@ -204,8 +203,7 @@ def register(cls: type, children: Iterable[str] | None = None,
         >>> children(Affine(1.0, 2.0)), trainable(Affine(1.0, 2.0))
         ({'w': 1.0, 'b': 2.0}, ('w',))
     """
-    names = None if children is None else tuple(children)
-    train = None if trainable is None else tuple(trainable)
+    names, train = (None if v is None else tuple(v) for v in (children, trainable))
     if names is not None and train is not None and not set(train) <= set(names):
         raise ValueError(f"trainable {train} names children that {cls.__name__} lacks; "
                          f"its children are {names}")
@@ -258,17 +256,13 @@ def trainable(x: Any) -> tuple:
         ('beta', 'gamma')
     """
     kids = children(x)
-    declared = getattr(type(x), "__trainable__", None)
-    if declared is not None:
+    if getattr(type(x), "__trainable__", None) is not None:
         declared = x.__trainable__
-        if callable(declared):
-            declared = declared()
-        return _as_keys(x, kids, tuple(declared))
+        return _as_keys(x, kids, tuple(declared() if callable(declared) else declared))
     node = _node(type(x))
-    if node is not None and node.trainable is not None:
-        found = node.trainable(x, kids)
-        if found is not None:
-            return found
+    found = node.trainable(x, kids) if node is not None and node.trainable is not None else None
+    if found is not None:
+        return found
     backends.check_trainable(x, kids)  # (flax warns for a linen variables dict)
     return tuple(kids)
 
@@ -299,9 +293,8 @@ def _as_keys(x: Any, kids: dict, declared: tuple) -> tuple:
 
 
 def isnumeric(x: Any) -> bool:
-    """isnumeric(x) -> True for a floating or complex array of NumPy, PyTorch or JAX.
-
-    0-d arrays count; integer and boolean arrays and scalars never do.
+    """isnumeric(x) -> True for a floating or complex array of NumPy, PyTorch or JAX (0-d
+    too), never for integer and boolean arrays or scalars.
 
     Example:
         >>> isnumeric(np.zeros(3)), isnumeric(np.zeros(3, int)), isnumeric(1.0)
@@ -312,9 +305,8 @@ def isnumeric(x: Any) -> bool:
 
 
 def maywrite(x: Any) -> bool:
-    """maywrite(x) -> True when the array ``x`` may be overwritten in place.
-
-    Writable NumPy arrays and PyTorch tensors may; JAX and read-only NumPy arrays may not.
+    """maywrite(x) -> True when the array ``x`` may be overwritten in place: writable NumPy
+    arrays and PyTorch tensors, not JAX and read-only NumPy arrays.
 
     Example:
         >>> a = np.zeros(2)

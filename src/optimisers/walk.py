@@ -97,11 +97,9 @@ def fmap_with_path(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf,
 
 
 def fmap(f: Callable, x: Any, *ys: Any, exclude: Callable = isleaf, cache: bool = True) -> Any:
-    """fmap(f, x, *ys) -> ``x`` rebuilt with ``f(leaf, *y_leaves)`` in place of each leaf.
-
-    Every node is rebuilt as its own type; ``ys`` are walked in step with ``x``. With
-    ``cache=True`` a **mutable** object reached by several paths is mapped once and the
-    one result placed at every path, so ties survive.
+    """fmap(f, x, *ys) -> ``x`` rebuilt with ``f(leaf, *y_leaves)`` in place of each leaf,
+    every node as its own type. With ``cache=True`` a **mutable** object reached by several
+    paths is mapped once and the one result placed at every path, so ties survive.
 
     Args:
         f: the function applied to each leaf.
@@ -173,9 +171,8 @@ def substitute(x: Any, new: dict) -> Any:
 
 
 def _rewritten(t: Any, x: Any, at: Callable, build: Callable, what: str) -> Any:
-    """``x`` with ``new`` where ``at(t, x)`` gives ``(new, None)``, walked into where it gives
-    ``(None, (key, t's child, x's child) triples)``: only nodes with a changed child rebuilt,
-    each mutable one once (ties kept)."""
+    """``x`` rewritten by ``at(t, x) -> (new, None) or (None, (key, t_child, x_child)s)``;
+    only nodes with a changed child rebuilt, each mutable one once (ties kept)."""
     memo: dict[int, tuple[Any, Any]] = {}
     inside: dict[int, tuple] = {}
 
@@ -186,11 +183,8 @@ def _rewritten(t: Any, x: Any, at: Callable, build: Callable, what: str) -> Any:
         if id(x) in memo:
             return memo[id(x)][1]
         enter(path, t, inside, what)
-        changed = {}
-        for k, tk, xk in below:
-            y = go((*path, k), tk, xk)
-            if y is not xk:
-                changed[k] = y
+        walked = ((k, xk, go((*path, k), tk, xk)) for k, tk, xk in below)
+        changed = {k: y for k, xk, y in walked if y is not xk}
         del inside[id(t)]
         out = build(x, changed) if changed else x
         if ismutable(x):

@@ -1,10 +1,8 @@
-"""What every backend computes alike, written once over its primitives.
-
-Each function takes the backend module first; a backend binds them to itself
-(``abs2 = functools.partial(common.abs2, <its module>)``), so rules call ``xp.abs2(g)``.
-NumPy and PyTorch write ``abs2`` and ``eps`` themselves (each step calls them: a step stays
-in the backend's file). :func:`mapstate` walks a state's items, for every backend alike.
-"""
+"""What every backend computes alike, written once over its primitives: each function takes
+the backend module first, and a backend binds them to itself (``abs2 =
+functools.partial(common.abs2, <its module>)``), so rules call ``xp.abs2(g)``. NumPy and
+PyTorch write ``abs2`` and ``eps`` themselves (each step calls them: a step stays in the
+backend's file). :func:`mapstate` walks a state's items, for every backend alike."""
 
 from __future__ import annotations
 
@@ -57,7 +55,7 @@ def eps(xp: Any, x: Any, e: Any) -> Any:
 
 def floored(xp: Any, e: Any) -> Any:
     """floored(xp, e) -> a non-zero ``e`` at least :data:`FLOAT16_EPS` (by ``where`` when
-    traced): a float16 array's epsilon, for every backend's ``eps``.
+    traced): a float16 array's epsilon.
 
     Example:
         >>> from optimisers.backends import numpy as xp

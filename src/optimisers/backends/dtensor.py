@@ -85,11 +85,6 @@ def like(y: Any, x: Array) -> Array:
     return _torch.like(y if isinstance(y, DTensor) else dressed(y, x), x)
 
 
-def amax(a: Array) -> Array:
-    """The largest element, a ``DTensor`` replicated over ``a``'s mesh (0 for an empty ``a``)."""
-    return _extreme(a, "max")
-
-
 def _without_out(f: Callable) -> Callable[..., Array]:
     """``f`` ignoring ``out`` (sharding propagation refuses some)."""
     return lambda *args, out=None: f(*args)
@@ -104,20 +99,19 @@ def allfinite(g: Array) -> Array:
     return norm(0 * g, 1.0) == 0
 
 
-def amin(a: Array) -> Array:
-    """The smallest element, as :func:`amax` (``inf`` for an empty ``a``)."""
-    return _extreme(a, "min")
-
-
 def _extreme(a: Array, op: str) -> Any:
-    """Each shard reduced alone (DTensor's own reduction fails on a process holding none of
-    ``a``; the torch backend's gives 0 or ``inf`` for none: identities for ``|g|``)."""
+    """The largest or smallest element, a ``DTensor`` replicated over ``a``'s mesh: each shard
+    reduced alone (DTensor's own reduction fails on a process holding none of ``a``; the
+    torch backend's gives 0 or ``inf`` for none: identities for ``|g|``)."""
     reduce = getattr(_torch, "a" + op)
     if not a.numel():
         return reduce(a)
     mesh = a.device_mesh
     part = DTensor.from_local(reduce(local(a)), mesh, [Partial(op)] * mesh.ndim, run_check=False)
     return part.redistribute(mesh, [Replicate()] * mesh.ndim)
+
+
+amax, amin = functools.partial(_extreme, op="max"), functools.partial(_extreme, op="min")
 
 
 # written once over the primitives (common.py), bound to this module: its amax and hyper
@@ -128,24 +122,23 @@ norm = functools.partial(common.norm, _SELF)
 eps = functools.partial(common.eps, _SELF)
 
 
+# assign, subtract, lerp, scaled_sum: the torch backend's, what is written into ``x`` placed
+# as ``x`` first (sharding propagation may replicate a step; writing into a shard refuses it)
+
+
 def assign(dst: Array, value: Any) -> Array:
-    """Write ``value`` into ``dst`` in place, placed as ``dst`` first."""
     return _torch.assign(dst, _placed_as(value, dst))
 
 
 def subtract(x: Array, d: Any, inplace: bool) -> Array:
-    """``x - d``, ``d`` placed as ``x`` first (sharding propagation may replicate a step,
-    which an in-place write into a shard refuses)."""
     return _torch.subtract(x, _placed_as(d, x), inplace)
 
 
 def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
-    """The torch backend's, ``b`` placed as ``a`` first (see :func:`subtract`)."""
     return _torch.lerp(a, _placed_as(b, a), w, inplace)
 
 
 def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
-    """The torch backend's, ``b`` and ``y`` placed as ``x`` first."""
     return _torch.scaled_sum(a, x, _placed_as(b, x), _placed_as(y, x))
 
 
@@ -156,8 +149,7 @@ def _placed_as(v: Any, x: Array) -> Any:
 
 
 def gradtype(x: Array) -> type:
-    """FSDP2 gives a ``DTensor``'s gradient as a ``DTensor``."""
-    return DTensor
+    return DTensor  # FSDP2 gives a DTensor's gradient as a DTensor
 
 
 def size(x: Array) -> int:
@@ -205,8 +197,7 @@ def scatter(flat: torch.Tensor, parts: tuple) -> None:
 
 
 def split(v: torch.Tensor, stops: list, like: list) -> list:
-    """Segments of ``v`` shaped as the local shards of ``like`` (``stops`` is not used)."""
-    shards = list(map(local, like))
+    shards = list(map(local, like))  # (v's segments are the shards': stops are not used)
     return _torch.split(v, list(itertools.accumulate(s.numel() for s in shards)), shards)
 
 
@@ -219,7 +210,6 @@ def flat(x: Array, g: Array, arrays: list) -> tuple | None:
 
 
 def copier() -> Callable[[Any], Any]:
-    """A copy function that keeps packed state packed: a packed buffer is copied once."""
     return _PACKS.copier(copy, packed)
 
 
@@ -252,8 +242,7 @@ def _whole(v: Any) -> Any:
 
 
 def host(a: Array, at: str) -> tuple[np.ndarray, str]:
-    """host(a, at) -> the whole array's values on the host (a collective: every process
-    calls it, as :func:`optimisers.save` does)."""
+    """host(a, at) -> the whole array on the host (a collective, as :func:`optimisers.save`)."""
     return _torch.host(a.full_tensor(), at)
 
 

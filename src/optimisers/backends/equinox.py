@@ -1,13 +1,10 @@
-"""equinox: its ``nn.StateIndex`` (a BatchNorm's running statistics) trains nothing.
-
-Equinox modules are dataclasses, nodes by type. Imports equinox only once the user has.
-"""
+"""equinox: its ``nn.StateIndex`` (a BatchNorm's running statistics) trains nothing (its
+modules are dataclasses, nodes by type). Imports equinox only once the user has."""
 
 from __future__ import annotations
 
 import functools
 import sys
-from typing import Any
 
 __all__ = ["register_nodes"]
 
@@ -23,8 +20,4 @@ def register_nodes() -> None:
 def _register(index: type) -> None:
     from optimisers.tree import Node, register_node
 
-    register_node(index, Node(trainable=_nothing))
-
-
-def _nothing(x: Any, kids: dict) -> tuple:
-    return ()
+    register_node(index, Node(trainable=lambda x, kids: ()))

@@ -24,20 +24,16 @@ def _kind(x: Any) -> str | None:
     if cls in _KIND:
         return _KIND[cls]
     nnx = sys.modules.get("flax.nnx")
-    kind = None
-    if nnx is not None:
-        kind = ("variable" if issubclass(cls, nnx.Variable) else
-                "module" if issubclass(cls, nnx.Pytree) else None)
+    kind = None if nnx is None else "variable" if issubclass(cls, nnx.Variable) else (
+        "module" if issubclass(cls, nnx.Pytree) else None)
     if nnx is not None or not cls.__module__.startswith("flax."):
         _KIND[cls] = kind  # (a flax type met before flax.nnx was imported is asked again)
     return kind
 
 
 def children(x: Any) -> dict:
-    """children(x) -> a Variable's ``{"value": value}``, or a module's data attributes.
-
-    A module's keys are sorted, as ``nnx.grad`` keys its ``State``; static attributes
-    are left out."""
+    """children(x) -> a Variable's ``{"value": value}``, or a module's data attributes (not
+    static ones), sorted as ``nnx.grad`` keys its ``State``."""
     if _kind(x) == "variable":
         return {_VALUE: x.get_value()}
     kids = {_key(x, name): v for name, v in vars(x).items() if _isdata(x, name)}
@@ -57,10 +53,8 @@ def child(x: Any, key: Any) -> Any:
 def _isdata(x: Any, name: str) -> bool:
     """Whether the attribute ``name`` of the nnx object ``x`` holds data (not static)."""
     if name.startswith("_pytree__"):
-        return False
-    if not type(x)._pytree__is_pytree:  # Module(pytree=False): every attribute counts
-        return True
-    return bool(vars(x)["_pytree__nodes"].get(name, False))
+        return False  # (Module(pytree=False): every other attribute counts)
+    return not type(x)._pytree__is_pytree or bool(vars(x)["_pytree__nodes"].get(name, False))
 
 
 def _key(x: Any, name: str) -> Any:
@@ -68,10 +62,9 @@ def _key(x: Any, name: str) -> Any:
 
 
 def rebuild(x: Any, new_children: Mapping) -> Any:
-    """rebuild(x, new_children) -> a new Variable or module like ``x``, ``x`` untouched.
-
-    A Variable is copied with its metadata; a module without running ``__init__``, with
-    a fresh nnx state (as ``jax.tree.unflatten`` makes it)."""
+    """rebuild(x, new_children) -> a copy of the Variable ``x`` with its metadata, or of the
+    module ``x`` without running ``__init__``, with a fresh nnx state (as ``jax.tree.unflatten``
+    makes it); ``x`` untouched."""
     if _kind(x) == "variable":
         return x.copy(new_children[_VALUE]) if new_children else x
     y = copy.copy(x)  # its __dict__ copied, without nnx's __setattr__ or __init__
@@ -110,11 +103,10 @@ def check_trainable(x: Any, kids: dict) -> None:
     next to ``batch_stats``), which would train the batch statistics too."""
     found = [c for c in _LINEN_STATE if c in kids]
     if isinstance(x, Mapping) and "params" in kids and found:
-        warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' "
-                      f"and {found[0]!r}): all of it would be trained, the {found[0]} "
-                      f"too. Pass variables['params'] instead, e.g. "
-                      f"setup(rule, variables['params']), and keep the other collections "
-                      f"for model.apply", UserWarning, stacklevel=5)
+        warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' and "
+                      f"{found[0]!r}): all of it would be trained, the {found[0]} too. Pass "
+                      f"variables['params'] instead, e.g. setup(rule, variables['params']), "
+                      f"and keep the other collections for model.apply", UserWarning, stacklevel=5)
 
 
 def register_nodes() -> None:
@@ -133,6 +125,5 @@ def _register(nnx: Any) -> None:
                 getter=lambda x: child, assign=assign)  # (getattr warns for a Variable)
     register_node(nnx.Variable, node)
     register_node(nnx.Pytree, node)
-    mapping = getattr(nnx, "Dict", None)
-    if mapping is not None:
-        register_node(mapping, Node(trainable=trainable))
+    if hasattr(nnx, "Dict"):
+        register_node(nnx.Dict, Node(trainable=trainable))

@@ -1,6 +1,5 @@
-"""NumPy arrays: the reference backend. Every backend defines these same names
-(``protocol.Backend``); this one also steps fused groups over concatenations
-(``protocol.Grouping``)."""
+"""NumPy arrays: the reference backend (``protocol.Backend``, as every backend), which also
+steps fused groups over concatenations (``protocol.Grouping``)."""
 
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ FUSES_ITSELF = False
 # protocol functions that are NumPy's own
 iscomplex = np.iscomplexobj
 maywrite = operator.attrgetter("flags.writeable")
+copy = operator.methodcaller("copy")
 shape, size, nbytes = map(operator.attrgetter, ("shape", "size", "nbytes"))
 amax = functools.partial(np.max, initial=0)
 amin = functools.partial(np.min, initial=np.inf)
@@ -44,8 +44,7 @@ def ishalf(x: Array) -> bool:
 
 def hyper(x: Array, *values: float) -> tuple:
     """Hyper-parameters as scalars of ``x``'s real dtype, so arithmetic stays in that dtype."""
-    t = x.real.dtype.type if x.dtype.kind == "c" else x.dtype.type
-    return tuple(t(v) for v in values)
+    return tuple(map(x.real.dtype.type if x.dtype.kind == "c" else x.dtype.type, values))
 
 
 def like(y: Array, x: Array) -> Array:
@@ -84,30 +83,22 @@ def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
     return out
 
 
-def sqrt(x: Array, out: Array | None = None) -> Array:
-    return np.sqrt(x, out=_out(out))
+def _out(out: Any) -> Array | None:
+    """``out`` where it is an array (not a NumPy scalar)."""
+    return out if isinstance(out, np.ndarray) else None
+
+
+def _into(f: Any) -> Any:
+    """NumPy's ufunc ``f``, writing into ``out`` where that is an array."""
+    return lambda *args, out=None: f(*args, out=_out(out))
+
+
+sqrt, maximum, divide, multiply = map(_into, (np.sqrt, np.maximum, np.divide, np.multiply))
 
 
 def rsqrt(x: Array, out: Array | None = None) -> Array:
     s = np.sqrt(x, out=_out(out))
     return np.reciprocal(s, out=_out(s))
-
-
-def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
-    return np.maximum(a, b, out=_out(out))
-
-
-def divide(a: Any, b: Any, out: Array | None = None) -> Array:
-    return np.divide(a, b, out=_out(out))
-
-
-def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
-    return np.multiply(a, b, out=_out(out))
-
-
-def _out(out: Any) -> Array | None:
-    """``out`` where it is an array (not a NumPy scalar)."""
-    return out if isinstance(out, np.ndarray) else None
 
 
 def allfinite(g: Array) -> Array:
@@ -138,8 +129,8 @@ def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
 
 
 def vector_norm(x: Array, axes: tuple) -> Array:
-    return np.sqrt(abs2(_wide(x)).sum(axis=axes, keepdims=True)).astype(x.real.dtype,
-                                                                         copy=False)
+    norm2 = abs2(_wide(x)).sum(axis=axes, keepdims=True)
+    return np.sqrt(norm2).astype(x.real.dtype, copy=False)
 
 
 def to_bfloat16(x: Array) -> Array:
@@ -165,10 +156,7 @@ def abs2(g: Array) -> Array:
 
 def eps(x: Array, e: Any) -> Any:
     """``e`` as a hyper-parameter of ``x``, floored for a float16 ``x`` (``common.floored``)."""
-    if x.dtype == np.float16:
-        e = common.floored(_SELF, e)
-    (e,) = hyper(x, e)
-    return e
+    return hyper(x, common.floored(_SELF, e) if x.dtype == np.float16 else e)[0]
 
 
 # written once over the primitives above, for every backend (common.py)
@@ -187,9 +175,7 @@ def cast(x: Array, like: Array) -> Array:
 
 def astype(x: Array, dtype: Any) -> Array:
     dt = todtype(dtype)
-    if x.dtype.kind == "c":
-        dt = np.result_type(dt, np.complex64)
-    return x.astype(dt, copy=True)
+    return x.astype(np.result_type(dt, np.complex64) if x.dtype.kind == "c" else dt, copy=True)
 
 
 def todtype(dtype: Any) -> Any:
@@ -197,10 +183,6 @@ def todtype(dtype: Any) -> Any:
         return np.dtype(dtype)
     except TypeError:  # torch.float32 and the like
         return np.dtype(str(dtype).removeprefix("torch."))
-
-
-def copy(x: Array) -> Array:
-    return x.copy()
 
 
 def assign(dst: Array, value: Any) -> Array:
@@ -243,12 +225,8 @@ def concat(arrays: list, like: list) -> Array:
 
 
 def split(v: Array, stops: list, like: list) -> list:
-    out = []
-    for seg, x in zip(_segments(v, like), like):  # (stops: the sizes of like's, summed)
-        if seg.dtype.kind == "c" and x.dtype.kind != "c":
-            seg = seg.real
-        out.append(seg.astype(x.dtype, copy=True))
-    return out
+    return [(seg if x.dtype.kind == "c" else seg.real).astype(x.dtype, copy=True)
+            for seg, x in zip(_segments(v, like), like)]  # (stops: like's sizes, summed)
 
 
 # ---------------------------------------------------------------- fused groups (fast/fused.py)
@@ -327,9 +305,8 @@ def copier() -> Any:
 
 
 def flat(x: Array, g: Array, arrays: list) -> tuple | None:
-    every = [x, *arrays]
     if not all(a.flags.c_contiguous and a.flags.writeable and a.size == x.size
-               for a in every) or not g.flags.c_contiguous or g.size != x.size:
+               for a in (x, *arrays)) or not g.flags.c_contiguous or g.size != x.size:
         return None
     return x.reshape(-1), g.reshape(-1), [a.reshape(-1) for a in arrays]
 

@@ -1,8 +1,6 @@
 """Packed state: one buffer per fused group with a view per Leaf (see ``fused.pack``),
-recorded by weak reference only, so that a fused step can use the whole buffer.
-
-Successive buffers begin ``SLOTS`` apart within a 4 KiB page, against 4K aliasing
-(benchmarks/README.md).
+recorded by weak reference only, so that a fused step can use the whole buffer. Successive
+buffers begin ``SLOTS`` apart within a 4 KiB page, against 4K aliasing (benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Which backend serves an array: the registry of array libraries, loaded lazily.
-
-The one place outside a library's own backend module that names the libraries.
-"""
+"""Which backend serves an array: the registry of array libraries, loaded lazily (the one
+place outside a library's own backend module that names the libraries)."""
 
 from __future__ import annotations
 
@@ -19,27 +17,24 @@ _ROOTS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax"}
 _LOADED: dict[str, ModuleType] = {}
 
 LIBRARIES: dict[type, str | None] = {}
-"""The answer of :func:`library` for each type met so far (``None``: not an array type); a
-caller on every step's path reads it itself: ``LIBRARIES[cls] if cls in LIBRARIES else
-library(x)``."""
+"""The answer of :func:`library` for each type met so far (``None``: not an array type), which
+a caller on every step's path reads itself: ``LIBRARIES.get(cls, ...)``."""
 
 BACKENDS: dict[type, ModuleType] = {}
-"""The answer of :func:`of` for each array type met so far; a caller on every step's path
-reads it itself, without a call here: ``BACKENDS.get(type(x)) or of(x)``."""
+"""The answer of :func:`of` for each array type met so far, as :data:`LIBRARIES` is read:
+``BACKENDS.get(type(x)) or of(x)``."""
 
 
 def library(x: Any) -> str | None:
     """The name of the backend for the array ``x`` (``"numpy"``, ``"torch"``, ``"jax"``,
     ``"dtensor"``), or ``None`` when ``x`` is not an array of a supported library."""
     cls = type(x)
-    try:
+    if cls in LIBRARIES:
         return LIBRARIES[cls]
-    except KeyError:
-        pass
     root = _ROOTS.get(cls.__module__.partition(".")[0])
-    if root == "numpy" and cls.__name__ != "ndarray" and not _isndarray(cls):
+    if root == "numpy" and not issubclass(cls, sys.modules["numpy"].ndarray):
         root = None  # a NumPy scalar (np.float32(1.0)) is a number, not an array
-    if root == "torch" and not _istensor(cls):
+    if root == "torch" and not issubclass(cls, sys.modules["torch"].Tensor):
         root = None  # torch.dtype, torch.device, nn.Module: not arrays
     elif root == "torch" and _isdtensor(cls):
         root = "dtensor"  # a sharded tensor: stepped shard by shard (backends/dtensor.py)
@@ -47,18 +42,6 @@ def library(x: Any) -> str | None:
         root = None
     LIBRARIES[cls] = root
     return root
-
-
-def _isndarray(cls: type) -> bool:
-    import numpy
-
-    return issubclass(cls, numpy.ndarray)
-
-
-def _istensor(cls: type) -> bool:
-    import torch
-
-    return issubclass(cls, torch.Tensor)
 
 
 def _isdtensor(cls: type) -> bool:
@@ -91,13 +74,12 @@ def extension(lib: Any) -> ModuleType | None:
 
 def ops(lib: str) -> ModuleType:
     """The backend module for the library named ``lib``."""
-    try:
+    if lib in _LOADED:
         return _LOADED[lib]
-    except KeyError:
-        mod = _LOADED[lib] = importlib.import_module(f"optimisers.backends.{lib}")
-        if lib in _EXTENSIONS:
-            importlib.import_module(_EXTENSIONS[lib])
-        return mod
+    mod = _LOADED[lib] = importlib.import_module(f"optimisers.backends.{lib}")
+    if lib in _EXTENSIONS:
+        importlib.import_module(_EXTENSIONS[lib])
+    return mod
 
 
 def of(x: Any) -> Backend:
@@ -107,10 +89,8 @@ def of(x: Any) -> Backend:
         >>> of(np.zeros(1)).__name__, BACKENDS[np.ndarray] is of(np.zeros(1))
         ('optimisers.backends.numpy', True)
     """
-    try:
+    if type(x) in BACKENDS:
         return BACKENDS[type(x)]
-    except KeyError:
-        pass
     lib = library(x)
     if lib is None:
         raise TypeError(f"expected an array of NumPy, PyTorch or JAX, got {type(x).__name__}")
@@ -184,8 +164,7 @@ _DTYPE_MODULES = {"torch": "torch", "jax": "jax.numpy"}  # library -> the module
 
 
 def dtype_module(lib: Any) -> ModuleType | None:
-    """dtype_module(lib) -> the module of ``lib``'s dtypes (``torch``, ``jax.numpy``), or
-    ``None``.
+    """dtype_module(lib) -> the module of ``lib``'s dtypes (``torch``, ``jax.numpy``) or None.
 
     Raises:
         LookupError: for such a library not imported yet (this imports none).
@@ -216,11 +195,9 @@ _NODE_BACKENDS = {"torch": "torch", "flax": "flax", "equinox": "equinox"}  # roo
 def register_nodes(cls: type) -> None:
     """register_nodes(cls): the backend of each library ``cls`` (or a base) comes from
     registers its model classes with the tree protocol (``protocol.Nodes``)."""
-    done = set()
-    for base in cls.__mro__:
-        lib = _NODE_BACKENDS.get((getattr(base, "__module__", None) or "").partition(".")[0])
-        if lib is not None and lib not in done:
-            done.add(lib)
+    for lib in dict.fromkeys(_NODE_BACKENDS.get((getattr(base, "__module__", None) or "")
+                                                .partition(".")[0]) for base in cls.__mro__):
+        if lib is not None:
             ops(lib).register_nodes()
 
 

@@ -32,17 +32,12 @@ def beside(state: Any, values: list) -> list:
     for v in jax.tree.leaves(state):
         s = getattr(v, "sharding", None)
         if isinstance(s, NamedSharding) and len(s.device_set) > 1:
-            where = _replicated(s.mesh, s)
+            mesh = s.mesh if not s.mesh.empty else jax.sharding.Mesh(  # (GSPMD's: no mesh)
+                np.array(sorted(s.device_set, key=lambda d: d.id)), ("d",))
+            where = NamedSharding(mesh, PartitionSpec())
             return [jax.device_put(a, where) if len(getattr(a, "sharding", s).device_set) == 1
                     else a for a in values]
     return values
-
-
-def _replicated(mesh: Any, like: Any) -> Any:
-    if mesh.empty:  # shardings without a mesh (GSPMD's): make the mesh of one's devices
-        devices = sorted(like.device_set, key=lambda d: d.id)
-        mesh = jax.sharding.Mesh(np.array(devices), ("d",))
-    return NamedSharding(mesh, PartitionSpec())
 
 
 def follow(x: Any, g: Any) -> Any:

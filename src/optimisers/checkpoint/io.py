@@ -20,12 +20,12 @@ def save(path: str | os.PathLike, tree: Any) -> None:
     """save(path, tree) -> None: write the state tree to a checkpoint file, atomically.
 
     Stores each Leaf's rule, state (arrays with their dtypes, numbers exactly), frozen flag
-    and clock, and which Leafs are shared, without pickle. The file is written beside
-    ``path``, flushed, then renamed over it (keeping its permission bits; through a
-    symlink): a crash or a full disk leaves the previous checkpoint as it was.
+    and clock, and which Leafs are shared, without pickle.
 
     Args:
-        path: the file to write (``.ckpt`` or ``.npz`` are customary).
+        path: the file to write (``.ckpt`` or ``.npz`` are customary), beside which the new
+            file is written, flushed, then renamed over it (keeping its permission bits;
+            through a symlink): a crash or a full disk leaves the previous one as it was.
         tree: a state tree from :func:`setup`, with NumPy, PyTorch or JAX arrays.
 
     Raises:
@@ -49,15 +49,13 @@ def save(path: str | os.PathLike, tree: Any) -> None:
 def load(path: str | os.PathLike, like: Any) -> Any:
     """load(path, like=tree) -> tree: read a checkpoint written by :func:`save`.
 
-    ``like``, a state tree of the same model, fixes the structure and puts each state array
-    in the library and on the device of ``like``'s there. Rules, hyper-parameters, states,
-    frozen flags, clocks and sharing come from the file (a :class:`~optimisers.Function`'s
-    function from ``like``). ``like`` is not changed; training resumed from the result is
-    bit for bit the training never interrupted.
+    Rules, hyper-parameters, states, frozen flags, clocks and sharing come from the file;
+    training resumed from the result is bit for bit the training never interrupted.
 
     Args:
         path: a file written by :func:`save`.
-        like: a state tree of the same structure, giving array libraries and devices.
+        like: a state tree of the same model, not changed: it fixes the structure, each
+            state array's library and device, and a :class:`~optimisers.Function`'s function.
 
     Returns:
         A new state tree.

@@ -1,11 +1,9 @@
 """state_dict and load_state_dict: a state tree as one flat dict, for the checkpointers of
-the array libraries (``torch.distributed.checkpoint``, orbax).
-
-Each Leaf, once at its first path, gives ``"<path>.rule"`` (the form :func:`save` writes),
-``"<path>.frozen"``, ``"<path>.clock"`` (optional on load) and ``"<path>.state"`` or
-``"<path>.state.0"``, ``"<path>.state.2.1"``, ... for each item of a state that is not
-``None``. Loading builds the keys from the tree, never parses them.
-"""
+the array libraries (``torch.distributed.checkpoint``, orbax). Each Leaf, once at its first
+path, gives ``"<path>.rule"`` (the form :func:`save` writes), ``"<path>.frozen"``,
+``"<path>.clock"`` (optional on load) and ``"<path>.state"`` or ``"<path>.state.0"``,
+``"<path>.state.2.1"``, ... for each item of a state that is not ``None``. Loading builds the
+keys from the tree, never parses them."""
 
 from __future__ import annotations
 
@@ -28,14 +26,12 @@ __all__ = ["state_dict", "load_state_dict"]
 def state_dict(tree: Any) -> dict:
     """state_dict(tree) -> dict: the state tree as a flat dict keyed by dotted paths.
 
-    Arrays are the tree's very objects (sharded ones as they are); rules, numbers and flags
-    plain values. A tied Leaf is given once, at its first path.
-
     Args:
-        tree: a state tree from :func:`setup`.
+        tree: a state tree from :func:`setup`; a tied Leaf is given once, at its first path.
 
     Returns:
-        A new dict; its arrays are the tree's own.
+        A new dict of plain rules, numbers and flags, and the tree's very arrays (sharded
+        ones as they are).
 
     Raises:
         TypeError: ``tree`` is not a state tree, or a rule holds what a checkpoint cannot
@@ -72,11 +68,10 @@ def rule_form(rule: Rule, kp: KeyPath = KeyPath()) -> dict:
 
 
 def _first_paths(tree: Any) -> Iterator[tuple[KeyPath, Leaf]]:
-    seen: set[int] = set()
+    firsts: dict[int, tuple[KeyPath, Leaf]] = {}
     for kp, leaf in leaves(tree):
-        if id(leaf) not in seen:
-            seen.add(id(leaf))
-            yield kp, leaf
+        firsts.setdefault(id(leaf), (kp, leaf))
+    return iter(firsts.values())
 
 
 def _key(kp: KeyPath, name: str) -> str:

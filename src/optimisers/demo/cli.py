@@ -97,8 +97,7 @@ def _arrays(bk: net.Backend, *parts: Any) -> list[tuple]:
 
 def tour(task: net.Task, steps: int, out: Callable[[str], None]) -> None:
     """Train once with :data:`TOUR_RULE`, printing a checked line per feature."""
-    bk, eta = task.bk, TOUR_RULE.rules[2].eta
-    model = net.make_model(bk, task.init)
+    bk, eta, model = task.bk, TOUR_RULE.rules[2].eta, net.make_model(task.bk, task.init)
     tree = opt.setup(TOUR_RULE, model)
     out(f"rule: {TOUR_RULE!r}")
     out(f"schedule: eta = {eta!r} at each Leaf's clock (AccumGrad's real steps): "
@@ -111,9 +110,8 @@ def tour(task: net.Task, steps: int, out: Callable[[str], None]) -> None:
         f"{tree['head']['weight'].rule.rules[2].lambd}")
     mu0, var0 = (float(np.abs(bk.numpy(v)).mean()) for v in (model.norm.mu, model.norm.var))
     tree, model = _run_and_resume(task, steps, tree, model, out)
-    bn = model.norm
-    mu1, var1 = (float(np.abs(bk.numpy(v)).mean()) for v in (bn.mu, bn.var))
-    out(f"BatchNorm: trainable(model.norm) = {opt.trainable(bn)}; the state tree has mu: "
+    mu1, var1 = (float(np.abs(bk.numpy(v)).mean()) for v in (model.norm.mu, model.norm.var))
+    out(f"BatchNorm: trainable(model.norm) = {opt.trainable(model.norm)}; the state tree has mu: "
         f"{tree['norm']['mu']}, var: {tree['norm']['var']}, so no rule trains them, yet the "
         f"forward pass moved them: mean |mu| {mu0:.3f} -> {mu1:.3f}, mean var {var0:.3f} -> "
         f"{var1:.3f}")

@@ -1,7 +1,6 @@
 """ZeRO-1 (as ``ZeroRedundancyOptimizer``) for parameters every process holds whole: each
 array's state lives on its *owner* only (:func:`owners`), which steps it and broadcasts
-the new parameter. A process's tree is an ordinary one with ``None`` where another owns.
-"""
+the new parameter. A process's tree is an ordinary one with ``None`` where another owns."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def owners(arrays: list, world: int) -> list[int]:
     sizes = [int(x.numel()) for x in arrays]
     load, owner = [0] * world, [0] * len(arrays)
     for i in sorted(range(len(arrays)), key=lambda i: -sizes[i]):
-        rank = min(range(world), key=lambda r: (load[r], r))
-        owner[i] = rank
+        owner[i] = rank = min(range(world), key=lambda r: (load[r], r))
         load[rank] += sizes[i]
     return owner
 
@@ -45,8 +43,7 @@ def setup(rule: Any, model: Any, shard: Any = None) -> Any:
     (:func:`owners`). Step it with :func:`update_`, on every process of the group.
 
     Args:
-        rule: a rule, a mapping of ``where=`` patterns to rules, or a function
-            ``(KeyPath, array) -> Rule | None``, as :func:`optimisers.setup` takes.
+        rule: what :func:`optimisers.setup` takes (a rule, a mapping, a function).
         model: a model whose parameters every process holds whole.
         shard: the process group, or ``None`` for the default one.
 

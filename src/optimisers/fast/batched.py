@@ -38,8 +38,7 @@ def fuse(entries: list) -> tuple[list, list]:
         key = (jax.tree.structure((rule, e.leaf.state)), tuple(x.shape), x.dtype,
                None if isinstance(x, jax.core.Tracer) else x.sharding)
         groups.setdefault(key, []).append((e, rule))
-    left: list = []
-    done: list = []
+    left, done = [], []
     for members in groups.values():
         if len(members) < fused.MIN_GROUP:
             left.extend(e for e, _ in members)
@@ -53,8 +52,8 @@ def _stack(*values: Any) -> Any:
 
 
 def _shared(rules: list) -> Any:
-    """The one rule of all Leafs when equal and of Python numbers (outside ``jit``), so that
-    its numbers stay Python floats, as on the plain path; else ``None``."""
+    """The Leafs' one rule when equal and of Python numbers, not traced (kept floats, as on
+    the plain path); else ``None``."""
     if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(rules)):
         return None
     first = rules[0]
@@ -62,8 +61,7 @@ def _shared(rules: list) -> Any:
 
 
 def _step(members: list) -> list:
-    """One ``vmap`` of ``apply`` over ``(entry, its rule at its clock)`` pairs: ``(leaf,
-    state, x)`` each."""
+    """``(leaf, state, x)`` of each ``(entry, its rule at its clock)``, by one ``vmap``."""
     kinds: list = []
 
     def apply(rule: Any, state: Any, x: Any, g: Any) -> tuple:

@@ -170,11 +170,10 @@ class RAdam(_Moments, Rule):
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def apply(self, state, x, dx):
-        xp, eta, b1, b2, c1, c2, eps = _hyper(self, x)
-        m, v, t = state
-        m, v = adam_moments(xp, m, v, dx, b1, b2, c1, c2)
-        t = t + 1
-        k1, k2 = bias_corrections(self.beta, t)
+        h = _hyper(self, x)
+        xp, eta = h.xp, h.eta
+        (m, v, t), d = _adam(self, h, state, dx, eta)  # (its eta*m/k1 is not shared with the
+        k1, k2 = bias_corrections(self.beta, t)  # one below: XLA would round it otherwise)
         rinf = 2 / xp.complement(self.beta[1]) - 1
         r = rinf - 2 * t * self.beta[1] ** t / k2
         traced = backends.istraced(r)  # under jax.jit: compute both branches, then select
@@ -182,8 +181,7 @@ class RAdam(_Moments, Rule):
             return (m, v, t), eta * m / k1
         ratio = (r - 4) * (r - 2) * rinf / ((rinf - 4) * (rinf - 2) * r)
         (rect,) = xp.hyper(x, xp.sqrt(xp.where(r > 4, ratio, 1)) if traced else ratio**0.5)
-        d = adaptive_step(xp, m, v, eps, eta, k1, k2)  # (its eta*m/k1 not shared with the
-        d *= rect  # one below: XLA would then round it off NumPy's bits under jax.jit)
+        d *= rect
         return (m, v, t), xp.where(r > 4, d, eta * m / k1) if traced else d
 
 

@@ -245,10 +245,8 @@ def hyperparameter(default: Any = dataclasses.MISSING, *within: str, kind: str =
 @functools.cache
 def _declared(cls: type) -> tuple[tuple[str, Allowed], ...]:
     """``cls``'s fields with what each allows (undeclared ones by :data:`_BY_NAME`)."""
-    if not dataclasses.is_dataclass(cls):
-        return ()
-    found = [(f.name, f.metadata.get("allowed", _BY_NAME.get(f.name)))
-             for f in dataclasses.fields(cls)]
+    found = ((f.name, f.metadata.get("allowed", _BY_NAME.get(f.name)))
+             for f in (dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()))
     return tuple((name, allowed) for name, allowed in found if allowed is not None)
 
 
@@ -257,11 +255,8 @@ def check(rule: Any) -> None:
     (``ValueError``, :class:`InvalidKind`); 0-d arrays stored as numbers, functions as
     :class:`~optimisers.schedules.Function`, once all passed."""
     cls = type(rule)
-    stored = {}
-    for name, allowed in _declared(cls):
-        value = getattr(rule, name)
-        new = allowed.check(cls.__name__, name, value)
-        if new is not value:
-            stored[name] = new
-    for name, new in stored.items():  # once every field passed: nothing written on error
-        object.__setattr__(rule, name, new)
+    checked = [(name, allowed.check(cls.__name__, name, getattr(rule, name)))
+               for name, allowed in _declared(cls)]
+    for name, new in checked:  # once every field passed: nothing written on error
+        if new is not getattr(rule, name):
+            object.__setattr__(rule, name, new)
