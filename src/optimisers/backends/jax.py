@@ -57,29 +57,22 @@ def maywrite(x: Array) -> bool:
 def hyper(x: Array, *values: Any) -> tuple:
     """Hyper-parameters as 0-d arrays of ``x``'s real dtype (traced values too)."""
     dt = _real(x.dtype)
-    return tuple(_hyper(v, dt) for v in values)
+    return tuple(jnp.asarray(v, dt) for v in values)
 
 
-def _hyper(v: Any, dt: Any) -> Any:
-    kept = _traced(v) if isinstance(v, jax.core.Tracer) else None
-    return kept[2][dt] if kept is not None and dt in kept[2] else jnp.asarray(v, dt)
+_TRACED: dict[int, tuple] = {}  # id(v): (v weakly, its complement)
 
 
-_TRACED: dict[int, tuple] = {}  # id(v): (v weakly, its complement, {dtype: v in it})
-
-
-def remember(v: Any, c: Any, dtypes: Any = ()) -> None:
-    """remember(v, c, dtypes): ``c`` is the precise ``1 - v`` of the traced number ``v`` (a
-    rule's number under ``jit``: it travels beside it), and ``v`` is converted now for
-    :func:`hyper` to each of ``dtypes`` (once for a group of arrays), as long as ``v`` lives.
+def remember(v: Any, c: Any) -> None:
+    """remember(v, c): ``c`` is the precise ``1 - v`` of the traced number ``v`` (a rule's
+    number under ``jit``: it travels beside it), as long as ``v`` lives.
 
     Example:
         >>> v = jnp.asarray(0.999); remember(v, 0.001); complement(v)
         0.001
     """
     key = id(v)
-    strong = {dt: jnp.asarray(v, dt) for dt in dtypes if getattr(v, "dtype", None) == dt}
-    _TRACED[key] = (weakref.ref(v, lambda _, t=_TRACED: t.pop(key, None)), c, strong)
+    _TRACED[key] = (weakref.ref(v, lambda _, t=_TRACED: t.pop(key, None)), c)
 
 
 def _traced(v: Any) -> tuple | None:

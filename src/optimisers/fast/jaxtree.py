@@ -327,18 +327,14 @@ def _arrays(v: Any, state: Any, made: tuple | None, key: Any, owner: Any = None)
     return kept[1]
 
 
-def _rebuild(treedef: Any, numbers: tuple, comps: tuple, states: tuple) -> Any:
-    """The rule from its record. Traced, its numbers remember their complements and are
-    converted once to the floating dtypes of the ``states``' arrays (``xp.hyper``); concrete
+def _rebuild(treedef: Any, numbers: tuple, comps: tuple) -> Any:
+    """The rule from its record. Traced, its numbers remember their complements; concrete
     (a jitted call's output), a :class:`_Pending` rule, made when first read."""
     if not _traced(numbers):
         return _Pending(treedef, numbers, comps)
-    dtypes = {a.dtype for s in states for a in jax.tree.leaves(s)
-              if getattr(a, "ndim", 0) and jnp.issubdtype(a.dtype, jnp.floating)}
     for v, c in zip(numbers, comps):
         if c is not None and isinstance(v, jax.core.Tracer):
-            xp.remember(v, c, dtypes)
-            xp.remember(c, None, dtypes)
+            xp.remember(v, c)
     return jax.tree.unflatten(treedef, numbers)
 
 
@@ -441,7 +437,7 @@ def _members(layout: tuple, children: tuple) -> tuple[Any, list]:
     frozen, treedef, state_def, where = layout
     numbers, comps, clock, counters, arrays = children
     states = [_joined(state_def, where, counters, a) for a in arrays]
-    return _rebuild(treedef, numbers, comps, states), states
+    return _rebuild(treedef, numbers, comps), states
 
 
 def _flatten_leaf(leaf: Leaf) -> tuple:
@@ -460,7 +456,7 @@ def _flatten_leaf_with_keys(leaf: Leaf) -> tuple:
 
 def _unflatten_leaf(aux: tuple, children: Any) -> Leaf:
     numbers, comps, clock, state = children
-    rule = _rebuild(aux[1], numbers, comps, (state,))
+    rule = _rebuild(aux[1], numbers, comps)
     return Leaf(rule.made() if type(rule) is _Pending else rule, state, aux[0], clock)
 
 
