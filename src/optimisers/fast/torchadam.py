@@ -37,8 +37,9 @@ def native(rule: Any, sig: Any, xs: list, arrays: list) -> Native | None:
     if not isinstance(inner_sig, tuple) or len(inner_sig) != 3 or type(inner_sig[2]) not in (
             int, float) or not all(
             type(x) in (torch.Tensor, torch.nn.Parameter) and x.dtype == x0.dtype
-            and x.device == x0.device and not x.is_sparse for x in xs):
-        return None
+            and x.device == x0.device and not x.is_sparse and x.is_contiguous() for x in xs
+    ) or not all(a.is_contiguous() for state in arrays for a in state):
+        return None  # (torch's kernel walks each tensor's memory in order)
     return Native(clip, inner_sig[2], xs, arrays)
 
 
@@ -87,6 +88,8 @@ class Native:
             for g, into in zip(grads, self.gviews):
                 torch.mul(g, mul, out=into)
             grads = self.gviews
+        else:  # (laid out as the parameters)
+            grads = list(map(torch.Tensor.contiguous, grads))
         adam(ps, grads, ms, vs, [], self.steps, decoupled_weight_decay=lambd != 0,
              amsgrad=False, beta1=b1, beta2=b2, lr=eta, weight_decay=lambd, eps=eps,
              maximize=False, **self.kind)
