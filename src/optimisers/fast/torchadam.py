@@ -97,6 +97,11 @@ class Native:
             (torch._foreach_copy_ if lambd else torch._foreach_add_)(self.xs, xviews)
         return True
 
+    def moved(self, params: list) -> bool:
+        """Whether a parameter is no longer the tensor this group steps (its storage,
+        offset, shape or strides changed)."""
+        return not all(map(torch.Tensor.is_set_to, params, self.xs))
+
     def states(self, sig: Any) -> list:
         """Each member's new state: its moments, and the count in ``sig``."""
         if self.clip:
