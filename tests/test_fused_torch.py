@@ -530,16 +530,3 @@ def test_native_adam_with_a_transposed_tensor_equals_the_plain_path(rule, where,
     assert (nat is None) == (where == "parameter")
     for a, b in zip(xs_n, xs_p, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-
-
-@pytest.mark.parametrize("clip", [1.0, 1e6], ids=["clipped", "unclipped"])
-def test_clipped_groups_step_piece_by_piece_as_the_plain_path(clip, native, monkeypatch):
-    """A clipped CPU group steps pieces of ``CUT`` elements, cut across and within tensors."""
-    monkeypatch.setattr(torchadam, "CUT", 7)
-    rule = O.OptimiserChain(O.ClipGlobalNorm(clip), O.AdamW(0.01, lambd=0.1))
-    tree_n, xs_n = stepped(rule, 4)
-    tree_p, xs_p = stepped(rule, 4, use_native=False)
-    assert len(O.state.plan_of(tree_n).groups[0].native.cuts) == 8  # 30 + 5 + 12 + 7 = 54 elements
-    for a, b in zip(xs_n, xs_p, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-    assert_close_states(tree_n, tree_p)

@@ -6,7 +6,6 @@ and CUDA, else foreach); equal to the rule's ``apply`` to rounding. The Leafs' s
 
 from __future__ import annotations
 
-import itertools
 from itertools import repeat
 from typing import Any
 
@@ -48,7 +47,7 @@ class Native:
     """One group's step through ``torch.optim.adam.adam``: over its tensors, or (many small
     ones on the CPU, :data:`SMALL`) over flat buffers."""
 
-    __slots__ = ("clip", "xs", "ms", "vs", "steps", "kind", "gbuf", "gviews", "flat", "cuts")
+    __slots__ = ("clip", "xs", "ms", "vs", "steps", "kind", "gbuf", "gviews", "flat")
 
     def __init__(self, clip: bool, count: float, xs: list, arrays: list) -> None:
         x0 = xs[0]
@@ -60,11 +59,8 @@ class Native:
         self.flat = _flat(xs, self.ms, self.vs, sizes)
         one = torch.tensor(float(count), dtype=torch.float32, device=x0.device)
         self.steps = [one] if self.flat else [one.clone() for _ in xs]
-        self.gbuf = self.gviews = self.cuts = None
-        if clip and not self.flat and x0.device.type == "cpu":
-            self.gbuf = torch.empty(min(sum(sizes), CUT), dtype=x0.dtype, device=x0.device)
-            self.cuts = _cuts(sizes, (self.xs, self.ms, self.vs), self.gbuf, one)
-        elif clip or self.flat:
+        self.gbuf = self.gviews = None
+        if clip or self.flat:
             self.gbuf = torch.empty(sum(sizes), dtype=x0.dtype, device=x0.device)
             self.gviews = [v.view_as(x) for v, x in zip(self.gbuf.split(sizes), xs)]
 
@@ -78,10 +74,7 @@ class Native:
         eta, b1, b2, eps, lambd = map(float, hypers)
         mul = _scaling(scale)
         ps, ms, vs = self.xs, self.ms, self.vs
-        pieces = None
-        if self.cuts is not None:
-            pieces = self._cut(grads, mul)
-        elif self.flat:
+        if self.flat:
             xbuf, m, v, xviews, vectors = self.flat
             if lambd:  # (without decay, the step taken from zeros is added to each below)
                 _cat(self.xs, xbuf, vectors)
@@ -97,25 +90,12 @@ class Native:
             grads = self.gviews
         else:  # (laid out as the parameters)
             grads = list(map(torch.Tensor.contiguous, grads))
-        for args in pieces or [(ps, grads, ms, vs, self.steps)]:
-            adam(*args[:4], [], args[4], decoupled_weight_decay=lambd != 0,
-                 amsgrad=False, beta1=b1, beta2=b2, lr=eta, weight_decay=lambd, eps=eps,
-                 maximize=False, **self.kind)
+        adam(ps, grads, ms, vs, [], self.steps, decoupled_weight_decay=lambd != 0,
+             amsgrad=False, beta1=b1, beta2=b2, lr=eta, weight_decay=lambd, eps=eps,
+             maximize=False, **self.kind)
         if self.flat:
             (torch._foreach_copy_ if lambd else torch._foreach_add_)(self.xs, xviews)
         return True
-
-    def _cut(self, grads: list, mul: Any) -> Any:
-        """The pieces of :attr:`cuts`, each one's gradients scaled by ``mul`` into the
-        cache-sized scratch as the kernel comes to it."""
-        flat = [g.reshape(-1) for g in grads]
-        for xs, ms, vs, scratch, where, steps in self.cuts:
-            gs = [flat[i][a:b] for i, a, b in where]
-            if mul is not None:
-                for g, into in zip(gs, scratch):
-                    torch.mul(g, mul, out=into)
-                gs = scratch
-            yield xs, gs, ms, vs, steps
 
     def moved(self, params: list) -> bool:
         """Whether a parameter is no longer the tensor this group steps (its storage,
@@ -145,35 +125,6 @@ def _flat(xs: list, ms: list, vs: list, sizes: list) -> tuple | None:
     xbuf = torch.empty_like(m)
     return (xbuf, m, v, [y.view_as(x) for y, x in zip(xbuf.split(sizes), xs)],
             all(x.dim() == 1 for x in xs))
-
-
-CUT = 1 << 20
-"""Elements a piece when a clipped CPU group steps piece by piece (``_cuts``): its scaled
-gradients written to a cache-sized scratch and read back from there by the kernel."""
-
-
-def _cuts(sizes: list, lists: tuple, scratch: Any, step: Any) -> list:
-    """Per piece of :data:`CUT` elements of the tensors laid end to end: the views of each
-    list of ``lists`` (flat), of ``scratch``, ``(tensor, start, stop)``, and a count each."""
-    where: list = [[]]
-    room = CUT
-    for i, n in enumerate(sizes):
-        a = 0
-        while a < n:
-            b = a + min(n - a, room)
-            where[-1].append((i, a, b))
-            room -= b - a
-            a = b
-            if not room:
-                where.append([])
-                room = CUT
-    flats, out = [[t.view(-1) for t in ts] for ts in lists], []
-    for w in filter(None, where):
-        ends = itertools.accumulate(b - a for _, a, b in w)
-        out.append((*([f[i][a:b] for i, a, b in w] for f in flats),
-                    [scratch[e - b + a:e] for e, (_, a, b) in zip(ends, w)], w,
-                    [step.clone() for _ in w]))
-    return out
 
 
 def _cat(arrays: list, into: Any, vectors: bool) -> None:
