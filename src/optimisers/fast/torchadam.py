@@ -76,10 +76,8 @@ class Native:
         ps, ms, vs = self.xs, self.ms, self.vs
         if self.flat:
             xbuf, m, v, xviews, vectors = self.flat
-            if lambd:  # (without decay, the step taken from zeros is added to each below)
-                _cat(self.xs, xbuf, vectors)
-            else:
-                xbuf.zero_()
+            # (without decay, the step taken from zeros is added to each below)
+            _cat(self.xs, xbuf, vectors) if lambd else xbuf.zero_()
             _cat(grads, self.gbuf, vectors)  # (shaped as the parameters: checked)
             ps, grads, ms, vs = [xbuf], [self.gbuf], [m], [v]
             if mul is not None:
@@ -98,8 +96,7 @@ class Native:
         return True
 
     def moved(self, params: list) -> bool:
-        """Whether a parameter is no longer the tensor this group steps (its storage,
-        offset, shape or strides changed)."""
+        """Whether a parameter is not the tensor stepped (storage, offset, shape, strides)."""
         return not all(map(torch.Tensor.is_set_to, params, self.xs))
 
     def states(self, sig: Any) -> list:
@@ -129,20 +126,15 @@ def _flat(xs: list, ms: list, vs: list, sizes: list) -> tuple | None:
 
 def _cat(arrays: list, into: Any, vectors: bool) -> None:
     """The tensors (``vectors``: all 1-d), flattened, one after another into ``into``."""
-    if vectors:
-        torch.cat(arrays, out=into)
-    else:
-        torch.cat([a.reshape(-1) for a in arrays], out=into)
+    torch.cat(arrays if vectors else [a.reshape(-1) for a in arrays], out=into)
 
 
 def _scaling(scale: Any) -> Any:
     """ClipGlobalNorm's factor ``scale``, or ``None`` where it is exactly 1 (read on the CPU
     only: no wait for a device), the gradients then stepped as they are."""
-    if isinstance(scale, float) and scale == 1.0 or (
-            isinstance(scale, torch.Tensor) and scale.device.type == "cpu"
-            and scale.item() == 1.0):
-        return None
-    return scale
+    on_cpu = isinstance(scale, torch.Tensor) and scale.device.type == "cpu"
+    plain = scale.item() if on_cpu else scale
+    return None if isinstance(plain, float) and plain == 1.0 else scale
 
 
 def _scale(clipped: Any, like: Any) -> Any:
