@@ -506,3 +506,27 @@ def test_module_parameters_read_at_once_notice_a_replaced_parameter(native):
     a = m.a.detach().clone()
     O.update_(tree, m)
     assert torch.equal(m.b, torch.zeros(2)) and float(m.a.detach()[0]) < float(a[0])
+
+
+@pytest.mark.parametrize("rule", NATIVE_RULES[:1] + NATIVE_RULES[-2:], ids=repr)
+@pytest.mark.parametrize("where", ["gradient", "parameter"])
+def test_native_adam_with_a_transposed_tensor_equals_the_plain_path(rule, where, native):
+    """torch's kernel walks memory in order: a transposed gradient is laid out as its
+    parameter first, and a transposed parameter keeps the rule's own apply."""
+    def run(use_native):
+        with pytest.MonkeyPatch.context() as mp:
+            if not use_native:
+                mp.setattr(torchadam, "native", lambda *a: None)
+            g = torch.Generator().manual_seed(1)
+            xs = [torch.randn(6, 5, generator=g).t() if where == "parameter" else
+                  torch.randn(5, 6, generator=g), torch.randn(4, generator=g)]
+            tree = O.setup(rule, xs)
+            for _ in range(3):
+                O.update_(tree, xs, [torch.randn(6, 5, generator=g).t(),
+                                     torch.randn(4, generator=g)])
+            return xs, O.state.plan_of(tree).groups[0].native
+
+    (xs_n, nat), (xs_p, _) = run(True), run(False)
+    assert (nat is None) == (where == "parameter")
+    for a, b in zip(xs_n, xs_p, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

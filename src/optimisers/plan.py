@@ -20,7 +20,7 @@ from optimisers.tree import child_getter, children
 __all__ = ["Plan", "first_leaf"]
 
 
-_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+_DTYPE, _SHAPE_DTYPE = operator.attrgetter("dtype"), operator.attrgetter("shape", "dtype")
 _STATE, _CLOCK, _RULE, _FROZEN = map(operator.attrgetter, ("state", "clock", "rule", "frozen"))
 _GRAD, _LEAF = operator.attrgetter("grad"), operator.attrgetter("is_leaf")
 
@@ -59,7 +59,8 @@ class Plan:
         self.prog = self._compile(tree, model, KeyPath())
         self.xs = [x for _, x, _ in self.slots]
         self.specs = [(backends.of(x).gradtype(x), x.shape, x.dtype) for x in self.xs]
-        self.columns = tuple(map(list, zip(*self.specs))) if self.specs else ([], [], [])
+        self.columns = ([t for t, _, _ in self.specs], [(s, d) for _, s, d in self.specs],
+                        [d for _, _, d in self.specs])  # types, (shape, dtype)s, dtypes
         self.tied = len({id(leaf) for leaf, _, _ in self.slots}) < len(self.slots)
         # update_(tree, module): which slots read a .grad (the first path to each tensor)
         self.firsts = None
@@ -135,10 +136,10 @@ class Plan:
         if group is None or len(per_tree) != 1:
             return False
         gs, leaves = per_tree[0], group.leaves
-        txs, shapes, dtypes = self.columns
+        txs, specs, dtypes = self.columns
         if (not all(map(operator.is_, map(type, gs), txs))  # a None too: never a grad type
-                or not dotgrad and list(map(_SHAPE, gs)) != shapes  # (torch checks a
-                or list(map(_DTYPE, gs)) != dtypes  # .grad's size; moved() each tensor's)
+                or (list(map(_DTYPE, gs)) != dtypes if dotgrad  # (torch checks a .grad's
+                    else list(map(_SHAPE_DTYPE, gs)) != specs)  # size; moved() each tensor's)
                 or len(group.states) != len(leaves)  # each Leaf as the group left it:
                 or not all(map(operator.is_, map(_STATE, leaves), group.states))
                 or not all(map(operator.is_, map(_CLOCK, leaves), group.clocks))

@@ -180,6 +180,8 @@ class Group:
 
     def moved(self) -> bool:
         """Whether a parameter's memory changed since the group was made."""
+        if self.native is not None:
+            return self.native.moved(self.params)
         return self.xp.footprints(self.params) != self.prints
 
     def holds(self, entries: list) -> bool:

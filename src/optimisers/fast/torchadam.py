@@ -37,8 +37,9 @@ def native(rule: Any, sig: Any, xs: list, arrays: list) -> Native | None:
     if not isinstance(inner_sig, tuple) or len(inner_sig) != 3 or type(inner_sig[2]) not in (
             int, float) or not all(
             type(x) in (torch.Tensor, torch.nn.Parameter) and x.dtype == x0.dtype
-            and x.device == x0.device and not x.is_sparse for x in xs):
-        return None
+            and x.device == x0.device and not x.is_sparse and x.is_contiguous() for x in xs
+    ) or not all(a.is_contiguous() for state in arrays for a in state):
+        return None  # (torch's kernel walks each tensor's memory in order)
     return Native(clip, inner_sig[2], xs, arrays)
 
 
@@ -75,10 +76,8 @@ class Native:
         ps, ms, vs = self.xs, self.ms, self.vs
         if self.flat:
             xbuf, m, v, xviews, vectors = self.flat
-            if lambd:  # (without decay, the step taken from zeros is added to each below)
-                _cat(self.xs, xbuf, vectors)
-            else:
-                xbuf.zero_()
+            # (without decay, the step taken from zeros is added to each below)
+            _cat(self.xs, xbuf, vectors) if lambd else xbuf.zero_()
             _cat(grads, self.gbuf, vectors)  # (shaped as the parameters: checked)
             ps, grads, ms, vs = [xbuf], [self.gbuf], [m], [v]
             if mul is not None:
@@ -87,12 +86,18 @@ class Native:
             for g, into in zip(grads, self.gviews):
                 torch.mul(g, mul, out=into)
             grads = self.gviews
+        else:  # (laid out as the parameters)
+            grads = list(map(torch.Tensor.contiguous, grads))
         adam(ps, grads, ms, vs, [], self.steps, decoupled_weight_decay=lambd != 0,
              amsgrad=False, beta1=b1, beta2=b2, lr=eta, weight_decay=lambd, eps=eps,
              maximize=False, **self.kind)
         if self.flat:
             (torch._foreach_copy_ if lambd else torch._foreach_add_)(self.xs, xviews)
         return True
+
+    def moved(self, params: list) -> bool:
+        """Whether a parameter is not the tensor stepped (storage, offset, shape, strides)."""
+        return not all(map(torch.Tensor.is_set_to, params, self.xs))
 
     def states(self, sig: Any) -> list:
         """Each member's new state: its moments, and the count in ``sig``."""
@@ -121,20 +126,15 @@ def _flat(xs: list, ms: list, vs: list, sizes: list) -> tuple | None:
 
 def _cat(arrays: list, into: Any, vectors: bool) -> None:
     """The tensors (``vectors``: all 1-d), flattened, one after another into ``into``."""
-    if vectors:
-        torch.cat(arrays, out=into)
-    else:
-        torch.cat([a.reshape(-1) for a in arrays], out=into)
+    torch.cat(arrays if vectors else [a.reshape(-1) for a in arrays], out=into)
 
 
 def _scaling(scale: Any) -> Any:
     """ClipGlobalNorm's factor ``scale``, or ``None`` where it is exactly 1 (read on the CPU
     only: no wait for a device), the gradients then stepped as they are."""
-    if isinstance(scale, float) and scale == 1.0 or (
-            isinstance(scale, torch.Tensor) and scale.device.type == "cpu"
-            and scale.item() == 1.0):
-        return None
-    return scale
+    on_cpu = isinstance(scale, torch.Tensor) and scale.device.type == "cpu"
+    plain = scale.item() if on_cpu else scale
+    return None if isinstance(plain, float) and plain == 1.0 else scale
 
 
 def _scale(clipped: Any, like: Any) -> Any:
