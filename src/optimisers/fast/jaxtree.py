@@ -358,26 +358,43 @@ class _Pending:
         return self.rule
 
 
-_SLOT = Leaf.__dict__["rule"]  # a Leaf's own slot, under _Rebuilt's property
+_SLOT = Leaf.__dict__["rule"]  # a Leaf's own slots, under _Rebuilt's properties
+_STATE = Leaf.__dict__["state"]
+_LAZY = object()  # a _Rebuilt's state not made yet
 
 
 class _Rebuilt(Leaf):
-    """A Leaf that JAX rebuilt: its rule, a :class:`_Pending`, made when first read; the
-    layout of its state's numbers as its record gave it (``layout``, see :func:`_parts`)
-    while its state is the one it was built with (``laid``)."""
+    """A Leaf that JAX rebuilt: its rule, a :class:`_Pending`, made when first read; its
+    state made from its group's record (``kids``, it the ``at``-th member) when first read,
+    so that a training loop's jitted steps make no tuple per Leaf; the layout of its state's
+    numbers as its record gave it (``layout``, see :func:`_parts`) while its state is the
+    one it was built with (``laid``)."""
 
-    __slots__ = ("layout", "laid")
+    __slots__ = ("layout", "laid", "kids", "at")
 
-    def __init__(self, rule: Any, state: Any, frozen: bool, clock: Any,
-                 layout: tuple | None = None) -> None:
-        super().__init__(rule, state, frozen, clock)
-        self.layout, self.laid = layout, state
+    def __init__(self, rule: Any, state: Any, frozen: bool = False, clock: Any = 0,
+                 layout: tuple | None = None, kids: tuple = (), at: int = 0) -> None:
+        self.rule, self.frozen, self.clock = rule, frozen, clock
+        _STATE.__set__(self, state)
+        self.layout, self.laid, self.kids, self.at = layout, state, kids, at
 
     def _rule(self) -> Any:
         rule = _SLOT.__get__(self, Leaf)
         return rule.made() if type(rule) is _Pending else rule
 
+    def _state(self) -> Any:
+        state = _STATE.__get__(self, Leaf)
+        if state is _LAZY:
+            state_def, where = self.layout
+            k = len(where) - sum(where)
+            arrays = self.kids[4][self.at * k:(self.at + 1) * k]
+            state = _joined(state_def, where, self.kids[3], arrays)
+            _STATE.__set__(self, state)
+            self.laid = state
+        return state
+
     rule = property(_rule, _SLOT.__set__, doc="The Leaf's rule.")
+    state = property(_state, _STATE.__set__, doc="The Leaf's state.")
 
     def __reduce__(self) -> tuple:
         return Leaf, (self.rule, self.state, self.frozen, self.clock)
@@ -418,7 +435,7 @@ _RECORD = tuple(GetAttrKey(k) for k in ("rule", "complements", "clock", "counter
 
 def _group(leafs: list, states: list, made: tuple | None, key: Any) -> tuple[tuple, tuple]:
     """``(children, layout)`` of a group's record: its rule's numbers and their complements,
-    its clock, its members' state numbers (one for all), each member's state arrays;
+    its clock, its members' state numbers (one for all), the members' state arrays in one tuple;
     ``states``: the members' states split by :func:`_parts`."""
     first = leafs[0]
     raw = _SLOT.__get__(first, Leaf)
@@ -429,15 +446,8 @@ def _group(leafs: list, states: list, made: tuple | None, key: Any) -> tuple[tup
     clock = _arrays(first.clock, first.state, made, ("clock", key))
     counters = _arrays(states[0][2], first.state, made, ("counters", key), first.state)
     layout = (first.frozen, treedef, states[0][0], states[0][1])
-    return (numbers, comps, clock, counters, tuple(s[3] for s in states)), layout
-
-
-def _members(layout: tuple, children: tuple) -> tuple[Any, list]:
-    """The rule and the members' states from a group's record."""
-    frozen, treedef, state_def, where = layout
-    numbers, comps, clock, counters, arrays = children
-    states = [_joined(state_def, where, counters, a) for a in arrays]
-    return _rebuild(treedef, numbers, comps), states
+    arrays = tuple(itertools.chain.from_iterable(s[3] for s in states))
+    return (numbers, comps, clock, counters, arrays), layout
 
 
 def _flatten_leaf(leaf: Leaf) -> tuple:
@@ -513,12 +523,12 @@ def _unflatten_root(aux: tuple, children: Any) -> Any:
     made: dict = {}
     marks = []
     for (group, members), kids in zip(layout, children):
-        rule, states = _members(group, kids)
+        rule = _rebuild(group[1], kids[0], kids[1])
         if type(rule) is not _Pending:
             made[id(rule)] = (rule, kids[0], kids[1], group[1])
         laid = group[2:]
-        for i, state in zip(members, states):
-            leafs[i] = _Rebuilt(rule, state, group[0], kids[2], laid)
+        for j, i in enumerate(members):
+            leafs[i] = _Rebuilt(rule, _LAZY, group[0], kids[2], laid, kids, j)
         marks.append((members, rule, group[0], kids[2]))
     tree = _build(skeleton, leafs)
     tree._made = made
@@ -534,7 +544,8 @@ def _unchanged(tree: Any, aux: tuple, leafs: list, marks: list) -> bool:
     for members, rule, frozen, clock in marks:
         for i in members:
             leaf = leafs[i]
-            if (leaf.state is not leaf.laid or _SLOT.__get__(leaf, Leaf) is not rule
+            if (_STATE.__get__(leaf, Leaf) is not leaf.laid
+                    or _SLOT.__get__(leaf, Leaf) is not rule
                     or leaf.frozen is not frozen or leaf.clock is not clock):
                 return False
     return _same(aux[0], tree, leafs)
