@@ -17,8 +17,9 @@ __all__ = ["Split", "split", "barrier"]
 class Split(NamedTuple):
     """A function of ``(common, own)`` arguments, traced and split: ``common`` (a jaxpr)
     makes, from the common arguments alone, what ``own`` (a jaxpr) reads of them besides
-    the own arguments; ``out`` is the structure of the function's result, ``shared`` marks
-    the results that read no own argument.
+    the own arguments (the first ``reads`` of them read by its equations, the rest results);
+    ``out`` is the structure of the function's result, ``shared`` marks the results that
+    read no own argument.
 
     Example:
         >>> import jax.numpy as jnp
@@ -32,6 +33,13 @@ class Split(NamedTuple):
     own: Any
     out: Any
     shared: tuple
+    reads: int
+
+    def values(self, *common: Any) -> list:
+        """The common part's values from the common arguments' leaves, those that the own
+        part reads passed through :func:`barrier`."""
+        values = jax.core.eval_jaxpr(self.common, self.consts, *common)
+        return barrier(values[:self.reads]) + values[self.reads:]
 
     def outputs(self, common: list, own: tuple) -> list:
         """The function's flat results from the common part's values and own arguments."""
@@ -52,13 +60,12 @@ def split(f: Callable, common: tuple, own: tuple) -> Split | None:
         own: one call's own arguments.
 
     Returns:
-        The split, its common part evaluated by ``jax.core.eval_jaxpr(s.common, s.consts,
-        *leaves of common)``.
+        The split.
 
     Example:
         >>> import jax.numpy as jnp
         >>> s = split(lambda a, x: x * (1 - a), (0.5,), (jnp.ones(2),))
-        >>> s.outputs(jax.core.eval_jaxpr(s.common, s.consts, 0.5), (jnp.ones(2),))
+        >>> s.outputs(s.values(0.5), (jnp.ones(2),))
         [Array([0.5, 0.5], dtype=float32)]
     """
     try:
@@ -76,12 +83,15 @@ def split(f: Callable, common: tuple, own: tuple) -> Split | None:
             rest.append(eqn)
         else:
             first.append(eqn)
-    read = [v for eqn in rest for v in eqn.invars] + list(inner.outvars)
-    bound = list(dict.fromkeys(v for v in read if isinstance(v, Var) and v not in mine))
+    read = [v for eqn in rest for v in eqn.invars if isinstance(v, Var) and v not in mine]
+    bound = list(dict.fromkeys(read))
+    reads = len(bound)
+    bound += [v for v in dict.fromkeys(inner.outvars)
+              if isinstance(v, Var) and v not in mine and v not in set(bound)]
     return Split(_jaxpr(inner, inner.constvars, inner.invars[:n], bound, first), closed.consts,
                  _jaxpr(inner, [], bound + list(inner.invars[n:]), inner.outvars, rest),
                  jax.tree.structure(shape),
-                 tuple(isinstance(v, Var) and v not in mine for v in inner.outvars))
+                 tuple(isinstance(v, Var) and v not in mine for v in inner.outvars), reads)
 
 
 def _jaxpr(whole: Any, constvars: list, invars: list, outvars: list, eqns: list) -> Any:

@@ -122,8 +122,7 @@ def _split_steps(now: Any, members: list) -> list:
             for i, e, _ in found:
                 steps[i] = _called(now, e)
             continue
-        common = jax.core.eval_jaxpr(split.common, split.consts, *found[0][2][2])
-        common = jaxsplit.barrier(common)
+        common = split.values(*found[0][2][2])
         for i, e, parts in found:
             outs = split.outputs(common, (parts[3], e.x, e.grads))
             before = firsts.setdefault(olds, (split, outs))
