@@ -184,6 +184,45 @@ def test_a_groups_steps_compute_what_reads_no_array_once():
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=2e-5)
 
 
+@rules_param(ALL_RULES)
+def test_every_rule_in_a_group_eagerly_matches_numpy(rule):
+    """Not jitted, Leafs of two shapes that step as one group (a rule that waits, such as
+    AccumGrad, or one that skips, as traced and as stepped) equal NumPy's."""
+    rng = np.random.default_rng(3)
+    shapes = {"a": (3, 2), "b": (4, 2), "c": (3, 2)}
+    model = {k: normal(rng, s, np.float32) for k, s in shapes.items()}
+    grads = {k: normal(rng, s, np.float32) for k, s in shapes.items()}
+    mn, mj = {k: v.copy() for k, v in model.items()}, jax.tree.map(jnp.asarray, model)
+    tn, tj = O.setup(fitting(rule), mn), O.setup(fitting(rule), mj)
+    for _ in range(3):
+        tn, mn = O.update(tn, mn, grads)
+        tj, mj = O.update(tj, mj, jax.tree.map(jnp.asarray, grads))
+    for k in shapes:
+        np.testing.assert_allclose(np.asarray(mj[k]), mn[k], rtol=1e-4, atol=2e-5)
+
+
+def test_a_rule_whose_new_state_holds_a_constant_steps_under_jit():
+    """A rule may put a Python number in its new state (a counter reset to 0): the group's
+    traced step passes it through."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Reset(O.Rule):
+        eta: float = 0.1
+
+        def init(self, x):
+            return (jnp.zeros_like(x), 0.0)
+
+        def apply(self, state, x, dx):
+            return (state[0] + dx, 0.0), self.eta * dx
+
+    model = {"a": jnp.ones(3), "b": jnp.ones(4)}
+    tree, model = jax.jit(O.update)(O.setup(Reset(), model), model,
+                                    {"a": jnp.ones(3), "b": jnp.ones(4)})
+    np.testing.assert_allclose(np.asarray(model["b"]), 0.9, rtol=1e-6)
+    assert float(tree["a"].state[1]) == 0.0
+    np.testing.assert_array_equal(np.asarray(tree["a"].state[0]), 1.0)
+
+
 def test_accumgrad_chain_under_jit_waits():
     """Under jit AccumGrad cannot return None: the chain keeps the next rule's state."""
     x = {"w": jnp.ones(3)}

@@ -84,10 +84,9 @@ def split(f: Callable, common: tuple, own: tuple) -> Split | None:
         else:
             first.append(eqn)
     read = [v for eqn in rest for v in eqn.invars if isinstance(v, Var) and v not in mine]
-    bound = list(dict.fromkeys(read))
-    reads = len(bound)
-    bound += [v for v in dict.fromkeys(inner.outvars)
-              if isinstance(v, Var) and v not in mine and v not in set(bound)]
+    out = [v for v in inner.outvars if isinstance(v, Var) and v not in mine]  # no Literal
+    bound = list(dict.fromkeys(read + out))
+    reads = len(dict.fromkeys(read))
     return Split(_jaxpr(inner, inner.constvars, inner.invars[:n], bound, first), closed.consts,
                  _jaxpr(inner, [], bound + list(inner.invars[n:]), inner.outvars, rest),
                  jax.tree.structure(shape),

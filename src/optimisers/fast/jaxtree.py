@@ -139,6 +139,8 @@ def _share(now: Any, members: list, steps: list) -> None:
     if split is None:
         return
     shared, out = jax.tree.flatten(_plain(steps[0]))
+    if not _alike(out, split.out):  # stepped otherwise than traced (AccumGrad waiting)
+        return
     for i in range(1, len(members)):
         mine = _parts(members[i].leaf.state, members[i].leaf)
         if mine[:2] != first[:2] or tuple(map(_key, mine[2])) != tuple(map(_key, first[2])):
