@@ -111,9 +111,8 @@ def _split_steps(now: Any, members: list) -> list:
     sets: dict[tuple, list] = {}
     for i, e in enumerate(members):
         parts = _parts(e.leaf.state, e.leaf)
-        olds = (parts[0], parts[1], tuple(map(_key, parts[2])))
         shape = (_aval(e.x), tuple(map(_aval, e.grads)), tuple(map(_aval, parts[3])))
-        sets.setdefault((olds, shape), []).append((i, e, parts))
+        sets.setdefault((_olds(parts), shape), []).append((i, e, parts))
     steps: list = [None] * len(members)
     firsts: dict[tuple, tuple] = {}
     for (olds, _), found in sets.items():
@@ -141,9 +140,9 @@ def _share(now: Any, members: list, steps: list) -> None:
     shared, out = jax.tree.flatten(_plain(steps[0]))
     if not _alike(out, split.out):  # stepped otherwise than traced (AccumGrad waiting)
         return
+    olds = _olds(first)
     for i in range(1, len(members)):
-        mine = _parts(members[i].leaf.state, members[i].leaf)
-        if mine[:2] != first[:2] or tuple(map(_key, mine[2])) != tuple(map(_key, first[2])):
+        if _olds(_parts(members[i].leaf.state, members[i].leaf)) != olds:
             continue
         values, treedef = jax.tree.flatten(_plain(steps[i]))
         if _alike(treedef, out):
@@ -426,6 +425,12 @@ def _parts(state: Any, leaf: Any = None) -> tuple[Any, tuple, tuple, tuple]:
             tuple(itertools.compress(values, map(operator.not_, where))))
 
 
+def _olds(parts: tuple) -> tuple:
+    """What two states must have alike to share their numbers: the structure, where the
+    numbers are, and the numbers themselves (Python numbers by value, arrays by identity)."""
+    return parts[0], parts[1], tuple(map(_key, parts[2]))
+
+
 def _joined(treedef: Any, where: tuple, numbers: tuple, arrays: tuple) -> Any:
     numbers, arrays = iter(numbers), iter(arrays)
     return jax.tree.unflatten(treedef, [next(numbers) if w else next(arrays) for w in where])
@@ -489,9 +494,8 @@ def _groups(leafs: list, parts: list) -> dict:
                 key = id(rule)
             keys[id(rule)] = key
         parts.append(_parts(leaf.state, leaf))
-        state_def, where, numbers, _ = parts[-1]
-        groups.setdefault((leaf.frozen, key, _key(leaf.clock), state_def, where,
-                           tuple(map(_key, numbers))), []).append(i)
+        groups.setdefault((leaf.frozen, key, _key(leaf.clock), *_olds(parts[-1])),
+                          []).append(i)
     return groups
 
 
