@@ -115,19 +115,32 @@ def _split_steps(now: Any, members: list) -> list:
         sets.setdefault((_olds(parts), shape), []).append((i, e, parts))
     steps: list = [None] * len(members)
     firsts: dict[tuple, tuple] = {}
+    commons: dict[tuple, list] = {}
     for (olds, _), found in sets.items():
         split, new = _split(now, found[0][1], found[0][2])
         if split is None:
             for i, e, _ in found:
                 steps[i] = _called(now, e)
             continue
-        common = split.values(*found[0][2][2])
+        common = _common(split, found[0][2][2], commons.setdefault(olds, []))
         for i, e, parts in found:
             outs = split.outputs(common, (parts[3], e.x, e.grads))
             before = firsts.setdefault(olds, (split, outs))
             same = before[0] is split or _alike(before[0].out, split.out)
             steps[i] = _result(split, new, split.given(before[1], outs) if same else outs)
     return steps
+
+
+def _common(split: Any, numbers: tuple, made: list) -> list:
+    """``split``'s common values from ``numbers``: those of an earlier split in ``made``
+    (same old numbers) whose common part is the same program, else computed and kept."""
+    for other, values in made:
+        if len(other.consts) == len(split.consts) and all(map(
+                operator.is_, other.consts, split.consts)) and str(other.common) == str(split.common):
+            return values
+    values = split.values(*numbers)
+    made.append((split, values))
+    return values
 
 
 def _share(now: Any, members: list, steps: list) -> None:
