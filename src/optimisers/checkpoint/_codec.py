@@ -232,21 +232,18 @@ class Reader:
                 parent[slot] = dict(zip(keys, kids)) if tag == "dict" else SEQUENCES[tag](kids)
                 continue
             j = self.node(ref, kp)
-            if j is None or like is None:
-                if j is not None or like is not None:
-                    raise _mismatch(kp, None, describe(j, True), like)
-                continue
-            tag, body = _tag(j, ("leaf", "dict", "tuple", "list"), "a node of the state tree")
-            if tag == "leaf" and not isinstance(like, Leaf):
-                raise _mismatch(kp, None, "a Leaf", like)
+            tag, body = (None, j) if j is None else _tag(j, ("leaf", "dict", "tuple", "list"),
+                                                          "a node of the state tree")
+            if (j is None) != (like is None) or (tag == "leaf") != isinstance(like, Leaf):
+                raise _mismatch(kp, None, describe(j, True), like)
             if tag == "leaf":
                 parent[slot] = self.leaf(body, like, kp)
-                continue
-            keys, refs = self.fit(tag, body, like, kp, None, 0)
-            kids: list = [None] * len(keys)
-            work.append((_BUILD, (tag, keys, kids), kp, parent, slot))
-            work.extend((refs[i], like[keys[i]], kp + (keys[i],), kids, i)
-                        for i in reversed(range(len(keys))))
+            elif tag is not None:
+                keys, refs = self.fit(tag, body, like, kp, None, 0)
+                kids: list = [None] * len(keys)
+                work.append((_BUILD, (tag, keys, kids), kp, parent, slot))
+                work.extend((refs[i], like[keys[i]], kp + (keys[i],), kids, i)
+                            for i in reversed(range(len(keys))))
         built: dict[str, Rule] = {}
         for leaf, j, text, kp, here in self.rules:
             if text not in built:
