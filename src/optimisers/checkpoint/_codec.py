@@ -330,10 +330,14 @@ class Reader:
         if tag == "rule" and like is not FREE and (not isinstance(like, Rule) or _kinds(
                 j, kp) != _kinds(like)):
             raise _mismatch(kp, sub, f"the rule {_kinds(j, kp)}", like)
+        if tag == "function" and body not in self.functions:  # taken from like's rule
+            raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {body!r}, "
+                          f"which load takes from like, never imports: pass it again through "
+                          f"load(path, like=setup(<the rule with it>, model))")
         out = body if tag is None else float(body) if tag == "float" else complex(
             float(body[0]), float(body[1])) if tag == "complex" else self.rule(
-            j, kp, depth, tag) if tag in ("rule", "schedule") else self.function(
-            body, kp) if tag == "function" else _dtype(j)
+            j, kp, depth, tag) if tag in ("rule", "schedule") else self.functions[
+            body] if tag == "function" else _dtype(j)
         if like is not FREE and not _compatible(out, like):
             raise _mismatch(kp, sub, describe(out), like)
         return out
@@ -359,14 +363,6 @@ class Reader:
         except Exception as e:
             raise Invalid(f"the checkpoint's {tag} {name} at {kp!r} cannot be rebuilt: "
                           f"{type(e).__name__}: {e}") from e
-
-    def function(self, name: str, kp: KeyPath) -> Any:
-        """The function the file names, taken from ``like``'s rule at this Leaf."""
-        if name not in self.functions:
-            raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {name!r}, "
-                          f"which load takes from like, never imports: pass it again through "
-                          f"load(path, like=setup(<the rule with it>, model))")
-        return self.functions[name]
 
     def array(self, j: dict, like: Any, kp: KeyPath, sub: str | None) -> Any:
         """An array record: checked against ``like``, read once, placed like ``like``'s."""
