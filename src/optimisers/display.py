@@ -25,9 +25,8 @@ def leaf_text(rule: Rule, state: Any, frozen: bool) -> str:
 
 def brief(x: Any) -> str:
     """brief(x) -> a state as text: arrays as ``f32[3, 2]``, anything else as its ``repr``."""
-    lib = backends.library(x)
-    if lib is not None:
-        xp = backends.ops(lib)
+    if backends.library(x) is not None:
+        xp = backends.of(x)
         name = xp.dtype_name(x)
         return f"{_SHORT.get(name, name)}[{', '.join(map(str, xp.shape(x)))}]"
     if isinstance(x, tuple):

@@ -120,15 +120,12 @@ def _wrapped(text: str) -> list[str]:
             breaks.append((i + 2, depth))
     indent = text.find("(") + 1 if 0 < text.find("(") < WIDTH // 2 else 4
     lines, start = [], 0
-    while True:
-        room = WIDTH - (indent if lines else 0)
-        if len(text) - start <= room:
-            break
-        fitting = [(d, -i) for i, d in breaks if start < i and i - 1 - start <= room]
-        later = [i for i, _ in breaks if i > start]
+    while len(text) - start > (room := WIDTH - (indent if lines else 0)):
+        later = [(i, d) for i, d in breaks if i > start]
         if not later:
             break
-        end = -min(fitting)[1] if fitting else later[0]
+        fitting = [(d, -i) for i, d in later if i - 1 - start <= room]
+        end = -min(fitting)[1] if fitting else later[0][0]
         lines.append(text[start:end - 1])
         start = end
     lines.append(text[start:])

@@ -64,8 +64,7 @@ class Writer:
         self.keep: list[Any] = []  # arrays of those ids kept alive, so that ids stay unique
 
     def document(self, tree: Any) -> str:
-        """The JSON document: nodes flat, parents first, containers holding their children's
-        indices (no depth limit on either side)."""
+        """The JSON document: nodes flat, parents first, containers holding children's indices."""
         out: list = []
         pending: list[tuple[Any, int]] = [([None], 0)]  # where each next node's index goes
         for kp, t in nodes(tree):
@@ -123,8 +122,7 @@ class Writer:
                         f"numbers, strings, tuples, lists, dicts, dtypes, arrays and rules")
 
     def rule(self, rule: Rule | Schedule, kp: KeyPath, depth: int = 0) -> dict:
-        """A rule or a schedule by its registered name and its fields; a :class:`Function`'s
-        function by the name that imports it."""
+        """A rule or a schedule by its registered name and fields (a function by import name)."""
         cls, name = type(rule), type(rule).__name__
         tag, registry = ("rule", RULES) if issubclass(cls, Rule) else ("schedule", SCHEDULES)
         if registry.get(name) is not cls:
@@ -173,8 +171,7 @@ class Writer:
 
 
 def size_bound(like: Any) -> int:
-    """At least the length of ``like``'s own document (arrays' records at their longest),
-    without writing it; each rule measured once. A TypeError if ``like`` is no state tree."""
+    """At least the length of ``like``'s own document, without writing it (TypeError: no tree)."""
     rules: dict[int, int] = {}
 
     def size(v: Any) -> int:
@@ -200,9 +197,8 @@ def size_bound(like: Any) -> int:
 
 
 class Reader:
-    """Reads a document (``None``: a rule's form alone) and ``like`` together, each part
-    checked against ``like`` before it is used; rules (user code, maybe) built last, once
-    the whole tree matched; functions taken from ``like`` (:attr:`functions`)."""
+    """Reads a document (``None``: a rule's form alone) checked against ``like`` part by part;
+    rules (user code, maybe) built last, once the whole tree matched."""
 
     def __init__(self, doc: Any, like: Any, archive: Any = None) -> None:
         self.like, self.archive, self.functions, self.used = like, archive, {}, set()
@@ -226,8 +222,7 @@ class Reader:
         self.root = 0 if self.version >= 2 else doc["tree"]
 
     def tree(self) -> Any:
-        """The loaded tree, walked with a stack (any depth that ``save`` wrote loads); then
-        the rules, those of optimisers' own classes built once per distinct form."""
+        """The loaded tree, walked with a stack (any depth); then its rules, built last."""
         out: list = [None]
         work: list = [(self.root, self.like, KeyPath(), out, 0)]
         while work:
@@ -237,21 +232,18 @@ class Reader:
                 parent[slot] = dict(zip(keys, kids)) if tag == "dict" else SEQUENCES[tag](kids)
                 continue
             j = self.node(ref, kp)
-            if j is None or like is None:
-                if j is not None or like is not None:
-                    raise _mismatch(kp, None, describe(j, True), like)
-                continue
-            tag, body = _tag(j, ("leaf", "dict", "tuple", "list"), "a node of the state tree")
-            if tag == "leaf" and not isinstance(like, Leaf):
-                raise _mismatch(kp, None, "a Leaf", like)
+            tag, body = (None, j) if j is None else _tag(j, ("leaf", "dict", "tuple", "list"),
+                                                          "a node of the state tree")
+            if (j is None) != (like is None) or (tag == "leaf") != isinstance(like, Leaf):
+                raise _mismatch(kp, None, describe(j, True), like)
             if tag == "leaf":
                 parent[slot] = self.leaf(body, like, kp)
-                continue
-            keys, refs = self.fit(tag, body, like, kp, None, 0)
-            kids: list = [None] * len(keys)
-            work.append((_BUILD, (tag, keys, kids), kp, parent, slot))
-            work.extend((refs[i], like[keys[i]], kp + (keys[i],), kids, i)
-                        for i in reversed(range(len(keys))))
+            elif tag is not None:
+                keys, refs = self.fit(tag, body, like, kp, None, 0)
+                kids: list = [None] * len(keys)
+                work.append((_BUILD, (tag, keys, kids), kp, parent, slot))
+                work.extend((refs[i], like[keys[i]], kp + (keys[i],), kids, i)
+                            for i in reversed(range(len(keys))))
         built: dict[str, Rule] = {}
         for leaf, j, text, kp, here in self.rules:
             if text not in built:
@@ -321,8 +313,7 @@ class Reader:
 
     def value(self, j: Any, like: Any, kp: KeyPath, sub: str | None = None,
               depth: int = 0) -> Any:
-        """A value: of a state (``sub`` the item's place, checked against ``like``), a key
-        or a hyper-parameter (``like`` is FREE)."""
+        """A value of a state (``sub``: its place in it), or a key or hyper-parameter (FREE)."""
         if depth > MAX_DEPTH:
             raise Invalid(f"the checkpoint is malformed: a value at {kp!r} nests more than "
                           f"{MAX_DEPTH} levels deep (save refuses to write that)")
@@ -339,10 +330,14 @@ class Reader:
         if tag == "rule" and like is not FREE and (not isinstance(like, Rule) or _kinds(
                 j, kp) != _kinds(like)):
             raise _mismatch(kp, sub, f"the rule {_kinds(j, kp)}", like)
+        if tag == "function" and body not in self.functions:  # taken from like's rule
+            raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {body!r}, "
+                          f"which load takes from like, never imports: pass it again through "
+                          f"load(path, like=setup(<the rule with it>, model))")
         out = body if tag is None else float(body) if tag == "float" else complex(
             float(body[0]), float(body[1])) if tag == "complex" else self.rule(
-            j, kp, depth, tag) if tag in ("rule", "schedule") else self.function(
-            body, kp) if tag == "function" else _dtype(j)
+            j, kp, depth, tag) if tag in ("rule", "schedule") else self.functions[
+            body] if tag == "function" else _dtype(j)
         if like is not FREE and not _compatible(out, like):
             raise _mismatch(kp, sub, describe(out), like)
         return out
@@ -368,14 +363,6 @@ class Reader:
         except Exception as e:
             raise Invalid(f"the checkpoint's {tag} {name} at {kp!r} cannot be rebuilt: "
                           f"{type(e).__name__}: {e}") from e
-
-    def function(self, name: str, kp: KeyPath) -> Any:
-        """The function the file names, taken from ``like``'s rule at this Leaf."""
-        if name not in self.functions:
-            raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {name!r}, "
-                          f"which load takes from like, never imports: pass it again through "
-                          f"load(path, like=setup(<the rule with it>, model))")
-        return self.functions[name]
 
     def array(self, j: dict, like: Any, kp: KeyPath, sub: str | None) -> Any:
         """An array record: checked against ``like``, read once, placed like ``like``'s."""
@@ -411,16 +398,14 @@ class Reader:
             if bits is not None and (ref is None or dtype_name(ref) != name):
                 raise Invalid(f"the checkpoint's array at {_where(kp, sub)} has dtype {name}; "
                               f"like has no array of that dtype there to say what it is")
-            lib = backends.library(ref) if not is_array and ref is not None else lib
-            out = backends.ops(lib or "numpy").from_host(out, ref, bits is not None,
-                                                         j.get("weak") is True)
+            out = backends.ops(backends.library(ref) or "numpy").from_host(
+                out, ref, bits is not None, j.get("weak") is True)
         self.arrays[idx] = (j, owner, kp, sub, out)
         return out
 
 
 def _tag(j: Any, tags: tuple, what: str) -> tuple[str, Any]:
-    """The tag of a JSON object (its first key, or any key in ``tags``: a checkpointer may
-    sort a state dict's keys) and its body."""
+    """A JSON object's tag (first key, else any in ``tags``: keys may be sorted) and body."""
     tag = next(iter(j), None) if isinstance(j, dict) else None
     if tag not in tags and isinstance(j, dict):
         tag = next((t for t in tags if t in j), None)
@@ -457,8 +442,7 @@ def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: Any = ""
 
 
 def _dtype(j: dict) -> Any:
-    """A dtype hyper-parameter, looked up only among dtypes, and from a library only if this
-    process has imported it already (never at a file's wish)."""
+    """A dtype hyper-parameter, from a library only if imported already (not at a file's wish)."""
     name, form = j["dtype"], j.get("as")
     if form in ("numpy", "type") and name in STANDARD:
         return STANDARD[name] if form == "numpy" else STANDARD[name].type
@@ -485,8 +469,7 @@ def _registered(tag: str, name: str, kp: KeyPath) -> type:
 
 
 def _kinds(rule: Any, kp: KeyPath = KeyPath()) -> str:
-    """A rule's class and those of the rules inside it, ``OptimiserChain(ClipGrad, Adam)``:
-    of a Rule, or of a rule's JSON in the file (nothing constructed)."""
+    """A Rule's or a rule JSON's classes, ``OptimiserChain(ClipGrad, Adam)``, building nothing."""
     live = isinstance(rule, Rule)
     cls = type(rule) if live else _registered("rule", _tag(rule, ("rule",), "a rule")[1], kp)
     fields = {} if live or not isinstance(rule.get("fields"), dict) else rule["fields"]
@@ -507,8 +490,7 @@ def isnumber(x: Any) -> bool:
 
 
 def _compatible(value: Any, like: Any) -> bool:
-    """Whether ``value`` from the file may stand where ``like`` holds ``like``: the same kind;
-    a number and a 0-d array are one kind (``jax.jit`` turns step counters into arrays)."""
+    """Whether ``value`` may stand for ``like``: the same kind (numbers and 0-d arrays one)."""
     if isinstance(value, bool) or isinstance(like, bool) or value is None or like is None:
         return type(value) is type(like)
     if isinstance(value, (int, float, complex)):

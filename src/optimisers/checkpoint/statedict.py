@@ -161,8 +161,7 @@ def _read_leaf(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> tuple:
 
 
 def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
-    """The rule from its form, by the checkpoint's reader: its classes compared with
-    ``like``'s before it is built; ``like`` itself when equal."""
+    """The rule from its form, checked against ``like`` before it is built; ``like`` if equal."""
     form = rule_form(form, kp) if isinstance(form, Rule) else form
     reader = codec.Reader(None, None)
     reader.functions = codec.functions(like)
