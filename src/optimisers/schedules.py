@@ -312,11 +312,7 @@ class Cosine(Schedule):
         >>> s = Cosine(1.0, steps=4)
         >>> [round(s(t), 4) for t in range(6)]
         [1.0, 0.8536, 0.5, 0.1464, 0.0, 0.0]
-        >>> Cosine(1.0)
-        Traceback (most recent call last):
-        ...
-        optimisers.rules.fields.InvalidKind: Cosine needs steps, how many steps its decay lasts, such as Cosine(1e-3, steps=10_000)
-    """  # noqa: E501
+    """
 
     start: float = _number()
     end: float = _number(0.0)

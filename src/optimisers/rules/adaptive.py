@@ -89,8 +89,7 @@ def _adam(rule: Rule, h: _Hyper, state: tuple, dx: Any, eta: Any) -> tuple:
 
 @dataclass(frozen=True)
 class _Moments:
-    """The fields that open each rule of the Adam family (but AdamW), and its state
-    ``(m, v, t)``."""
+    """The fields that open the Adam family's rules (AdamW's its own), and their state."""
 
     elementwise = True
     eta: float = hyperparameter(0.001, "[0, inf)")

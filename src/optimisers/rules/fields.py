@@ -148,8 +148,7 @@ def _number(value: Any) -> int | float | None:
         return None
     number = value.item()
     if type(number) is float:
-        name = value.dtype.name if isinstance(value, np.generic) else backends.of(
-            value).dtype_name(value)
+        name = dtype_name(value.dtype)
         if name in ("float16", "float32"):  # np.float32(0.01) is 0.01, as ``repr`` shows it
             return float(str(np.dtype(name).type(number)))
         return number
@@ -168,8 +167,7 @@ SCHEDULED: Any = None  # schedules.as_schedule, set there too
 
 
 def _fits(kind: str, value: Any) -> bool:
-    """Whether ``value`` is of ``kind``, one of ``"flag"``, ``"dtype"``, ``"rule"`` and
-    ``"schedule"``."""
+    """Whether ``value`` is of ``kind``: a flag, a dtype, a rule or a schedule."""
     if kind == "flag":
         return isinstance(value, (bool, np.bool_))
     if kind == "dtype":
