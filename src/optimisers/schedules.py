@@ -64,7 +64,7 @@ class Schedule:
 
     def __mul__(self, factor: Any) -> Any:
         """``schedule * factor``: the schedule :class:`Scaled` by a number."""
-        if isinstance(factor, Schedule) or callable(factor):
+        if callable(factor):  # (a schedule too)
             return NotImplemented
         return Scaled(self, factor)
 
@@ -435,9 +435,6 @@ class Warmup(Schedule):
         return xp.where(t < self.steps, ramp, self.schedule(xp.maximum(t - self.steps, 0)))
 
 
-_BOUNDARY = Interval.parse("[0, inf)")
-
-
 @dataclass(frozen=True, slots=True)
 class Join(Schedule):
     """Join(schedules, boundaries): ``schedules[0]`` until step ``boundaries[0]``, then
@@ -471,7 +468,8 @@ class Join(Schedule):
                               f"boundaries must be a tuple of {n} step count{'s' * (n != 1)}, "
                               f"one fewer than its {n + 1} schedule{'s' * (n != 0)}: the step "
                               f"at which each schedule after the first takes over")
-        Allowed("whole", (_BOUNDARY,) * n).check("Join", "boundaries", boundaries)
+        Allowed("whole", (Interval.parse("[0, inf)"),) * n).check("Join", "boundaries",
+                                                                 boundaries)
         for i in range(n - 1):
             if boundaries[i] >= boundaries[i + 1]:
                 raise ValueError(f"Invalid boundaries parameter: {boundaries!r}; Join's "
@@ -497,9 +495,8 @@ class OneCycle(Schedule):
     30% of ``steps``, then to ``end``, along half cosines (Smith & Topin 2018,
     "Super-Convergence").
 
-    torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults: ``start`` is
-    ``peak / 25`` and ``end`` is ``start / 1e4`` unless given; ``end`` from ``steps - 1`` on.
-    Its cycled momentum is ``OneCycle(0.85, steps, start=0.95, end=0.95)``.
+    torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults, ``end`` from
+    ``steps - 1`` on; its cycled momentum is ``OneCycle(0.85, steps, start=0.95, end=0.95)``.
 
     Args:
         peak: the value at the end of the rise.
