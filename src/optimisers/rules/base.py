@@ -58,10 +58,9 @@ class Rule:
         raise NotImplementedError(f"{type(self).__name__} has no direction")
 
     def raises(self) -> bool:
-        """Whether ``apply`` may raise (``ClipNorm``, a rule it holds; assumed of rules from
-        outside the library): ``update_`` then runs it on a copy of its state first, unfused."""
-        return not type(self).__module__.startswith("optimisers.") or any(
-            r.raises() for r in _held(self))
+        """Whether ``apply`` may raise (``ClipNorm``; assumed of rules from outside the library):
+        ``update_`` then runs it on a copy of its state first, never fused."""
+        return not type(self).__module__.startswith("optimisers.")
 
     def init(self, x: Any) -> Any:
         """The initial state for the array ``x``; ``None`` for a stateless rule. A number in
@@ -82,7 +81,12 @@ class Rule:
     def refuses(self, x: Any) -> str | None:
         """Why this rule cannot train ``x`` (``setup`` raises it with the path), or ``None``;
         by default, what the rules in its fields refuse."""
-        return next((why for r in _held(self) if (why := r.refuses(x)) is not None), None)
+        for name in getattr(self, "__dataclass_fields__", {}):
+            v = getattr(self, name, None)
+            for r in v if isinstance(v, tuple) else (v,):  # (a chain's rules)
+                if isinstance(r, Rule) and (why := r.refuses(x)) is not None:
+                    return why
+        return None
 
     def averaged(self, state: Any, x: Any) -> Any:
         """The parameter to evaluate with, kept in ``state`` (an average), or ``None`` for
@@ -148,13 +152,6 @@ def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
         if found not in (need, real):
             return found, need
     return None
-
-
-def _held(rule: Rule) -> Any:
-    """The rules in ``rule``'s fields (a chain's tuple of them too), in order."""
-    for name in getattr(rule, "__dataclass_fields__", {}):
-        v = getattr(rule, name, None)
-        yield from (r for r in (v if isinstance(v, tuple) else (v,)) if isinstance(r, Rule))
 
 
 def _arrays(state: Any) -> list:

@@ -44,6 +44,9 @@ class OptimiserChain(Rule):
     def __repr__(self) -> str:
         return f"OptimiserChain({', '.join(map(repr, self.rules))})"
 
+    def raises(self) -> bool:
+        return any(r.raises() for r in self.rules)
+
     def init(self, x):
         return tuple(r.init(x) for r in self.rules)
 
@@ -162,6 +165,9 @@ class MixedPrecision(Rule):
         """The dtype by its name, so that the text is code that makes this rule again."""
         return f"MixedPrecision(rule={self.rule!r}, dtype={dtype_name(self.dtype)!r})"
 
+    def raises(self) -> bool:
+        return self.rule.raises()
+
     def init(self, x):
         xT = backends.of(x).astype(x, self.dtype)
         return xT, self.rule.init(xT)
@@ -217,6 +223,9 @@ class EMA(Rule):
     reads_x = True
     rule: Rule = hyperparameter(default_factory=Descent, kind="rule")
     decay: float = hyperparameter(0.999, "[0, 1]")
+
+    def raises(self) -> bool:
+        return self.rule.raises()
 
     def init(self, x):
         return self.rule.init(x), backends.of(x).copy(x)
