@@ -1,5 +1,4 @@
-"""Adaptive rules: a per-element step from running moments; the Adam family's maths once
-(Schedule-Free AdamW's too)."""
+"""Adaptive rules: a per-element step from running moments; the Adam family's maths once."""
 
 from __future__ import annotations
 
