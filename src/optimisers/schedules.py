@@ -18,9 +18,9 @@ from optimisers import backends
 from optimisers.rules import Rule, fields
 from optimisers.rules.fields import Allowed, Interval, InvalidKind, hyperparameter
 
-__all__ = ["Schedule", "SCHEDULES", "at", "timed", "as_schedule", "check_schedule",
-           "importable_name", "Constant", "Linear", "Cosine", "Exponential", "Step",
-           "Polynomial", "Warmup", "Join", "OneCycle", "Function", "Scaled"]
+__all__ = ["Schedule", "SCHEDULES", "at", "timed", "as_schedule", "importable_name", "Constant",
+           "Linear", "Cosine", "Exponential", "Step", "Polynomial", "Warmup", "Join", "OneCycle",
+           "Function", "Scaled"]
 
 SCHEDULES: dict[str, type] = {}
 """SCHEDULES: every subclass of :class:`Schedule` by name (what checkpoints load from).
@@ -64,7 +64,7 @@ class Schedule:
 
     def __mul__(self, factor: Any) -> Any:
         """``schedule * factor``: the schedule :class:`Scaled` by a number."""
-        if isinstance(factor, Schedule) or callable(factor):
+        if callable(factor):  # (a schedule too)
             return NotImplemented
         return Scaled(self, factor)
 
@@ -140,14 +140,6 @@ def _isfunction(value: Any) -> bool:
 fields.SCHEDULE, fields.SCHEDULED = (Schedule,), as_schedule  # (fields cannot import them)
 
 
-def check_schedule(owner: str, name: str, value: Any) -> None:
-    """Raise unless ``value``, ``owner``'s field ``name``, is a :class:`Schedule`."""
-    if not isinstance(value, Schedule):
-        raise InvalidKind(f"Invalid {name} parameter: {value!r} ({type(value).__name__}); "
-                          f"{owner}'s {name} must be a Schedule, such as Cosine(1e-3, "
-                          f"steps=9_000); wrap a number in Constant(value)")
-
-
 @dataclass(frozen=True, slots=True)
 class Function(Schedule):
     """Function(function): a plain Python function ``step -> value`` as a schedule (what
@@ -219,13 +211,8 @@ class Scaled(Schedule):
         Scaled(schedule=Cosine(start=0.001, end=0.0, steps=100), factor=0.1)
     """
 
-    schedule: Schedule
+    schedule: Schedule = hyperparameter(kind="schedule")
     factor: float = hyperparameter(dataclasses.MISSING, "(-inf, inf)")
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "schedule", as_schedule(self.schedule))
-        check_schedule("Scaled", "schedule", self.schedule)
-        Schedule.__post_init__(self)
 
     def __call__(self, t: Any) -> Any:
         return self.factor * self.schedule(t)
@@ -325,11 +312,7 @@ class Cosine(Schedule):
         >>> s = Cosine(1.0, steps=4)
         >>> [round(s(t), 4) for t in range(6)]
         [1.0, 0.8536, 0.5, 0.1464, 0.0, 0.0]
-        >>> Cosine(1.0)
-        Traceback (most recent call last):
-        ...
-        optimisers.rules.fields.InvalidKind: Cosine needs steps, how many steps its decay lasts, such as Cosine(1e-3, steps=10_000)
-    """  # noqa: E501
+    """
 
     start: float = _number()
     end: float = _number(0.0)
@@ -442,22 +425,14 @@ class Warmup(Schedule):
         [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
     """
 
-    schedule: Schedule
+    schedule: Schedule = hyperparameter(kind="schedule")
     steps: int = _count()
     start: float = _number(0.0)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "schedule", as_schedule(self.schedule))
-        check_schedule("Warmup", "schedule", self.schedule)
-        Schedule.__post_init__(self)
 
     def __call__(self, t: Any) -> Any:
         xp = _maths(t, self.steps)
         ramp = _line(xp, t, self.start, self.schedule(0), self.steps)
         return xp.where(t < self.steps, ramp, self.schedule(xp.maximum(t - self.steps, 0)))
-
-
-_BOUNDARY = Interval.parse("[0, inf)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,11 +454,29 @@ class Join(Schedule):
     boundaries: tuple
 
     def __post_init__(self) -> None:
-        for name in ("schedules", "boundaries"):  # optax's users write lists: kept as tuples
-            if type(getattr(self, name)) is list:
-                object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "schedules", as_schedule(self.schedules))
-        _check_join(self.schedules, self.boundaries)
+        """Check the fields; optax's lists kept as tuples, plain functions as schedules."""
+        schedules, boundaries = (tuple(v) if type(v) is list else v
+                                 for v in (self.schedules, self.boundaries))
+        if type(schedules) is not tuple or not schedules:
+            raise InvalidKind(f"Invalid schedules parameter: {schedules!r}; Join's schedules "
+                              f"must be a tuple of one or more schedules, such as "
+                              f"(Linear(0.0, 1e-3, 100), Cosine(1e-3, steps=900))")
+        n = len(schedules) - 1
+        schedules = Allowed("schedule", (None,) * (n + 1)).check("Join", "schedules", schedules)
+        if type(boundaries) is not tuple or len(boundaries) != n:
+            raise InvalidKind(f"Invalid boundaries parameter: {boundaries!r}; Join's "
+                              f"boundaries must be a tuple of {n} step count{'s' * (n != 1)}, "
+                              f"one fewer than its {n + 1} schedule{'s' * (n != 0)}: the step "
+                              f"at which each schedule after the first takes over")
+        Allowed("whole", (Interval.parse("[0, inf)"),) * n).check("Join", "boundaries",
+                                                                 boundaries)
+        for i in range(n - 1):
+            if boundaries[i] >= boundaries[i + 1]:
+                raise ValueError(f"Invalid boundaries parameter: {boundaries!r}; Join's "
+                                 f"boundaries must increase, but boundaries[{i}] = "
+                                 f"{boundaries[i]} >= boundaries[{i + 1}] = {boundaries[i + 1]}")
+        object.__setattr__(self, "schedules", schedules)
+        object.__setattr__(self, "boundaries", boundaries)
 
     def __call__(self, t: Any) -> Any:
         xp = _maths(t, *self.boundaries)
@@ -491,27 +484,6 @@ class Join(Schedule):
         for b, schedule in zip(self.boundaries, self.schedules[1:]):
             value = xp.where(t < b, value, schedule(xp.maximum(t - b, 0)))
         return value
-
-
-def _check_join(schedules: Any, boundaries: Any) -> None:
-    if type(schedules) is not tuple or not schedules:
-        raise InvalidKind(f"Invalid schedules parameter: {schedules!r}; Join's schedules "
-                          f"must be a tuple of one or more schedules, such as "
-                          f"(Linear(0.0, 1e-3, 100), Cosine(1e-3, steps=900))")
-    for i, s in enumerate(schedules):
-        check_schedule("Join", f"schedules[{i}]", s)
-    n = len(schedules) - 1
-    if type(boundaries) is not tuple or len(boundaries) != n:
-        raise InvalidKind(f"Invalid boundaries parameter: {boundaries!r}; Join's boundaries "
-                          f"must be a tuple of {n} step count{'s' * (n != 1)}, one fewer "
-                          f"than its {n + 1} schedule{'s' * (n != 0)}: the step at which "
-                          f"each schedule after the first takes over")
-    Allowed("whole", (_BOUNDARY,) * n).check("Join", "boundaries", boundaries)
-    for i in range(n - 1):
-        if boundaries[i] >= boundaries[i + 1]:
-            raise ValueError(f"Invalid boundaries parameter: {boundaries!r}; Join's "
-                             f"boundaries must increase, but boundaries[{i}] = "
-                             f"{boundaries[i]} >= boundaries[{i + 1}] = {boundaries[i + 1]}")
 
 
 _RISE, _DIV, _FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCycleLR: pct_start and the divisors
@@ -523,9 +495,8 @@ class OneCycle(Schedule):
     30% of ``steps``, then to ``end``, along half cosines (Smith & Topin 2018,
     "Super-Convergence").
 
-    torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults: ``start`` is
-    ``peak / 25`` and ``end`` is ``start / 1e4`` unless given; ``end`` from ``steps - 1`` on.
-    Its cycled momentum is ``OneCycle(0.85, steps, start=0.95, end=0.95)``.
+    torch's ``OneCycleLR(max_lr=peak, total_steps=steps)`` with its defaults, ``end`` from
+    ``steps - 1`` on; its cycled momentum is ``OneCycle(0.85, steps, start=0.95, end=0.95)``.
 
     Args:
         peak: the value at the end of the rise.

@@ -1,5 +1,4 @@
-"""Adaptive rules: a per-element step from running moments; the Adam family's maths once
-(Schedule-Free AdamW's too)."""
+"""Adaptive rules: a per-element step from running moments; the Adam family's maths once."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ from typing import Any
 
 from optimisers import backends
 from optimisers.rules.base import Rule
+from optimisers.rules.descent import Momentum
 from optimisers.rules.fields import hyperparameter
 
 __all__ = ["RMSProp", "Adam", "RAdam", "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad",
@@ -88,11 +88,12 @@ def _adam(rule: Rule, h: _Hyper, state: tuple, dx: Any, eta: Any) -> tuple:
 
 @dataclass(frozen=True)
 class _Moments:
-    """The fields that open each rule of the Adam family, and its state ``(m, v, t)``."""
+    """The fields that open the Adam family's rules (AdamW's its own), and their state."""
 
     elementwise = True
     eta: float = hyperparameter(0.001, "[0, inf)")
     beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
+    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         xp = backends.of(x)
@@ -146,8 +147,6 @@ class Adam(_Moments, Rule):
         array([0.1])
     """
 
-    epsilon: float = hyperparameter(1e-8, "[0, inf)")
-
     def apply(self, state, x, dx):
         h = _hyper(self, x)
         return _adam(self, h, state, dx, h.eta)
@@ -166,8 +165,6 @@ class RAdam(_Moments, Rule):
         >>> r.apply(r.init(x), x, np.array([3.0]))[1]   # first steps: momentum only
         array([0.3])
     """
-
-    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def apply(self, state, x, dx):
         h = _hyper(self, x)
@@ -196,8 +193,6 @@ class AdaMax(_Moments, Rule):
         array([0.1])
     """
 
-    epsilon: float = hyperparameter(1e-8, "[0, inf)")
-
     def apply(self, state, x, dx):
         xp, eta, b1, b2, c1, _, eps = _hyper(self, x)
         m, u, t = state
@@ -218,7 +213,6 @@ class OAdam(_Moments, Rule):
     """
 
     beta: tuple = hyperparameter((0.5, 0.9), "[0, 1)", "[0, 1)")
-    epsilon: float = hyperparameter(1e-8, "[0, inf)")
 
     def init(self, x):
         return (*_Moments.init(self, x)[:2], backends.of(x).zeros_like(x), 0.0)
@@ -297,8 +291,6 @@ class AMSGrad(_Moments, Rule):
         array([0.3161])
     """
 
-    epsilon: float = hyperparameter(1e-8, "[0, inf)")
-
     def init(self, x):
         full = backends.of(x).full_like
         return (full(x, self.epsilon), full(x, self.epsilon, real_=True),
@@ -324,8 +316,6 @@ class NAdam(_Moments, Rule):
         array([0.1474])
     """
 
-    epsilon: float = hyperparameter(1e-8, "[0, inf)")
-
     def apply(self, state, x, dx):
         xp, eta, b1, b2, c1, c2, eps = _hyper(self, x)
         m, v, t = state
@@ -339,7 +329,7 @@ class NAdam(_Moments, Rule):
 
 
 @dataclass(frozen=True)
-class AdamW(_Moments, Rule):
+class AdamW(Rule):
     """AdamW(eta=0.001, beta=(0.9, 0.999), lambd=0.0, epsilon=1e-8, couple=True): Adam with
     decoupled weight decay (Loshchilov & Hutter 2019). With ``a`` Adam's step at ``eta = 1``:
     ``d = eta*(a + lambd*x)`` when ``couple`` (``torch.optim.AdamW(weight_decay=lambd)``,
@@ -351,10 +341,15 @@ class AdamW(_Moments, Rule):
         array([0.15])
     """
 
+    elementwise = True
     reads_x = True
+    eta: float = hyperparameter(0.001, "[0, inf)")
+    beta: tuple = hyperparameter((0.9, 0.999), "[0, 1)", "[0, 1)")
     lambd: float = hyperparameter(0.0, "[0, inf)")
     epsilon: float = hyperparameter(1e-8, "[0, inf)")
     couple: bool = hyperparameter(True, kind="flag")
+
+    init = _Moments.init
 
     def apply(self, state, x, dx):
         h = _hyper(self, x)
@@ -408,8 +403,7 @@ class Lion(Rule):
     eta: float = hyperparameter(0.001, "[0, inf)")
     beta: tuple = hyperparameter((0.9, 0.99), "[0, 1]", "[0, 1]")
 
-    def init(self, x):
-        return backends.of(x).zeros_like(x)
+    init = Momentum.init
 
     def apply(self, state, x, dx):
         xp = backends.of(x)

@@ -64,7 +64,7 @@ class Momentum(Rule):
 
 
 @dataclass(frozen=True)
-class Nesterov(Rule):
+class Nesterov(Momentum):
     """Nesterov(eta=0.001, rho=0.9, eta_outside=False): Nesterov's accelerated gradient
     (Sutskever et al. 2013, "On the importance of initialization and momentum").
 
@@ -78,12 +78,7 @@ class Nesterov(Rule):
         array([0.15])
     """
 
-    elementwise = True
-    eta: float = hyperparameter(0.001, "[0, inf)")
-    rho: float = hyperparameter(0.9, "[0, 1]")
-    eta_outside: bool = hyperparameter(False, kind="flag")
-
-    init = Momentum.init
+    eta: float = hyperparameter(0.001, "[0, inf)")  # (rho, eta_outside and init: Momentum's)
 
     def apply(self, state, x, dx):
         xp = backends.of(x)

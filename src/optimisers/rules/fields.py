@@ -67,7 +67,8 @@ def _short(v: float) -> str:
 
 _KINDS = {"number": "a number", "whole": "a whole number", "flag": "True or False",
           "dtype": "a floating dtype (such as np.float32, torch.bfloat16, jnp.float16)",
-          "rule": "a Rule (such as Adam())"}
+          "rule": "a Rule (such as Adam())", "schedule": "a Schedule, such as Cosine(1e-3, "
+          "steps=9_000); wrap a number in Constant(value)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,7 @@ class Allowed:
         if value is None and within is not None and within.none:
             return value
         if self.kind not in ("number", "whole"):
+            value = SCHEDULED(value) if self.kind == "schedule" else value  # (a function)
             if not _fits(self.kind, value):
                 self._refuse(rule, name, value, within, index)
             return value
@@ -146,8 +148,7 @@ def _number(value: Any) -> int | float | None:
         return None
     number = value.item()
     if type(number) is float:
-        name = value.dtype.name if isinstance(value, np.generic) else backends.of(
-            value).dtype_name(value)
+        name = dtype_name(value.dtype)
         if name in ("float16", "float32"):  # np.float32(0.01) is 0.01, as ``repr`` shows it
             return float(str(np.dtype(name).type(number)))
         return number
@@ -166,13 +167,13 @@ SCHEDULED: Any = None  # schedules.as_schedule, set there too
 
 
 def _fits(kind: str, value: Any) -> bool:
-    """Whether ``value`` is of ``kind``, one of ``"flag"``, ``"dtype"`` and ``"rule"``."""
+    """Whether ``value`` is of ``kind``: a flag, a dtype, a rule or a schedule."""
     if kind == "flag":
         return isinstance(value, (bool, np.bool_))
     if kind == "dtype":
         name = dtype_name(value)
         return name is not None and name.startswith(("float", "bfloat"))
-    return isinstance(value, RULE)
+    return isinstance(value, RULE if kind == "rule" else SCHEDULE)
 
 
 def dtype_name(value: Any) -> str | None:
@@ -211,7 +212,7 @@ def hyperparameter(default: Any = dataclasses.MISSING, *within: str, kind: str =
         *within: for a number, one interval (``"[0, inf)"``, ``"(0, 1)"``,
             ``"[-inf, inf]"``, ``"[0, inf) or None"`` to allow ``None`` too); for a tuple
             of numbers, one interval per element.
-        kind: ``"number"``, ``"whole"``, ``"flag"``, ``"dtype"`` or ``"rule"``.
+        kind: ``"number"``, ``"whole"``, ``"flag"``, ``"dtype"``, ``"rule"`` or ``"schedule"``.
         static: whether JAX keeps the field as static data (never traced).
         default_factory: makes the default, for a mutable or composite one.
 

@@ -10,6 +10,7 @@ from typing import Any
 from optimisers import backends
 from optimisers.rules.adaptive import Adam
 from optimisers.rules.base import Rule, dtype_misfit
+from optimisers.rules.descent import Momentum
 from optimisers.rules.fields import hyperparameter
 
 __all__ = ["LAMB", "LARS", "Muon", "Adafactor"]
@@ -87,8 +88,7 @@ class LARS(Rule):
     rho: float = hyperparameter(0.9, "[0, 1]")
     nesterov: bool = hyperparameter(False, kind="flag")
 
-    def init(self, x):
-        return backends.of(x).zeros_like(x)
+    init = Momentum.init
 
     def apply(self, state, x, dx):
         xp = backends.of(x)
@@ -169,8 +169,7 @@ class Muon(Rule):
             return "Muon trains real matrices, not complex ones (as torch.optim.Muon)"
         return None
 
-    def init(self, x):
-        return backends.of(x).zeros_like(x)
+    init = Momentum.init
 
     @backends.on_whole  # a sharded matrix (FSDP2) is gathered for its orthogonalisation
     def apply(self, state, x, dx):

@@ -60,9 +60,6 @@ class _Scaled(Rule):
     elementwise = True
     factor: float = 1.0
 
-    def raises(self) -> bool:
-        return False
-
     def apply(self, state, x, dx):
         (factor,) = backends.of(x).hyper(x, self.factor)
         return state, dx * factor
@@ -87,9 +84,6 @@ class ClipGlobalNorm(TreeRule):
     elementwise = True  # given the norm (the group's rule is given it first)
     omega: float = hyperparameter(1.0, "[0, inf)")
     p: float = hyperparameter(2.0, "(0, inf]", static=True)
-
-    def raises(self) -> bool:
-        return False
 
     def part(self, dx: Any) -> Any:
         xp = backends.of(dx)  # (a half-precision sum of squares overflows: float32)
@@ -128,9 +122,6 @@ def _larger(a: Any, b: Any) -> Any:
 
 class _Counting:
     """The state of :class:`SkipNonFinite` and its per-array forms: the count of skips."""
-
-    def raises(self) -> bool:
-        return False
 
     def init(self, x):
         return 0
