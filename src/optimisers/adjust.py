@@ -199,13 +199,10 @@ def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields
         return _adjust_rule(tree, _changes([tree], eta, fields))
     chosen, adjusted = _chosen(tree, where, eta, fields)
     ids = {id(leaf) for leaf in chosen}
-    memo: dict[int, Leaf] = {}
 
     def renew(leaf: Leaf) -> Leaf:
-        if id(leaf) not in memo:
-            rule = adjusted(leaf.rule) if id(leaf) in ids else leaf.rule
-            memo[id(leaf)] = type(leaf)(rule, leaf.state, leaf.frozen, leaf.clock)  # see copy_tree
-        return memo[id(leaf)]
+        rule = adjusted(leaf.rule) if id(leaf) in ids else leaf.rule
+        return type(leaf)(rule, leaf.state, leaf.frozen, leaf.clock)  # see copy_tree
 
     return map_leaves(renew, tree)
 
