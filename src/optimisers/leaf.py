@@ -104,12 +104,7 @@ def map_leaves(f: Callable[[Leaf], Any], tree: Any) -> Any:
 
 def rooted(like: Any, tree: Any) -> Any:
     """rooted(like, tree) -> ``tree`` in the class of ``like``'s root where that class says
-    so (``__state_root__``: JAX's roots, ``fast/jaxtree.py``), else as it is.
-
-    Example:
-        >>> rooted({"a": None}, {"a": 1})
-        {'a': 1}
-    """
+    so (``__state_root__``: JAX's roots, ``fast/jaxtree.py``), else as it is."""
     if getattr(type(like), "__state_root__", False) and type(tree) is not type(like):
         out = type(like)(tree)
         vars(out).update(vars(like))  # (what the root keeps for JAX)
