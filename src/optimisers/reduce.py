@@ -64,10 +64,10 @@ def _find(rule: Any, place: tuple) -> list:
     return []
 
 
-def totals(entries: list, where: dict) -> dict:
-    """``{(place, tree_rule): total}`` per scope of the entries in ``where``, checked."""
+def totals(entries: list) -> dict:
+    """``{(place, tree_rule): total}`` per scope of ``entries``, checked."""
     scopes: dict[tuple, list] = {}
-    for e in (e for e in entries if id(e) in where):
+    for e in entries:
         for place, rule in places(at(e.leaf.rule, e.leaf.clock)):  # as given() finds them
             scopes.setdefault(_key(place, rule), [rule]).append(e)
     out, copy = {}, copier()

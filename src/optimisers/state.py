@@ -114,18 +114,8 @@ def walk_trainable(f: Callable, model: Any, ys: tuple = (), *, cache: bool = Fal
 
 
 def chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None]:
-    """chooser(rule) -> the function ``(KeyPath, array) -> Rule | None`` :func:`setup` asks.
-
-    Args:
-        rule: a rule, a mapping of ``where=`` patterns to rules or ``None`` (the first
-            match wins), or a function of the path and array, as :func:`setup` takes.
-
-    Returns:
-        The function; it raises as :func:`setup` does for a path no pattern matches, or a
-        function's answer that is no rule.
-
-    Raises:
-        TypeError: ``rule`` is none of these, or a mapping maps to something else.
+    """chooser(rule) -> the function ``(KeyPath, array) -> Rule | None`` :func:`setup` asks,
+    for any ``rule`` that setup takes; raising as setup does (a TypeError for another ``rule``).
 
     Example:
         >>> from optimisers import Adam, KeyPath
@@ -212,7 +202,7 @@ def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
     """Each Leaf's rule once, fused where possible (rules that may raise first, on copies)."""
     kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
-    where: dict[int, tuple] = {}
+    reducing = []  # the entries whose rules hold tree-level rules
     nows: dict = {}  # the rule at a clock, made once for Leafs that share both
     for e in entries:
         check_fit(e)
@@ -221,8 +211,8 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
         if kind[0]:
             _apply(e, None, {}, nows, dry=True)  # a schedule's value out of its field's range
         if kind[1]:
-            where[id(e)] = kind[1]
-    found = totals(entries, where) if where else {}  # tree-level rules' reductions
+            reducing.append(e)
+    found = totals(reducing) if reducing else {}  # tree-level rules' reductions
     risky = [e for e in entries if e.leaf.rule.raises()] if inplace else []
     copy = copier() if risky else None
     done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state), found, nows) for e in risky}
