@@ -39,14 +39,12 @@ def select(tree: Any, where: Where = None) -> list[Leaf]:
     """
     match = _matcher(where)
     picked: dict[int, Leaf] = {}
-    seen = []
     for kp, leaf in leaves(tree):
-        seen.append(kp)
         if match is None or match(kp, leaf):
             picked.setdefault(id(leaf), leaf)
     if where is not None and not picked:
         raise ValueError(f"where={where!r} matches no Leaf; the paths are: "
-                         f"{keys_shown(seen, most=6, show=str)}")
+                         f"{keys_shown((kp for kp, _ in leaves(tree)), most=6, show=str)}")
     return list(picked.values())
 
 
@@ -159,12 +157,12 @@ def _chosen(tree: Any, where: Where, eta: float | None, fields: dict) -> tuple[l
     Leafs that shared a rule share the new one (fused groups stay whole)."""
     chosen = select(tree, where)
     changes = _changes([leaf.rule for leaf in chosen], eta, fields)
-    made: dict[int, tuple[Rule, Rule]] = {}
+    made: dict[int, Rule] = {}  # (the old rules stay alive in the tree: their ids stay taken)
 
     def new(rule: Rule) -> Rule:
         if id(rule) not in made:
-            made[id(rule)] = (rule, _adjust_rule(rule, changes))  # keeps the id taken
-        return made[id(rule)][1]
+            made[id(rule)] = _adjust_rule(rule, changes)
+        return made[id(rule)]
 
     return chosen, new
 
@@ -199,13 +197,10 @@ def adjust(tree: Any, eta: float | None = None, *, where: Where = None, **fields
         return _adjust_rule(tree, _changes([tree], eta, fields))
     chosen, adjusted = _chosen(tree, where, eta, fields)
     ids = {id(leaf) for leaf in chosen}
-    memo: dict[int, Leaf] = {}
 
     def renew(leaf: Leaf) -> Leaf:
-        if id(leaf) not in memo:
-            rule = adjusted(leaf.rule) if id(leaf) in ids else leaf.rule
-            memo[id(leaf)] = type(leaf)(rule, leaf.state, leaf.frozen, leaf.clock)  # see copy_tree
-        return memo[id(leaf)]
+        rule = adjusted(leaf.rule) if id(leaf) in ids else leaf.rule
+        return type(leaf)(rule, leaf.state, leaf.frozen, leaf.clock)  # see copy_tree
 
     return map_leaves(renew, tree)
 

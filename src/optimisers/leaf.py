@@ -83,15 +83,18 @@ def leaves(tree: Any, kp: KeyPath = KeyPath()) -> Iterator[tuple[KeyPath, Leaf]]
 
 
 def map_leaves(f: Callable[[Leaf], Any], tree: Any) -> Any:
-    """The state tree with ``f(leaf)`` for each Leaf, called once a path (memoise on the Leaf
-    to keep ties); a tree of any depth maps."""
+    """The state tree with ``f(leaf)`` for each Leaf, called once a Leaf (ties kept); a tree
+    of any depth maps."""
     root: list = []
+    mapped: dict[int, Any] = {}  # id(Leaf): f(Leaf)
     building = [(None, root, 1)]  # each open container: the node, its new children, how many
     for _, t in nodes(tree):
         if isinstance(t, (dict, tuple, list)):
             building.append((t, [], len(t)))
         else:
-            building[-1][1].append(t if t is None else f(t))
+            if t is not None and id(t) not in mapped:
+                mapped[id(t)] = f(t)
+            building[-1][1].append(mapped.get(id(t)))
         while len(building) > 1 and len(building[-1][1]) == building[-1][2]:
             node, kids, _ = building.pop()
             building[-1][1].append(dict(zip(node, kids)) if isinstance(node, dict)
@@ -101,12 +104,7 @@ def map_leaves(f: Callable[[Leaf], Any], tree: Any) -> Any:
 
 def rooted(like: Any, tree: Any) -> Any:
     """rooted(like, tree) -> ``tree`` in the class of ``like``'s root where that class says
-    so (``__state_root__``: JAX's roots, ``fast/jaxtree.py``), else as it is.
-
-    Example:
-        >>> rooted({"a": None}, {"a": 1})
-        {'a': 1}
-    """
+    so (``__state_root__``: JAX's roots, ``fast/jaxtree.py``), else as it is."""
     if getattr(type(like), "__state_root__", False) and type(tree) is not type(like):
         out = type(like)(tree)
         vars(out).update(vars(like))  # (what the root keeps for JAX)

@@ -64,16 +64,16 @@ def _find(rule: Any, place: tuple) -> list:
     return []
 
 
-def totals(entries: list, where: dict) -> dict:
-    """``{(place, tree_rule): total}`` per scope of the entries in ``where``, checked."""
+def totals(entries: list) -> dict:
+    """``{(place, tree_rule): total}`` per scope of ``entries``, checked."""
     scopes: dict[tuple, list] = {}
-    for e in (e for e in entries if id(e) in where):
+    for e in entries:
         for place, rule in places(at(e.leaf.rule, e.leaf.clock)):  # as given() finds them
             scopes.setdefault(_key(place, rule), [rule]).append(e)
     out, copy = {}, copier()
     for key, (rule, *members) in scopes.items():
-        arriving = (_arriving(at(e.leaf.rule, e.leaf.clock), e.leaf.state, e.x, e.grads[0],
-                              key[0], copy) for e in members)
+        arriving = (_arriving(at(e.leaf.rule, e.leaf.clock), e.leaf.state, key[0], e.x,
+                              e.grads[0], copy)[1] for e in members)
         arrived = [g for g in arriving if g is not None]
         if arrived:
             out[key] = _checked(rule, arrived, ((e.leaf.rule, e.leaf.state) for e in members),
@@ -98,7 +98,7 @@ def _checked(rule: TreeRule, grads: list, held: Iterable, place: tuple, paths: l
     """``rule``'s total of ``grads``, checked against the ``(rule, state)`` pairs ``held``."""
     total = rule.total(rule.parts(grads))
     if type(rule).check is not TreeRule.check:
-        rule.check(total, [_state_at(r, s, place) for r, s in held], paths)
+        rule.check(total, [_arriving(r, s, place)[0] for r, s in held], paths)
     return total
 
 
@@ -113,27 +113,18 @@ def _key(place: tuple, rule: TreeRule) -> tuple:
     return place, rule
 
 
-def _arriving(rule: Any, state: Any, x: Any, dx: Any, place: tuple, copy: Any) -> Any:
-    """The gradient as it reaches ``place`` in ``rule`` (``None``: no step reaches it)."""
+def _arriving(rule: Any, state: Any, place: tuple, x: Any = None, dx: Any = None,
+              copy: Any = None) -> tuple[Any, Any]:
+    """``(state, dx)`` as they reach ``place`` in ``rule`` (``dx`` ``None``: no step does)."""
     for step in place:
         if isinstance(step, int):  # a chain: the rules before run on copies of their states
-            for r, s in zip(rule.rules[:step], state[:step]):
-                _, dx = call(r, fmap(copy, s), x, (dx,))
-                if dx is None:
-                    return None
+            for r, s in zip(rule.rules[:step], state):
+                if dx is not None:
+                    _, dx = call(r, fmap(copy, s), x, (dx,))
             rule, state = rule.rules[step], state[step]
         else:
-            rule, state, x, dx = rule.rule, *rule.held(state, x, dx)
-    return dx
-
-
-def _state_at(rule: Any, state: Any, place: tuple) -> Any:
-    for step in place:
-        if isinstance(step, int):
-            rule, state = rule.rules[step], state[step]
-        else:
-            rule, state = rule.rule, rule.held(state, None, None)[0]
-    return state
+            rule, (state, x, dx) = rule.rule, rule.held(state, x, dx)
+    return state, dx
 
 
 def given(rule: Any, found: dict, place: tuple = ()) -> Any:

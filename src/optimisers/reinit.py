@@ -42,16 +42,15 @@ def reinit(tree: Any, model: Any, where: Where = None) -> Any:
     """
     picked = {id(leaf) for leaf in select(tree, where)}
     arrays = {id(e.leaf): e.x for e in gather(tree, model, ())}  # checked as update checks
-    made: dict[int, Leaf] = {}
+    made: list[Leaf] = []
 
     def renew(leaf: Leaf) -> Leaf:
         if id(leaf) not in picked:
             return leaf
-        if id(leaf) not in made:
-            made[id(leaf)] = new = setup(leaf.rule, arrays[id(leaf)])  # a Leaf: x is numeric
-            new.frozen = leaf.frozen
-        return made[id(leaf)]
+        made.append(setup(leaf.rule, arrays[id(leaf)]))  # a Leaf: the array is numeric
+        made[-1].frozen = leaf.frozen
+        return made[-1]
 
     new_tree = map_leaves(renew, tree)
-    fused.pack(list(made.values()))
+    fused.pack(made)
     return new_tree

@@ -1,10 +1,9 @@
-"""The state tree: ``setup`` mirrors the model with :class:`Leaf` objects; an update
-reads top to bottom: *plan* (``plan.py``, the steady state), else *gather*
-(``gather.py``, validating), then *step* (:func:`_step`: fused groups, the rest one by one).
-"""
+"""The state tree: ``setup`` mirrors the model with Leafs; an update is *plan* (``plan.py``,
+the steady state), else *gather* (``gather.py``, validating), then *step* (:func:`_step`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 import os
@@ -111,22 +110,12 @@ def walk_trainable(f: Callable, model: Any, ys: tuple = (), *, cache: bool = Fal
     trainable numeric array, ``None`` at every other leaf and untrained child."""
     return walk(lambda kp, x, *ys: f(kp, x, *ys) if isnumeric(x) else None, model, ys,
                 exclude=lambda x: isnumeric(x) or isleaf(x), cache=cache, build=build,
-                keys=trainable, skip=lambda v: None, again=again)
+                keys=trainable, again=again)
 
 
 def chooser(rule: Rules) -> Callable[[KeyPath, Any], Rule | None]:
-    """chooser(rule) -> the function ``(KeyPath, array) -> Rule | None`` :func:`setup` asks.
-
-    Args:
-        rule: a rule, a mapping of ``where=`` patterns to rules or ``None`` (the first
-            match wins), or a function of the path and array, as :func:`setup` takes.
-
-    Returns:
-        The function; it raises as :func:`setup` does for a path no pattern matches, or a
-        function's answer that is no rule.
-
-    Raises:
-        TypeError: ``rule`` is none of these, or a mapping maps to something else.
+    """chooser(rule) -> the function ``(KeyPath, array) -> Rule | None`` :func:`setup` asks,
+    for any ``rule`` that setup takes; raising as setup does (a TypeError for another ``rule``).
 
     Example:
         >>> from optimisers import Adam, KeyPath
@@ -213,7 +202,7 @@ def _asker(choose: Callable[[KeyPath, Any], Rule | None]) -> Callable:
 def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict, list]:
     """Each Leaf's rule once, fused where possible (rules that may raise first, on copies)."""
     kinds: dict[int, tuple] = {}  # id(rule): (whether timed, its tree-level rules)
-    where: dict[int, tuple] = {}
+    reducing = []  # the entries whose rules hold tree-level rules
     nows: dict = {}  # the rule at a clock, made once for Leafs that share both
     for e in entries:
         check_fit(e)
@@ -222,8 +211,8 @@ def _step(entries: list, inplace: bool, known: list | None = None) -> tuple[dict
         if kind[0]:
             _apply(e, None, {}, nows, dry=True)  # a schedule's value out of its field's range
         if kind[1]:
-            where[id(e)] = kind[1]
-    found = totals(entries, where) if where else {}  # tree-level rules' reductions
+            reducing.append(e)
+    found = totals(reducing) if reducing else {}  # tree-level rules' reductions
     risky = [e for e in entries if e.leaf.rule.raises()] if inplace else []
     copy = copier() if risky else None
     done = {id(e.leaf): _apply(e, fmap(copy, e.leaf.state), found, nows) for e in risky}
@@ -256,8 +245,7 @@ def _share(e: Entry, new: dict, inplace: bool) -> None:
 
 
 def _apply(e: Entry, state: Any, found: dict, nows: dict, dry: bool = False) -> tuple[Any, Any]:
-    """``(new_state, step)`` of one entry's rule (``dry``: only checked); errors name the path.
-    ``nows``: the rule at a clock, made once for Leafs that share both."""
+    """``(new_state, step)`` of one entry's rule (``dry``: only checked); errors name the path."""
     try:
         rule, clock = e.leaf.rule, e.leaf.clock
         now = nows.get((id(rule), id(clock)))
@@ -310,10 +298,8 @@ def plan_of(tree: Any) -> Plan | None:
 
 def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
     first = first_leaf(tree) if inplace else None
-    if first is None:
-        return _locked_update(tree, model, grads, inplace, None)
-    kept = _kept_of(first)
-    with kept.lock:
+    kept = _kept_of(first) if first is not None else None
+    with kept.lock if kept is not None else contextlib.nullcontext():
         return _locked_update(tree, model, grads, inplace, kept)
 
 
@@ -363,15 +349,8 @@ def copy_tree(tree: Any) -> Any:
     """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept,
     and state packed by :func:`fused.pack` stays packed. Each new Leaf is of its old one's
     type: JAX's stay JAX's (``fast/jaxtree.py``), so that a jitted call does not trace again."""
-    memo: dict[int, Leaf] = {}
     copy = copier()
-
-    def leaf(t: Leaf) -> Leaf:
-        if id(t) not in memo:
-            memo[id(t)] = type(t)(t.rule, fmap(copy, t.state), t.frozen, t.clock)
-        return memo[id(t)]
-
-    return map_leaves(leaf, tree)
+    return map_leaves(lambda t: type(t)(t.rule, fmap(copy, t.state), t.frozen, t.clock), tree)
 
 
 def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:

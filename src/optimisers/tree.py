@@ -274,16 +274,10 @@ def keys_shown(keys: Iterable, most: int = 8, show: Callable[[Any], str] = repr)
     return ", ".join(show(k) for k in keys[:most]) + more
 
 
-def _iskey(kids: dict, item: Any) -> bool:
-    try:
-        return item in kids
-    except TypeError:  # unhashable
-        return False
-
-
 def _as_keys(x: Any, kids: dict, declared: tuple) -> tuple:
-    if all(_iskey(kids, item) for item in declared):
-        return declared
+    with contextlib.suppress(TypeError):  # (an unhashable item: a value, not a key)
+        if all(item in kids for item in declared):
+            return declared
     warnings.warn(f"__trainable__ of {type(x).__name__} returned child values; return the "
                   f"child keys instead (one of [{keys_shown(kids)}]): values are matched by "
                   f"identity, which confuses two children holding the same object",

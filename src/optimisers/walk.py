@@ -46,12 +46,11 @@ def _child_of(y: Any, key: Any) -> Any:
 
 
 def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, build: Callable,
-         keys: Callable | None = None, skip: Callable | None = None,
-         again: Callable | None = None) -> Any:
+         keys: Callable | None = None, again: Callable | None = None) -> Any:
     """The one tree walk behind fmap, fmapstructure and setup.
 
     ``f(keypath, leaf, *ys_leaves)`` runs where ``exclude`` holds; other nodes become
-    ``build(node, new_children)``, walking only ``keys(node)`` (the others ``skip(child)``).
+    ``build(node, new_children)``, walking only ``keys(node)`` (the others ``None``).
     With ``cache``, a mutable object reached again reuses its first result, and
     ``again(first_keypath, keypath, object, result)`` is told.
     """
@@ -72,8 +71,7 @@ def walk(f: Callable, x: Any, ys: tuple, *, exclude: Callable, cache: bool, buil
             kids = children(x)
             walked = kids.keys() if keys is None else set(keys(x))
             out = build(x, {
-                k: go(kp + (k,), v, tuple(_child_of(y, k) for y in ys)) if k in walked
-                else skip(v)
+                k: go(kp + (k,), v, tuple(_child_of(y, k) for y in ys)) if k in walked else None
                 for k, v in kids.items()})
             del inside[id(x)]
         if tied:
