@@ -181,8 +181,16 @@ def astype(x: Array, dtype: Any) -> Array:
 def todtype(dtype: Any) -> Any:
     try:
         return np.dtype(dtype)
-    except TypeError:  # torch.float32 and the like
-        return np.dtype(str(dtype).removeprefix("torch."))
+    except TypeError:  # torch.float32 and the like; bfloat16 from ml_dtypes (JAX's)
+        name = str(dtype).removeprefix("torch.")
+        if name != "bfloat16":
+            return np.dtype(name)
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("NumPy arrays of bfloat16 need the ml_dtypes package "
+                            "(pip install ml_dtypes; JAX installs it)") from None
+        return np.dtype(ml_dtypes.bfloat16)
 
 
 def assign(dst: Array, value: Any) -> Array:
