@@ -178,3 +178,86 @@ def test_refuses_what_is_not_a_floating_dtype():
     assert repr(O.LowPrecision(O.Adam(), (np.float16, None))) == (
         "LowPrecision(rule=Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), "
         "dtype=('float16', None))")
+
+
+# --- stochastic rounding of bfloat16 parameters (issue 29, item 3) ---------------------------
+
+def bf16(lib: str, a: np.ndarray):
+    return torch.from_numpy(a).to(torch.bfloat16) if lib == "torch" else jnp.asarray(
+        a, jnp.bfloat16)
+
+
+def as_f32(a) -> np.ndarray:
+    return a.float().numpy() if isinstance(a, torch.Tensor) else np.asarray(a, np.float32)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_stochastic_rounding_is_unbiased(lib):
+    """Values 0.3 of the way between bfloat16 neighbours: each rounds to one of its two
+    neighbours, and over 40 steps the mean of the rounded values is the values' mean (to 4
+    standard errors), where rounding to nearest is off by over 100 of them."""
+    from optimisers import backends
+    xp = backends.ops(lib)
+    rng = np.random.default_rng(4)
+    x = (1 + (rng.integers(0, 128, 5000) + 0.3) * 2.0**-7).astype(np.float32)
+    arr = {"numpy": x, "torch": torch.from_numpy(x), "jax": jnp.asarray(x)}[lib]
+    down = (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    outs = np.stack([as_f32(xp.stochastic_bfloat16(arr, t)) for t in range(40)])
+    assert np.all((outs == down) | (outs == down + 2.0**-7))
+    spacing = 2.0**-7 / 2  # (the standard deviation of one rounding is at most half of it)
+    error = spacing / np.sqrt(outs.size)
+    assert abs(outs.mean() - x.mean()) < 4 * error
+    nearest = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert abs(nearest.mean() - x.mean()) > 100 * error
+
+
+@pytest.mark.parametrize("lib", ["torch", "jax"])
+def test_a_bfloat16_run_with_stochastic_rounding_tracks_float32(lib):
+    """Steps of 1e-4 on bfloat16 weights at 1.0 (spacing 2^-7): rounded to nearest they
+    never move; with ``stochastic=True`` and no master copy they follow the float32 run
+    (under jit on JAX)."""
+    def run(rule, dtype=None):
+        w = np.ones(4000, np.float32)
+        model = {"w": bf16(lib, w) if dtype is None else (
+            torch.from_numpy(w) if lib == "torch" else jnp.asarray(w))}
+        tree = O.setup(rule, model)
+        step = jax.jit(O.update) if lib == "jax" else O.update
+        for _ in range(300):
+            g = np.ones(4000, np.float32)
+            tree, model = step(tree, model, {"w": bf16(lib, g) if dtype is None else (
+                torch.from_numpy(g) if lib == "torch" else jnp.asarray(g))})
+        return as_f32(model["w"]).mean()
+
+    full = run(O.Descent(1e-4), np.float32)
+    assert run(O.Descent(1e-4)) == 1.0  # stalled
+    assert abs(run(O.MixedPrecision(O.Descent(1e-4), stochastic=True)) - full) < 1e-3
+    assert abs(full - 0.97) < 1e-5
+
+
+def test_stochastic_rounding_resumes_bit_for_bit(tmp_path):
+    """The generator is seeded by the step count kept in the state: a run saved and loaded
+    half-way ends where the run without the break ends."""
+    rule = O.MixedPrecision(O.LowPrecision(O.AdamW(1e-3, lambd=0.1)), stochastic=True)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    grads = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(6)]
+    model = {"w": bf16("torch", w)}
+    tree = O.setup(rule, model)
+    other = {"w": model["w"].clone()}
+    for i, g in enumerate(grads):
+        tree, model = O.update_(tree, model, {"w": bf16("torch", g)})
+        if i == 2:
+            O.save(tmp_path / "half", tree)
+            torch.save(model["w"], tmp_path / "w.pt")
+    back = O.load(tmp_path / "half", O.setup(rule, other))
+    other = {"w": torch.load(tmp_path / "w.pt")}
+    for g in grads[3:]:
+        back, other = O.update_(back, other, {"w": bf16("torch", g)})
+    assert torch.equal(model["w"], other["w"])
+    assert tree["w"].state[0] == 6 and back["w"].state[0] == 6
+
+
+def test_stochastic_rounding_refuses_a_parameter_that_is_not_bfloat16():
+    with pytest.raises(ValueError, match="at w: MixedPrecision.stochastic=True. rounds to "
+                                         "bfloat16; this parameter is float32"):
+        O.setup(O.MixedPrecision(O.Adam(), stochastic=True), {"w": np.ones(3, np.float32)})

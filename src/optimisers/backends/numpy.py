@@ -145,6 +145,12 @@ def to_bfloat16(x: Array) -> Array:
     return np.where(np.isnan(f), f, rounded).astype(np.float32, copy=False)
 
 
+def stochastic_bfloat16(x: Array, t: Any) -> Array:
+    r = np.random.default_rng(int(t)).integers(0, 1 << 16, x.shape, dtype=np.uint32)
+    bits = (np.asarray(x, np.float32).view(np.uint32) + r) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(x), x, bits.view(np.float32)).astype(todtype("bfloat16"))
+
+
 def machine_epsilon(x: Array) -> float:
     return float(np.finfo(x.dtype).eps)
 
