@@ -34,6 +34,8 @@ RULES = {
     "clip_adamw": lambda: O.OptimiserChain(O.ClipGlobalNorm(1.0), O.AdamW(1e-2, lambd=0.1)),
     "lion": lambda: O.Lion(1e-3, (0.9, 0.99)),
     "muon": lambda: {"big": O.Muon(1e-2), "wide": O.Muon(1e-2), "*": O.AdamW(1e-2)},
+    "lowprecision": lambda: {"big": O.LowPrecision(O.AdamW(1e-2, lambd=0.1)),
+                             "*": O.AdamW(1e-2, lambd=0.1)},
 }
 
 

@@ -61,7 +61,7 @@ def run(*args: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("rule", ["adamw", "clip_adamw", "lion", "muon"])
+@pytest.mark.parametrize("rule", ["adamw", "clip_adamw", "lion", "muon", "lowprecision"])
 def test_mesh_training_keeps_shardings_and_matches_one_device(rule):
     """A model of large and small arrays over a 4x2 mesh, some
     sharded on both axes, some on one, some replicated, trained by a jitted, donated

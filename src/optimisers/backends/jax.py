@@ -199,6 +199,14 @@ def to_bfloat16(x: Array) -> Array:
     return rounded.astype(jnp.bfloat16)
 
 
+def stochastic_bfloat16(x: Array, t: Any) -> Array:
+    key = jax.random.fold_in(jax.random.key(0), jnp.asarray(t, jnp.uint32))
+    r = jax.random.bits(key, x.shape, jnp.uint32) >> 16
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) + r
+    rounded = jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000), jnp.float32)
+    return jnp.where(jnp.isnan(x), x, rounded).astype(jnp.bfloat16)
+
+
 def machine_epsilon(x: Array) -> float:
     return float(jnp.finfo(_real(x.dtype)).eps)
 

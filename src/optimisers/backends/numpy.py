@@ -145,6 +145,12 @@ def to_bfloat16(x: Array) -> Array:
     return np.where(np.isnan(f), f, rounded).astype(np.float32, copy=False)
 
 
+def stochastic_bfloat16(x: Array, t: Any) -> Array:
+    r = np.random.default_rng(int(t)).integers(0, 1 << 16, x.shape, dtype=np.uint32)
+    bits = (np.asarray(x, np.float32).view(np.uint32) + r) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(x), x, bits.view(np.float32)).astype(todtype("bfloat16"))
+
+
 def machine_epsilon(x: Array) -> float:
     return float(np.finfo(x.dtype).eps)
 
@@ -181,8 +187,16 @@ def astype(x: Array, dtype: Any) -> Array:
 def todtype(dtype: Any) -> Any:
     try:
         return np.dtype(dtype)
-    except TypeError:  # torch.float32 and the like
-        return np.dtype(str(dtype).removeprefix("torch."))
+    except TypeError:  # torch.float32 and the like; bfloat16 from ml_dtypes (JAX's)
+        name = str(dtype).removeprefix("torch.")
+        if name != "bfloat16":
+            return np.dtype(name)
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("NumPy arrays of bfloat16 need the ml_dtypes package "
+                            "(pip install ml_dtypes; JAX installs it)") from None
+        return np.dtype(ml_dtypes.bfloat16)
 
 
 def assign(dst: Array, value: Any) -> Array:

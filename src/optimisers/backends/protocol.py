@@ -116,6 +116,9 @@ class Backend(Protocol):
     # ``x`` rounded to bfloat16 (NumPy: float32 holding its values); ``finfo(x).eps``.
     def to_bfloat16(self, x: Array) -> Array: ...
     def machine_epsilon(self, x: Array) -> float: ...
+    # ``x`` (float32) in bfloat16, rounded up or down at random in proportion to the distance
+    # to each (unbiased): the library's own generator, seeded by the step ``t``.
+    def stochastic_bfloat16(self, x: Array, t: Any) -> Array: ...
 
     # --- written once over the primitives (common.py): ``|g|^2``, real for complex ``g``;
     # ``g`` clamped to ``[lo, hi]``, complex parts each; the ``p``-norm of all of ``g``.

@@ -51,6 +51,13 @@ mean = functools.partial(torch.mean, keepdim=True)
 to_bfloat16 = operator.methodcaller("to", torch.bfloat16)
 
 
+def stochastic_bfloat16(x: Array, t: Any) -> Array:
+    g = torch.Generator(device=x.device).manual_seed(int(t))
+    r = torch.randint(0, 1 << 16, x.shape, generator=g, device=x.device, dtype=torch.int32)
+    bits = (x.float().view(torch.int32) + r) & -65536  # (0xFFFF0000)
+    return torch.where(x.isnan(), x, bits.view(torch.float32)).to(torch.bfloat16)
+
+
 def isfloating(x: Array) -> bool:
     return x.is_floating_point() or x.is_complex()
 

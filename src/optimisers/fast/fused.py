@@ -404,10 +404,12 @@ def step_groups(entries: list, inplace: bool, known: list | None = None,
         entries = _run_known(known, entries, new, ran, found)
     fresh, rest, calls = _sort(entries, inplace)
     for (kind, rule, sig, *_, write), members in fresh.items():
-        if len(members) < MIN_GROUP:
+        alone = len(members) < MIN_GROUP  # (a group still where torch's kernel steps it:
+        group = kind(rule, sig, members, write) if not alone or (  # the same numbers as in
+            write and kind is Group and backends.library(members[0][0].x) == "torch") else None
+        if group is None or alone and group.native is None:  # a group of many)
             rest.extend(e for e, _ in members)
             continue
-        group = kind(rule, sig, members, write)
         _run(group, [e for e, _ in members], new, found)
         ran.append(group)
     for lib, batch in calls.items():

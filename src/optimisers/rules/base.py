@@ -147,11 +147,16 @@ def dtype_misfit(state: Any, x: Any) -> tuple[str, str] | None:
         if a.dtype is same:
             continue
         need = need or backends.of(x).dtype_name(x)
-        real = f"float{int(need[7:]) // 2}" if need.startswith("complex") else need
         found = backends.of(a).dtype_name(a)
-        if found not in (need, real):
+        if found not in (need, real_dtype_name(x)):
             return found, need
     return None
+
+
+def real_dtype_name(x: Any) -> str:
+    """real_dtype_name(x) -> the name of ``x``'s dtype, or of its real part's if complex."""
+    name = backends.of(x).dtype_name(x)
+    return f"float{int(name[7:]) // 2}" if name.startswith("complex") else name
 
 
 def _arrays(state: Any) -> list:

@@ -67,6 +67,7 @@ def _short(v: float) -> str:
 
 _KINDS = {"number": "a number", "whole": "a whole number", "flag": "True or False",
           "dtype": "a floating dtype (such as np.float32, torch.bfloat16, jnp.float16)",
+          "dtypes": "a floating dtype (such as \"bfloat16\"), or a tuple of them and None",
           "rule": "a Rule (such as Adam())", "schedule": "a Schedule, such as Cosine(1e-3, "
           "steps=9_000); wrap a number in Constant(value)"}
 
@@ -170,6 +171,10 @@ def _fits(kind: str, value: Any) -> bool:
     """Whether ``value`` is of ``kind``: a flag, a dtype, a rule or a schedule."""
     if kind == "flag":
         return isinstance(value, (bool, np.bool_))
+    if kind == "dtypes":  # one dtype, or a tuple of them and None
+        if type(value) is tuple:
+            return value != () and all(v is None or _fits("dtype", v) for v in value)
+        return _fits("dtype", value)
     if kind == "dtype":
         name = dtype_name(value)
         return name is not None and name.startswith(("float", "bfloat"))
@@ -212,7 +217,8 @@ def hyperparameter(default: Any = dataclasses.MISSING, *within: str, kind: str =
         *within: for a number, one interval (``"[0, inf)"``, ``"(0, 1)"``,
             ``"[-inf, inf]"``, ``"[0, inf) or None"`` to allow ``None`` too); for a tuple
             of numbers, one interval per element.
-        kind: ``"number"``, ``"whole"``, ``"flag"``, ``"dtype"``, ``"rule"`` or ``"schedule"``.
+        kind: ``"number"``, ``"whole"``, ``"flag"``, ``"dtype"``, ``"dtypes"`` (a dtype, or a
+            tuple of them and ``None``), ``"rule"`` or ``"schedule"``.
         static: whether JAX keeps the field as static data (never traced).
         default_factory: makes the default, for a mutable or composite one.
 

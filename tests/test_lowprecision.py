@@ -1,0 +1,263 @@
+"""LowPrecision: a rule's array state stored in a narrower dtype, its arithmetic the rule's
+own in the parameter's dtype, rounded on store (issue 29, item 1)."""
+
+import copy
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import optimisers as O
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+LIBS = ["numpy", "torch", "jax"]
+NARROW = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def to(lib: str, a: np.ndarray):
+    """``a`` as ``lib``'s array (bfloat16 and float16 kept)."""
+    if lib == "numpy":
+        return a.copy()
+    if lib == "torch":
+        if a.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
+        return torch.from_numpy(a.copy())
+    return jnp.asarray(a)
+
+
+def host(a) -> np.ndarray:
+    """A library's array as NumPy, in its own dtype (bfloat16 through ml_dtypes)."""
+    if isinstance(a, torch.Tensor):
+        if a.dtype == torch.bfloat16:
+            return a.float().numpy().astype(ml_dtypes.bfloat16)
+        return a.detach().numpy().copy()
+    return np.asarray(a)
+
+
+def arrays_of(state) -> list:
+    return [a for a in (state if isinstance(state, tuple) else (state,))
+            if hasattr(a, "shape") and len(a.shape)]
+
+
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("inner", [O.Adam(0.01), O.AdamW(0.01, lambd=0.1), O.Lion(0.01)],
+                         ids=repr)
+def test_each_step_is_the_rules_own_on_the_state_read_back_then_rounded(lib, dtype, inner):
+    """Three steps: each equals the wrapped rule's ``apply`` on the stored state read
+    back in float32, bit for bit, and the new state is that rule's rounded to ``dtype``
+    (to nearest): nothing else runs between the rule and the stored state."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    rule = O.LowPrecision(inner, dtype)
+    state = rule.init(to(lib, x))
+    n = len(arrays_of(inner.init(to(lib, x))))
+    assert [host(a).dtype for a in arrays_of(state)] == [np.dtype(NARROW[dtype])] * n
+
+    def widened(a):
+        return to(lib, host(a).astype(np.float32)) if hasattr(a, "shape") and len(
+            a.shape) else a
+
+    for _ in range(3):
+        g = rng.standard_normal(x.shape).astype(np.float32)
+        wide = tuple(map(widened, state)) if isinstance(state, tuple) else widened(state)
+        want_state, want_d = inner.apply(wide, to(lib, x), to(lib, g))
+        state, d = rule.apply(state, to(lib, x), to(lib, g))
+        np.testing.assert_array_equal(host(d), host(want_d))
+        for got, want in zip(arrays_of(state), arrays_of(want_state)):
+            assert host(got).dtype == np.dtype(NARROW[dtype])
+            np.testing.assert_array_equal(host(got), host(want).astype(NARROW[dtype]))
+        x = x - host(d)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_bytes_of_state_per_parameter(lib):
+    """Adam's state, measured from the arrays a tree holds: 8 bytes a parameter in
+    float32, 4 in bfloat16, 6 with the first moment alone narrow."""
+    model = {"w": to(lib, np.ones((64, 32), np.float32)), "b": to(lib, np.ones(32, np.float32))}
+
+    def per_param(rule) -> float:
+        tree = O.setup(rule, model)
+        states = [a for leaf in (tree["w"], tree["b"]) for a in arrays_of(leaf.state)]
+        return sum(host(a).nbytes for a in states) / (64 * 32 + 32)
+
+    assert per_param(O.Adam()) == 8.0
+    assert per_param(O.LowPrecision(O.Adam())) == 4.0
+    assert per_param(O.LowPrecision(O.Adam(), ("bfloat16", None))) == 6.0
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_trains_as_float32_state_within_bfloat16_rounding(lib):
+    """300 steps of a least-squares fit: at every step, the loss with bfloat16 state is
+    within 2% (of the way down) of the loss with float32 state."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 8)).astype(np.float32)
+    y = (a @ rng.standard_normal(8) + 0.1 * rng.standard_normal(64)).astype(np.float32)
+
+    def fit(rule) -> np.ndarray:
+        w = np.zeros(8, np.float32)
+        tree = O.setup(rule, {"w": to(lib, w)})
+        model, losses = {"w": to(lib, w)}, []
+        for _ in range(300):
+            r = a @ host(model["w"]).astype(np.float32) - y
+            losses.append(float(r @ r / 64))
+            tree, model = O.update(tree, model, {"w": to(lib, (a.T @ r / 64).astype(np.float32))})
+        return np.array(losses)
+
+    full, low = fit(O.Adam(0.05)), fit(O.LowPrecision(O.Adam(0.05)))
+    assert full[-1] < 0.01 * full[0]
+    assert np.abs(low - full).max() <= 0.02 * (full[0] - full[-1])
+
+
+def test_where_adjust_freeze_save_load_and_state_dict(tmp_path):
+    """bfloat16 state for one subset only (a ``where=`` mapping); ``adjust`` reaches the
+    wrapped rule's numbers and may change the stored dtype; a frozen Leaf keeps its state;
+    ``save``/``load`` and ``state_dict`` keep the stored dtype and the steps go on the same."""
+    rng = np.random.default_rng(2)
+    model = {"emb": rng.standard_normal((10, 4)).astype(np.float32),
+             "out": rng.standard_normal(4).astype(np.float32)}
+    tree = O.setup({"emb": O.LowPrecision(O.Adam(0.01)), "*": O.Adam(0.01)}, model)
+    assert [a.dtype for a in arrays_of(tree["emb"].state)] == [ml_dtypes.bfloat16] * 2
+    assert [a.dtype for a in arrays_of(tree["out"].state)] == [np.float32] * 2
+    grads = {k: np.ones_like(v) for k, v in model.items()}
+    tree, model = O.update_(tree, model, grads)
+    tree = O.adjust(tree, eta=0.5)
+    assert tree["emb"].rule == O.LowPrecision(O.Adam(0.5))
+    before = host(model["emb"]).copy()
+    tree, model = O.update_(tree, model, grads)
+    assert np.abs(model["emb"] - before).max() > 0.4  # the new eta stepped it
+    O.save(tmp_path / "ckpt", tree)
+    back = O.load(tmp_path / "ckpt", tree)
+    assert [a.dtype for a in arrays_of(back["emb"].state)] == [ml_dtypes.bfloat16] * 2
+    assert back["emb"].rule == tree["emb"].rule
+    flat = O.state_dict(tree)
+    assert {str(v.dtype) for k, v in flat.items()
+            if k.startswith("emb") and getattr(v, "ndim", 0)} == {"bfloat16"}
+    m2 = copy.deepcopy(model)
+    t1, m1 = O.update_(tree, model, grads)
+    t2, m2 = O.update_(back, m2, grads)
+    np.testing.assert_array_equal(m1["emb"], m2["emb"])
+    O.freeze_(t1["emb"])
+    kept = [host(a).copy() for a in arrays_of(t1["emb"].state)]
+    t1, m1 = O.update_(t1, m1, grads)
+    for a, b in zip(arrays_of(t1["emb"].state), kept):
+        np.testing.assert_array_equal(host(a), b)
+    t1 = O.adjust(O.thaw_(t1) or t1, dtype="float16")
+    t1, m1 = O.update_(t1, m1, grads)
+    assert [a.dtype for a in arrays_of(t1["emb"].state)] == [np.float16] * 2
+
+
+def test_under_jit_equals_numpy_and_keeps_the_dtype():
+    """Jitted and donated on JAX, the stored state stays bfloat16 and the parameters follow
+    NumPy's eager steps (ml_dtypes' bfloat16) to float32 rounding."""
+    rng = np.random.default_rng(3)
+    model = {"a": rng.standard_normal((8, 3)).astype(np.float32),
+             "b": rng.standard_normal(3).astype(np.float32)}
+    rule = O.OptimiserChain(O.ClipGlobalNorm(1.0), O.LowPrecision(O.AdamW(0.01, lambd=0.1)))
+    tn, mn = O.setup(rule, copy.deepcopy(model)), copy.deepcopy(model)
+    mj = jax.tree.map(jnp.asarray, model)
+    tj = O.setup(rule, mj)
+    step = jax.jit(O.update, donate_argnums=(0, 1))
+    for s in range(4):
+        g = {k: np.sin(v * (s + 1)).astype(np.float32) for k, v in model.items()}
+        tn, mn = O.update_(tn, mn, g)
+        tj, mj = step(tj, mj, jax.tree.map(jnp.asarray, g))
+    for k in model:
+        np.testing.assert_allclose(np.asarray(mj[k]), mn[k], rtol=1e-5, atol=1e-6)
+        stored = {a.dtype for a in jax.tree.leaves(tj[k].state) if a.ndim}
+        assert stored == {np.dtype(ml_dtypes.bfloat16)}
+
+
+def test_refuses_what_is_not_a_floating_dtype():
+    for bad in ("int8", (), (None, 3), None):
+        with pytest.raises(TypeError, match="LowPrecision's dtype must be a floating dtype"):
+            O.LowPrecision(O.Adam(), bad)
+    assert repr(O.LowPrecision(O.Adam(), (np.float16, None))) == (
+        "LowPrecision(rule=Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08), "
+        "dtype=('float16', None))")
+
+
+# --- stochastic rounding of bfloat16 parameters (issue 29, item 3) ---------------------------
+
+def bf16(lib: str, a: np.ndarray):
+    return torch.from_numpy(a).to(torch.bfloat16) if lib == "torch" else jnp.asarray(
+        a, jnp.bfloat16)
+
+
+def as_f32(a) -> np.ndarray:
+    return a.float().numpy() if isinstance(a, torch.Tensor) else np.asarray(a, np.float32)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_stochastic_rounding_is_unbiased(lib):
+    """Values 0.3 of the way between bfloat16 neighbours: each rounds to one of its two
+    neighbours, and over 40 steps the mean of the rounded values is the values' mean (to 4
+    standard errors), where rounding to nearest is off by over 100 of them."""
+    from optimisers import backends
+    xp = backends.ops(lib)
+    rng = np.random.default_rng(4)
+    x = (1 + (rng.integers(0, 128, 5000) + 0.3) * 2.0**-7).astype(np.float32)
+    arr = {"numpy": x, "torch": torch.from_numpy(x), "jax": jnp.asarray(x)}[lib]
+    down = (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    outs = np.stack([as_f32(xp.stochastic_bfloat16(arr, t)) for t in range(40)])
+    assert np.all((outs == down) | (outs == down + 2.0**-7))
+    spacing = 2.0**-7 / 2  # (the standard deviation of one rounding is at most half of it)
+    error = spacing / np.sqrt(outs.size)
+    assert abs(outs.mean() - x.mean()) < 4 * error
+    nearest = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert abs(nearest.mean() - x.mean()) > 100 * error
+
+
+@pytest.mark.parametrize("lib", ["torch", "jax"])
+def test_a_bfloat16_run_with_stochastic_rounding_tracks_float32(lib):
+    """Steps of 1e-4 on bfloat16 weights at 1.0 (spacing 2^-7): rounded to nearest they
+    never move; with ``stochastic=True`` and no master copy they follow the float32 run
+    (under jit on JAX)."""
+    def run(rule, dtype=None):
+        w = np.ones(4000, np.float32)
+        model = {"w": bf16(lib, w) if dtype is None else (
+            torch.from_numpy(w) if lib == "torch" else jnp.asarray(w))}
+        tree = O.setup(rule, model)
+        step = jax.jit(O.update) if lib == "jax" else O.update
+        for _ in range(300):
+            g = np.ones(4000, np.float32)
+            tree, model = step(tree, model, {"w": bf16(lib, g) if dtype is None else (
+                torch.from_numpy(g) if lib == "torch" else jnp.asarray(g))})
+        return as_f32(model["w"]).mean()
+
+    full = run(O.Descent(1e-4), np.float32)
+    assert run(O.Descent(1e-4)) == 1.0  # stalled
+    assert abs(run(O.MixedPrecision(O.Descent(1e-4), stochastic=True)) - full) < 1e-3
+    assert abs(full - 0.97) < 1e-5
+
+
+def test_stochastic_rounding_resumes_bit_for_bit(tmp_path):
+    """The generator is seeded by the step count kept in the state: a run saved and loaded
+    half-way ends where the run without the break ends."""
+    rule = O.MixedPrecision(O.LowPrecision(O.AdamW(1e-3, lambd=0.1)), stochastic=True)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    grads = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(6)]
+    model = {"w": bf16("torch", w)}
+    tree = O.setup(rule, model)
+    other = {"w": model["w"].clone()}
+    for i, g in enumerate(grads):
+        tree, model = O.update_(tree, model, {"w": bf16("torch", g)})
+        if i == 2:
+            O.save(tmp_path / "half", tree)
+            torch.save(model["w"], tmp_path / "w.pt")
+    back = O.load(tmp_path / "half", O.setup(rule, other))
+    other = {"w": torch.load(tmp_path / "w.pt")}
+    for g in grads[3:]:
+        back, other = O.update_(back, other, {"w": bf16("torch", g)})
+    assert torch.equal(model["w"], other["w"])
+    assert tree["w"].state[0] == 6 and back["w"].state[0] == 6
+
+
+def test_stochastic_rounding_refuses_a_parameter_that_is_not_bfloat16():
+    with pytest.raises(ValueError, match="at w: MixedPrecision.stochastic=True. rounds to "
+                                         "bfloat16; this parameter is float32"):
+        O.setup(O.MixedPrecision(O.Adam(), stochastic=True), {"w": np.ones(3, np.float32)})
