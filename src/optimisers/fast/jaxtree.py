@@ -135,8 +135,9 @@ def _common(split: Any, numbers: tuple, made: list) -> list:
     """``split``'s common values from ``numbers``: those of an earlier split in ``made``
     (same old numbers) whose common part is the same program, else computed and kept."""
     for other, values in made:
-        if len(other.consts) == len(split.consts) and all(map(
-                operator.is_, other.consts, split.consts)) and str(other.common) == str(split.common):
+        same = len(other.consts) == len(split.consts) and all(
+            map(operator.is_, other.consts, split.consts))
+        if same and str(other.common) == str(split.common):
             return values
     values = split.values(*numbers)
     made.append((split, values))
