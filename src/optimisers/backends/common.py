@@ -6,13 +6,16 @@ backend's file). :func:`mapstate` walks a state's items, for every backend alike
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from optimisers.backends.registry import istraced
 
-__all__ = ["FLOAT16_EPS", "abs2", "clip", "norm", "eps", "mapstate"]
+__all__ = ["FLOAT16_EPS", "abs2", "clip", "norm", "eps", "mapstate", "Coding", "coding"]
 
 FLOAT16_EPS = 1e-7
 """The smallest non-zero epsilon in float16 (Adam's 1e-8 would round to zero there)."""
@@ -80,3 +83,38 @@ def mapstate(f: Callable[[Any, str], Any], x: Any, key: str = "") -> Any:
         return f(x, key)
     items = [mapstate(f, v, f"{key}.{i}") for i, v in enumerate(x)]
     return type(x)._make(items) if hasattr(type(x), "_make") else type(x)(items)
+
+
+class Coding(NamedTuple):
+    """How a backend finds each number's nearest value of a sorted code by elementwise
+    steps (no search): ``nearest = table[top 16 bits of x] + (x > mids[that])``."""
+
+    code: np.ndarray  # the code's values, float32
+    mids: np.ndarray  # the midpoints between neighbours, then inf (float32)
+    table: np.ndarray  # per top 16 bits of a float32: the midpoints below all its values
+
+
+@functools.cache
+def coding(code: tuple) -> Coding:
+    """coding(code) -> the :class:`Coding` of a sorted code whose neighbours lie further
+    apart than one step of bfloat16 (so each 16-bit bucket of float32 holds one midpoint
+    at most, checked).
+
+    Example:
+        >>> c = coding((-1.0, 0.0, 0.5, 1.0))
+        >>> x = np.array([-0.7, 0.2, 0.3, 0.9], np.float32)
+        >>> top = (x.view(np.uint32) >> 16).astype(np.int64)
+        >>> (c.table[top] + (x > c.mids[c.table[top]])).tolist()
+        [0, 1, 2, 3]
+    """
+    values = np.array(code, np.float32)
+    mids = np.append((values[1:] + values[:-1]) / 2, np.float32(np.inf)).astype(np.float32)
+    top = np.arange(1 << 16, dtype=np.uint32) << 16
+    low = np.where(top < 1 << 31, top, top | 0xFFFF).view(np.float32)  # (each bucket's least)
+    high = np.where(top < 1 << 31, top | 0xFFFF, top).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        table = np.searchsorted(mids[:-1], low, "left")
+        inside = np.searchsorted(mids[:-1], high, "left") - table
+    if (inside[np.isfinite(low) & np.isfinite(high)] > 1).any():
+        raise ValueError("coding: two values of the code lie within one bfloat16 step")
+    return Coding(values, mids, np.minimum(table, len(values) - 1).astype(np.int32))

@@ -17,6 +17,7 @@ XLA one compiled kernel per distinct slice, and so compile time (benchmarks/READ
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import weakref
 from typing import Any
@@ -205,6 +206,22 @@ def stochastic_bfloat16(x: Array, t: Any) -> Array:
     bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) + r
     rounded = jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000), jnp.float32)
     return jnp.where(jnp.isnan(x), x, rounded).astype(jnp.bfloat16)
+
+
+def quantise(a: Array, block: int, code: tuple) -> tuple:
+    flat = a.astype(jnp.float32).reshape(-1)
+    blocks = jnp.pad(flat, (0, -flat.size % block)).reshape(-1, block)
+    scale = jnp.abs(blocks).max(axis=1)
+    norm = blocks / jnp.where(scale == 0, 1, scale)[:, None]
+    c = common.coding(code)
+    near = jnp.asarray(c.table)[jax.lax.bitcast_convert_type(norm, jnp.uint32) >> 16]
+    near = near + (norm > jnp.asarray(c.mids)[near])
+    return near.astype(jnp.uint8), scale
+
+
+def dequantise(codes: Array, scale: Array, code: tuple, shape: tuple, dtype: Any) -> Array:
+    values = jnp.asarray(common.coding(code).code)[codes] * scale[:, None]
+    return values.reshape(-1)[:math.prod(shape)].reshape(shape).astype(todtype(dtype))
 
 
 def machine_epsilon(x: Array) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import math
 import operator
 import sys
 from typing import Any
@@ -149,6 +150,22 @@ def stochastic_bfloat16(x: Array, t: Any) -> Array:
     r = np.random.default_rng(int(t)).integers(0, 1 << 16, x.shape, dtype=np.uint32)
     bits = (np.asarray(x, np.float32).view(np.uint32) + r) & np.uint32(0xFFFF0000)
     return np.where(np.isnan(x), x, bits.view(np.float32)).astype(todtype("bfloat16"))
+
+
+def quantise(a: Array, block: int, code: tuple) -> tuple:
+    flat = np.asarray(a, np.float32).reshape(-1)
+    blocks = np.pad(flat, (0, -flat.size % block)).reshape(-1, block)
+    scale = np.abs(blocks).max(axis=1)
+    norm = blocks / np.where(scale == 0, 1, scale)[:, None]
+    c = common.coding(code)
+    near = c.table[norm.view(np.uint32) >> 16]
+    near += norm > c.mids[near]
+    return near.astype(np.uint8), scale
+
+
+def dequantise(codes: Array, scale: Array, code: tuple, shape: tuple, dtype: Any) -> Array:
+    values = common.coding(code).code[codes] * scale[:, None]
+    return values.reshape(-1)[:math.prod(shape)].reshape(shape).astype(todtype(dtype))
 
 
 def machine_epsilon(x: Array) -> float:

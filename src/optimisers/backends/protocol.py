@@ -119,6 +119,12 @@ class Backend(Protocol):
     # ``x`` (float32) in bfloat16, rounded up or down at random in proportion to the distance
     # to each (unbiased): the library's own generator, seeded by the step ``t``.
     def stochastic_bfloat16(self, x: Array, t: Any) -> Array: ...
+    # ``a`` in blocks of ``block`` (the last padded with zeros): ``(codes, scale)``, each
+    # element's nearest value of ``code`` (sorted, in [-1, 1]) over its block's largest
+    # magnitude as uint8 ``(blocks, block)``, and those magnitudes (float32); and back.
+    def quantise(self, a: Array, block: int, code: tuple) -> tuple: ...
+    def dequantise(self, codes: Array, scale: Array, code: tuple, shape: tuple,
+                   dtype: Any) -> Array: ...
 
     # --- written once over the primitives (common.py): ``|g|^2``, real for complex ``g``;
     # ``g`` clamped to ``[lo, hi]``, complex parts each; the ``p``-norm of all of ``g``.

@@ -58,6 +58,29 @@ def stochastic_bfloat16(x: Array, t: Any) -> Array:
     return torch.where(x.isnan(), x, bits.view(torch.float32)).to(torch.bfloat16)
 
 
+def quantise(a: Array, block: int, code: tuple) -> tuple:
+    flat = a.detach().reshape(-1).float()
+    blocks = torch.nn.functional.pad(flat, (0, -flat.numel() % block)).view(-1, block)
+    scale = blocks.abs().amax(dim=1)
+    norm = blocks / torch.where(scale == 0, 1.0, scale)[:, None]
+    values, mids, table = _coding(code, a.device)
+    near = table.index_select(0, ((norm.view(torch.int32) >> 16) & 0xFFFF).view(-1))
+    near += norm.view(-1) > mids.index_select(0, near)  # (index_select: int32 indices)
+    return near.to(torch.uint8).view(norm.shape), scale
+
+
+def dequantise(codes: Array, scale: Array, code: tuple, shape: tuple, dtype: Any) -> Array:
+    values = _coding(code, codes.device)[0].index_select(0, codes.view(-1).int())
+    values = values.view(codes.shape) * scale[:, None]
+    return values.view(-1)[:math.prod(shape)].view(shape).to(todtype(dtype))
+
+
+@functools.cache
+def _coding(code: tuple, device: Any) -> tuple:
+    """:func:`common.coding` as tensors on ``device``."""
+    return tuple(torch.from_numpy(a).to(device) for a in common.coding(code))
+
+
 def isfloating(x: Array) -> bool:
     return x.is_floating_point() or x.is_complex()
 
