@@ -214,7 +214,7 @@ def test_stochastic_rounding_is_unbiased(lib):
 @pytest.mark.parametrize("lib", ["torch", "jax"])
 def test_a_bfloat16_run_with_stochastic_rounding_tracks_float32(lib):
     """Steps of 1e-4 on bfloat16 weights at 1.0 (spacing 2^-7): rounded to nearest they
-    never move; with ``stochastic=True`` and no master copy they follow the float32 run
+    never move; with ``StochasticRounding`` and no master copy they follow the float32 run
     (under jit on JAX)."""
     def run(rule, dtype=None):
         w = np.ones(4000, np.float32)
@@ -230,14 +230,14 @@ def test_a_bfloat16_run_with_stochastic_rounding_tracks_float32(lib):
 
     full = run(O.Descent(1e-4), np.float32)
     assert run(O.Descent(1e-4)) == 1.0  # stalled
-    assert abs(run(O.MixedPrecision(O.Descent(1e-4), stochastic=True)) - full) < 1e-3
+    assert abs(run(O.StochasticRounding(O.Descent(1e-4))) - full) < 1e-3
     assert abs(full - 0.97) < 1e-5
 
 
 def test_stochastic_rounding_resumes_bit_for_bit(tmp_path):
     """The generator is seeded by the step count kept in the state: a run saved and loaded
     half-way ends where the run without the break ends."""
-    rule = O.MixedPrecision(O.LowPrecision(O.AdamW(1e-3, lambd=0.1)), stochastic=True)
+    rule = O.StochasticRounding(O.LowPrecision(O.AdamW(1e-3, lambd=0.1)))
     rng = np.random.default_rng(5)
     w = rng.standard_normal((16, 8)).astype(np.float32)
     grads = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(6)]
@@ -258,9 +258,9 @@ def test_stochastic_rounding_resumes_bit_for_bit(tmp_path):
 
 
 def test_stochastic_rounding_refuses_a_parameter_that_is_not_bfloat16():
-    with pytest.raises(ValueError, match="at w: MixedPrecision.stochastic=True. rounds to "
-                                         "bfloat16; this parameter is float32"):
-        O.setup(O.MixedPrecision(O.Adam(), stochastic=True), {"w": np.ones(3, np.float32)})
+    with pytest.raises(ValueError, match="at w: StochasticRounding rounds to bfloat16; this "
+                                         "parameter is float32"):
+        O.setup(O.StochasticRounding(O.Adam()), {"w": np.ones(3, np.float32)})
 
 
 # --- 8-bit blockwise state (issue 29, item 2) -------------------------------------------------

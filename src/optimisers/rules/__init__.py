@@ -29,12 +29,12 @@ from optimisers.rules.descent import (
     WeightDecay,
 )
 from optimisers.rules.layerwise import LAMB, LARS, Adafactor, Muon
-from optimisers.rules.lowprecision import LowPrecision, Quantised
+from optimisers.rules.lowprecision import LowPrecision, Quantised, StochasticRounding
 from optimisers.rules.tree import ClipGlobalNorm, SkipNonFinite, TreeRule
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Rprop", "Adam", "RAdam",
            "AdaMax", "OAdam", "AdaGrad", "AdaDelta", "AMSGrad", "NAdam", "AdamW", "AdaBelief",
            "Lion", "WeightDecay", "SignDecay", "ClipGrad", "ClipNorm", "OptimiserChain",
-           "AccumGrad", "MixedPrecision", "LowPrecision", "Quantised", "EMA", "NewValue", "RULES",
-           "call", "ngrads", "TreeRule", "ClipGlobalNorm", "SkipNonFinite", "ADOPT", "LAMB",
-           "LARS", "ScheduleFreeAdamW", "Muon", "Adafactor"]
+           "AccumGrad", "MixedPrecision", "LowPrecision", "Quantised", "StochasticRounding", "EMA",
+           "NewValue", "RULES", "call", "ngrads", "TreeRule", "ClipGlobalNorm", "SkipNonFinite",
+           "ADOPT", "LAMB", "LARS", "ScheduleFreeAdamW", "Muon", "Adafactor"]

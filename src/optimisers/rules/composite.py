@@ -136,19 +136,12 @@ class AccumGrad(Rule):
 
 @dataclass(frozen=True)
 class MixedPrecision(Rule):
-    """MixedPrecision(rule, dtype=float32, stochastic=False): train a low-precision
-    parameter through a higher-precision master copy, or (``stochastic``) none.
+    """MixedPrecision(rule, dtype=float32): train a low-precision parameter through a
+    higher-precision master copy.
 
     The state is ``(xT, rule_state)``: ``rule`` steps ``xT`` (in ``dtype``; complex of that
     precision for a complex parameter), and the parameter becomes ``xT`` rounded to its own
     dtype (a :class:`NewValue`). Outermost only: wrap a chain, never put it inside one.
-
-    ``stochastic=True`` (a bfloat16 parameter): no master copy, the state is ``(t,
-    rule_state)``; ``rule`` steps the parameter read in ``dtype``, and the result is rounded
-    to bfloat16 up or down at random, in proportion to the distance to each (unbiased:
-    steps below bfloat16's spacing still move it on average), the bits from the array
-    library's generator seeded by the step count ``t`` (a resumed run repeats them).
-    Zamirai et al. 2020; torchao's ``bf16_stochastic_round``.
 
     Example:
         >>> rule, x = MixedPrecision(Descent(1e-4)), np.ones(1, np.float16)
@@ -161,7 +154,6 @@ class MixedPrecision(Rule):
 
     rule: Rule = hyperparameter(default_factory=Descent, kind="rule")
     dtype: Any = hyperparameter(np.float32, kind="dtype")
-    stochastic: bool = hyperparameter(False, kind="flag")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -171,57 +163,43 @@ class MixedPrecision(Rule):
 
     def __repr__(self) -> str:
         """The dtype by its name, so that the text is code that makes this rule again."""
-        more = ", stochastic=True" if self.stochastic else ""
-        return f"MixedPrecision(rule={self.rule!r}, dtype={dtype_name(self.dtype)!r}{more})"
+        return f"MixedPrecision(rule={self.rule!r}, dtype={dtype_name(self.dtype)!r})"
 
     def raises(self) -> bool:
         return self.rule.raises()
 
-    def refuses(self, x: Any) -> str | None:
-        if self.stochastic and backends.of(x).dtype_name(x) != "bfloat16":
-            return (f"MixedPrecision(stochastic=True) rounds to bfloat16; this parameter is "
-                    f"{backends.of(x).dtype_name(x)}: give it stochastic=False")
-        return super().refuses(x)
-
     def init(self, x):
         xT = backends.of(x).astype(x, self.dtype)
-        return 0 if self.stochastic else xT, self.rule.init(xT)
+        return xT, self.rule.init(xT)
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
         """The master copy's shape against ``x``'s (its dtype is its own), then the rule's test."""
-        master, need = self._master(state, x), tuple(x.shape)
+        master, need = state[0], tuple(x.shape)
         if tuple(master.shape) != need:
             return tuple(master.shape), need
         return self.rule.misfit(state[1], master)
-
-    def _master(self, state: Any, x: Any) -> Any:
-        """What ``rule`` steps: the master copy, or (``stochastic``) ``x`` read in ``dtype``."""
-        if not self.stochastic:
-            return state[0]
-        return None if x is None else backends.of(x).astype(x, self.dtype)
 
     def stepped(self, state: Any) -> Any:
         return self.rule.stepped(state[1])
 
     def held(self, state: Any, x: Any, dx: Any) -> tuple:
         """``(state, x, dx)`` as the rule it runs sees them: its state, the master copy, ``dx``."""
-        xT, st = self._master(state, x), state[1]
+        xT, st = state
         return st, xT, dx if dx is None else backends.of(xT).cast(dx, xT)
 
     def apply(self, state, x, dx, *higher):
         xp = backends.of(x)
-        xT, st = self._master(state, x), state[1]
+        xT, st = state
         st, d = call(self.rule, st, xT, tuple(xp.cast(g, xT) for g in (dx, *higher)))
         if d is None:
-            return (state[0], st), None
+            return (xT, st), None
         xT = xp.subtract(xT, d, inplace=True)
-        if self.stochastic:
-            return (state[0] + 1, st), NewValue(xp.stochastic_bfloat16(xT, state[0]))
         return (xT, st), NewValue(xp.astype(xT, x.dtype))  # a copy, never xT itself
 
     def averaged(self, state: Any, x: Any) -> Any:
         """The inner rule's point to evaluate at, in ``x``'s dtype."""
-        found = self.rule.averaged(state[1], self._master(state, x))
+        xT, st = state
+        found = self.rule.averaged(st, xT)
         return None if found is None else backends.of(x).astype(found, x.dtype)
 
 
