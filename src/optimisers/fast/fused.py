@@ -501,6 +501,8 @@ def pack(leaves: list) -> None:
         if len(members) < MIN_GROUP:
             continue
         xp = backends.of(members[0][1][0])
-        views = [xp.packed(parts) for parts in zip(*(arrays for _, arrays in members))]
-        for i, (leaf, _) in enumerate(members):
-            leaf.state = _fill(sig, iter(v[i] for v in views))
+        for k in range(len(members[0][1])):  # a slot at a time, each Leaf's old array let
+            views = xp.packed(tuple(arrays[k] for _, arrays in members))  # go at once: at
+            for (leaf, arrays), view in zip(members, views):  # most one slot's arrays
+                arrays[k] = view  # held twice
+                leaf.state = _fill(sig, iter(arrays))
