@@ -15,7 +15,8 @@ import numpy as np
 
 from optimisers.backends.registry import istraced
 
-__all__ = ["FLOAT16_EPS", "abs2", "clip", "norm", "eps", "mapstate", "Coding", "coding"]
+__all__ = ["FLOAT16_EPS", "abs2", "clip", "norm", "eps", "mapstate", "Coding", "coding",
+           "ignoring_out"]
 
 FLOAT16_EPS = 1e-7
 """The smallest non-zero epsilon in float16 (Adam's 1e-8 would round to zero there)."""
@@ -118,3 +119,13 @@ def coding(code: tuple) -> Coding:
     if (inside[np.isfinite(low) & np.isfinite(high)] > 1).any():
         raise ValueError("coding: two values of the code lie within one bfloat16 step")
     return Coding(values, mids, np.minimum(table, len(values) - 1).astype(np.int32))
+
+
+def ignoring_out(f: Callable) -> Callable:
+    """ignoring_out(f) -> ``f`` taking and ignoring ``out`` (where no array is written into).
+
+    Example:
+        >>> ignoring_out(abs)(-2, out=None)
+        2
+    """
+    return lambda *args, out=None: f(*args)

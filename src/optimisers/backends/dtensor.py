@@ -30,8 +30,7 @@ def __getattr__(name: str) -> Any:
 
 
 def local(t: Any) -> Any:
-    """local(t) -> the part of the ``DTensor`` ``t`` this process holds, sharing its memory
-    (read without autograd); ``t`` itself when it is a plain tensor."""
+    """local(t) -> this process's part of the ``DTensor`` ``t`` (its memory), or a plain ``t``."""
     if not isinstance(t, DTensor):
         return t
     with torch.no_grad():
@@ -72,8 +71,7 @@ def _replicated(v: torch.Tensor, x: Array) -> DTensor:
 
 
 def cast(x: Any, like: Array) -> Array:
-    """``x`` (a ``DTensor``, or a value every process holds alike) as a ``DTensor`` of
-    ``like``'s dtype and placements."""
+    """``x`` (a ``DTensor``, or a value all processes hold) as ``like``'s dtype and placements."""
     if isinstance(x, DTensor):
         return x if x.dtype == like.dtype else x.to(like.dtype)
     whole = _torch.cast(x, local(like))
@@ -85,13 +83,9 @@ def like(y: Any, x: Array) -> Array:
     return _torch.like(y if isinstance(y, DTensor) else dressed(y, x), x)
 
 
-def _without_out(f: Callable) -> Callable[..., Array]:
-    """``f`` ignoring ``out`` (sharding propagation refuses some)."""
-    return lambda *args, out=None: f(*args)
-
-
-sqrt, rsqrt, divide, multiply = map(_without_out, (torch.sqrt, torch.rsqrt, torch.div, torch.mul))
-maximum = _without_out(_torch.maximum)
+# ``out`` ignored: sharding propagation refuses some
+sqrt, rsqrt, divide, multiply, maximum = map(common.ignoring_out, (
+    torch.sqrt, torch.rsqrt, torch.div, torch.mul, _torch.maximum))
 
 
 def allfinite(g: Array) -> Array:
@@ -100,9 +94,8 @@ def allfinite(g: Array) -> Array:
 
 
 def _extreme(a: Array, op: str) -> Any:
-    """The largest or smallest element, a ``DTensor`` replicated over ``a``'s mesh: each shard
-    reduced alone (DTensor's own reduction fails on a process holding none of ``a``; the
-    torch backend's gives 0 or ``inf`` for none: identities for ``|g|``)."""
+    """The largest or smallest element, replicated: each shard reduced alone (DTensor's own
+    reduction fails on a process holding none of ``a``)."""
     reduce = getattr(_torch, "a" + op)
     if not a.numel():
         return reduce(a)
@@ -114,7 +107,7 @@ def _extreme(a: Array, op: str) -> Any:
 amax, amin = functools.partial(_extreme, op="max"), functools.partial(_extreme, op="min")
 
 
-# written once over the primitives (common.py), bound to this module: its amax and hyper
+# written once over the primitives (common.py)
 _SELF = sys.modules[__name__]
 abs2 = functools.partial(common.abs2, _SELF)
 clip = functools.partial(common.clip, _SELF)
@@ -153,13 +146,11 @@ def gradtype(x: Array) -> type:
 
 
 def size(x: Array) -> int:
-    """The number of elements of the whole array (a rule's RMS divides by it)."""
-    return int(x.numel())
+    return int(x.numel())  # the whole array's (a rule's RMS divides by it)
 
 
 def nbytes(x: Array) -> int:
-    """The bytes of the elements this process holds: what the state costs each rank."""
-    return _torch.nbytes(local(x))
+    return _torch.nbytes(local(x))  # this process's: what the state costs each rank
 
 
 # --- fused groups: the torch backend's, on the local shards ---------------------------------
@@ -173,7 +164,6 @@ def device(x: Array) -> torch.device:
 
 
 def _on_shards(f: Callable) -> Callable:
-    """The torch backend's ``f`` of a list of arrays, on their local shards."""
     return lambda xs: f(list(map(local, xs)))
 
 
@@ -217,9 +207,8 @@ def copier() -> Callable[[Any], Any]:
 
 
 def gathered(apply: Callable, state: Any, x: Array, *grads: Array) -> tuple[Any, Any]:
-    """gathered(apply, state, x, *grads) -> ``apply`` on whole arrays (each ``DTensor``
-    gathered), each process keeping its part of the results, placed as ``x`` (another
-    shape: replicated)."""
+    """gathered(apply, state, x, *grads) -> ``apply`` on gathered arrays, each process keeping
+    its part of the results, placed as ``x`` (another shape: replicated)."""
     def placed(v: Any) -> Any:
         if isinstance(v, NewValue):
             return type(v)(placed(v.value))

@@ -25,9 +25,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.numpy import abs, conj, minimum, real, sign, where  # noqa: F401
+from jax.numpy import abs, conj, cos, minimum, real, sign, where  # noqa: F401
 
 from optimisers.backends import common, sharding
+from optimisers.backends import numpy as _numpy
 
 Array = jax.Array
 
@@ -43,16 +44,27 @@ def isfloating(x: Array) -> bool:
     return bool(jnp.issubdtype(x.dtype, jnp.inexact))
 
 
-def iscomplex(x: Array) -> bool:
-    return jnp.iscomplexobj(x)
-
-
 def ishalf(x: Array) -> bool:
     return _real(x.dtype) == jnp.float16
 
 
 def maywrite(x: Array) -> bool:
     return False
+
+
+# protocol functions that are JAX's own; ``out`` ignored: an immutable array is never written
+iscomplex = jnp.iscomplexobj
+clamp = jnp.clip
+complex_from = jax.lax.complex
+amax = functools.partial(jnp.max, initial=0)
+amin = functools.partial(jnp.min, initial=np.inf)
+transpose = functools.partial(jnp.swapaxes, axis1=-1, axis2=-2)
+mean = functools.partial(jnp.mean, keepdims=True)
+sqrt, rsqrt, maximum, divide, multiply = map(common.ignoring_out, (
+    jnp.sqrt, jax.lax.rsqrt, jnp.maximum, jnp.divide, jnp.multiply))
+# as NumPy's: dtype names, host copies, parameters unmarked (only PyTorch marks them)
+dtype_name, dtype_name_of, host = _numpy.dtype_name, _numpy.dtype_name_of, _numpy.host
+gradtype, like = _numpy.gradtype, _numpy.like
 
 
 def hyper(x: Array, *values: Any) -> tuple:
@@ -65,8 +77,7 @@ _TRACED: dict[int, tuple] = {}  # id(v): (v weakly, its complement)
 
 
 def remember(v: Any, c: Any) -> None:
-    """remember(v, c): ``c`` is the precise ``1 - v`` of the traced number ``v`` (a rule's
-    number under ``jit``: it travels beside it), as long as ``v`` lives.
+    """remember(v, c): ``c`` is the precise ``1 - v`` of the traced number ``v``, while it lives.
 
     Example:
         >>> v = jnp.asarray(0.999); remember(v, 0.001); complement(v)
@@ -82,8 +93,7 @@ def _traced(v: Any) -> tuple | None:
 
 
 def complement(v: Any) -> Any:
-    """``1 - v``: in float64 for a Python number, the remembered complement of a traced
-    number, else computed in ``v``'s dtype."""
+    """``1 - v``: in float64 for a Python number; a traced one's remembered complement."""
     if type(v) is float:
         return 1.0 - v
     kept = _traced(v)
@@ -91,22 +101,11 @@ def complement(v: Any) -> Any:
 
 
 def zeros_like(x: Array, real_: bool = False) -> Array:
-    """Zeros shaped and placed as ``x`` (a sharded ``x``: sharded as it is)."""
     return jnp.zeros_like(x, _real(x.dtype) if real_ else x.dtype)
 
 
 def full_like(x: Array, value: Any, real_: bool = False) -> Array:
-    """``value`` everywhere, shaped and placed as ``x``."""
     return jnp.full_like(x, value, _real(x.dtype) if real_ else x.dtype)
-
-
-def complex_from(re: Array, im: Array) -> Array:
-    """The complex array ``re + i*im``, of their precision."""
-    return jax.lax.complex(re, im)
-
-
-def clamp(x: Array, lo: Any, hi: Any) -> Array:
-    return jnp.clip(x, lo, hi)
 
 
 def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
@@ -115,34 +114,6 @@ def lerp(a: Array, b: Array, w: Any, inplace: bool = False) -> Array:
 
 def scaled_sum(a: Any, x: Array, b: Any, y: Array) -> Array:
     return a * x + b * y.astype(x.dtype)
-
-
-def amax(a: Array) -> Array:
-    return jnp.max(a, initial=0)
-
-
-def amin(a: Array) -> Array:
-    return jnp.min(a, initial=np.inf)
-
-
-def sqrt(x: Array, out: Array | None = None) -> Array:
-    return jnp.sqrt(x)  # (out: an immutable array is never written)
-
-
-def rsqrt(x: Array, out: Array | None = None) -> Array:
-    return jax.lax.rsqrt(x)
-
-
-def maximum(a: Any, b: Any, out: Array | None = None) -> Array:
-    return jnp.maximum(a, b)
-
-
-def divide(a: Any, b: Any, out: Array | None = None) -> Array:
-    return jnp.divide(a, b)
-
-
-def multiply(a: Any, b: Any, out: Array | None = None) -> Array:
-    return jnp.multiply(a, b)
 
 
 def allfinite(g: Array) -> Array:
@@ -154,10 +125,6 @@ def count_nonzero(g: Array, like: Array) -> Array:
 
 
 # --- matrices (protocol.Backend: transpose, matmul, matmul_add, vector_norm, ...) ---------
-
-
-def transpose(x: Array) -> Array:
-    return jnp.swapaxes(x, -1, -2)
 
 
 def _wide(dtype: Any) -> Any:
@@ -182,14 +149,9 @@ def vector_norm(x: Array, axes: tuple) -> Array:
     return jnp.sqrt(jnp.sum(abs2(y), axis=axes, keepdims=True)).astype(_real(x.dtype))
 
 
-def mean(x: Array, axes: tuple) -> Array:
-    return jnp.mean(x, axis=axes, keepdims=True)
-
-
 def to_bfloat16(x: Array) -> Array:
-    """to_bfloat16(x) -> ``x`` rounded to bfloat16 by ``reduce_precision``, which XLA keeps
-    under ``jit``: it may otherwise carry a bfloat16 result in float32 (its "excess
-    precision") and drop the rounding that NumPy's and PyTorch's steps make.
+    """to_bfloat16(x) -> ``x`` rounded to bfloat16 by ``reduce_precision``, which ``jit``
+    keeps (a plain cast may be carried in float32, unrounded).
 
     Example:
         >>> to_bfloat16(jnp.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8]))
@@ -237,16 +199,11 @@ eps = functools.partial(common.eps, _SELF)
 
 
 def isfinite(n: Any) -> bool | None:
-    """Whether a scalar is finite; ``None`` under a trace, where it cannot be known."""
-    if isinstance(n, jax.core.Tracer):
-        return None
-    return bool(jnp.isfinite(n))
+    return None if isinstance(n, jax.core.Tracer) else bool(jnp.isfinite(n))
 
 
 def cast(x: Any, like: Array) -> Array:
-    """``x`` (a JAX or NumPy array, or a number) as a JAX array of ``like``'s dtype; an
-    array of ``like``'s shape, under ``jax.jit``, placed as ``like`` (``partition.follow``:
-    a gradient sharded as its parameter)."""
+    """``x`` as a JAX array of ``like``'s dtype; traced, sharded as ``like`` (``follow``)."""
     out = jnp.asarray(x, dtype=like.dtype)
     if type(like).__name__ == "DynamicJaxprTracer" and like.ndim and out.shape == like.shape:
         return sharding.follow(like, out)
@@ -254,8 +211,6 @@ def cast(x: Any, like: Array) -> Array:
 
 
 def astype(x: Array, dtype: Any) -> Array:
-    """``x`` in ``dtype``; a complex ``x`` in the complex dtype of ``dtype``'s precision,
-    never losing its imaginary part."""
     dt = todtype(dtype)
     if jnp.iscomplexobj(x):
         dt = jnp.promote_types(dt, jnp.complex64)
@@ -271,16 +226,13 @@ def todtype(dtype: Any) -> np.dtype:
 
 
 def copy(x: Array) -> Array:
-    """A new array equal to ``x``, in its own buffer: a state array made from the parameter
-    (``EMA``'s average) must not be the parameter's buffer, which ``jit`` may be asked to
-    donate along with the state."""
+    """A new buffer: a state made from the parameter (``EMA``'s) must not share the one
+    ``jit`` may donate."""
     return jnp.array(x, copy=True)
 
 
 def copier() -> Any:
-    """A copy function for a state tree's arrays: none is needed, JAX arrays being
-    immutable (``_same``)."""
-    return _same
+    return _same  # immutable arrays need no copy
 
 
 def _same(x: Array) -> Array:
@@ -288,37 +240,22 @@ def _same(x: Array) -> Array:
 
 
 def assign(dst: Array, value: Any) -> Array:
-    """JAX arrays are never written: ``value`` as a new array of ``dst``'s dtype."""
     return jnp.asarray(value, dtype=dst.dtype)
 
 
 def subtract(x: Array, d: Any, inplace: bool) -> Array:
-    """``x - d`` as a new array of ``x``'s dtype (``inplace`` cannot apply to JAX)."""
     return jnp.asarray(x - d, dtype=x.dtype)
-
-
-def like(y: Array, x: Array) -> Array:
-    """``y`` as a new value of the parameter ``x``: itself (only PyTorch marks parameters)."""
-    return y
 
 
 def add(a: Array, b: Array) -> Array:
     return a + b
 
 
-gradtype = type  # the type of a gradient that needs no cast for a parameter x
-
-
 def shape(x: Array) -> tuple:
     return tuple(x.shape)
 
 
-def dtype_name(x: Array) -> str:
-    return str(x.dtype)
-
-
 def isnumber(g: Array) -> bool:
-    """Whether ``g`` holds numbers (bool, integer, floating or complex)."""
     return bool(jnp.issubdtype(g.dtype, jnp.number) or g.dtype == jnp.bool_)
 
 
@@ -331,7 +268,6 @@ def nbytes(x: Array) -> int:
 
 
 def concat(arrays: list, like: list) -> Array:
-    """One flat vector of ``arrays``, in their common (promoted) dtype; differentiable."""
     if not arrays:
         return jnp.zeros(0)
     dtype = jnp.result_type(*like)
@@ -341,9 +277,7 @@ def concat(arrays: list, like: list) -> Array:
 
 
 def split(v: Array, stops: list, like: list) -> list:
-    """Consecutive segments of ``v`` ending at ``stops``, each shaped and typed like the
-    matching array in ``like``; differentiable. One ``split`` for all of them, and a
-    reshape or cast only where one is needed (each is an operation to dispatch)."""
+    """One ``split``, and a reshape or cast only where needed (each is an operation)."""
     out = []
     for seg, x in zip(jnp.split(v, stops[:-1]), like):
         if seg.shape != x.shape:
@@ -352,20 +286,6 @@ def split(v: Array, stops: list, like: list) -> list:
             seg = seg.real
         out.append(seg if seg.dtype == x.dtype else seg.astype(x.dtype))
     return out
-
-
-
-
-def host(a: Array, at: str) -> tuple[np.ndarray, str]:
-    """host(a, at) -> ``(values, dtype name)``: the array fetched from its device as
-    NumPy, for a checkpoint (bfloat16 as ml_dtypes', whose bits the checkpoint stores).
-
-    Example:
-        >>> host(jnp.ones(2), "a state")
-        (array([1., 1.], dtype=float32), 'float32')
-    """
-    arr = np.asarray(a)
-    return arr, arr.dtype.name
 
 
 def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Array:
@@ -384,24 +304,3 @@ def from_host(arr: np.ndarray, ref: Array, bits: bool, weak: bool = False) -> Ar
     if out.ndim < ref.ndim:  # a number beside a sharded array: replicated over its mesh
         return sharding.beside(ref, [jnp.asarray(out)])[0]
     return jax.device_put(out, ref.sharding)
-
-
-def dtype_name_of(v: Any) -> str:
-    """dtype_name_of(v) -> the name of a JAX scalar type.
-
-    Example:
-        >>> dtype_name_of(jnp.bfloat16)
-        'bfloat16'
-    """
-    return np.dtype(v).name
-
-
-def cos(x: Any) -> Array:
-    """cos(x) -> the cosine of each element (a schedule's half cosine); schedules also call
-    :func:`where`, :func:`minimum` and :func:`maximum`.
-
-    Example:
-        >>> cos(jnp.zeros(2))
-        Array([1., 1.], dtype=float32)
-    """
-    return jnp.cos(x)

@@ -17,12 +17,10 @@ _ROOTS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "jaxlib": "jax"}
 _LOADED: dict[str, ModuleType] = {}
 
 LIBRARIES: dict[type, str | None] = {}
-"""The answer of :func:`library` for each type met so far (``None``: not an array type), which
-a caller on every step's path reads itself: ``LIBRARIES.get(cls, ...)``."""
+""":func:`library`'s answer for each type met so far, for a step's path to read itself."""
 
 BACKENDS: dict[type, ModuleType] = {}
-"""The answer of :func:`of` for each array type met so far, as :data:`LIBRARIES` is read:
-``BACKENDS.get(type(x)) or of(x)``."""
+""":func:`of`'s answer for each array type met so far: ``BACKENDS.get(type(x)) or of(x)``."""
 
 
 def library(x: Any) -> str | None:
@@ -104,7 +102,6 @@ def nograd() -> contextlib.AbstractContextManager:
 
 
 def nograd_maker() -> Any:
-    """nograd_maker() -> ``torch.no_grad`` when PyTorch is loaded, else ``nullcontext``."""
     torch = sys.modules.get("torch")
     return torch.no_grad if torch is not None else contextlib.nullcontext
 
@@ -119,11 +116,8 @@ _SHARDED = ("dtensor",)  # backends of arrays split across processes (protocol.S
 
 
 def on_whole(apply: Callable) -> Callable:
-    """on_whole(apply) -> a rule's ``apply`` that sees whole arrays (Muon's matrices).
-
-    On arrays split across processes (``DTensor``s) everything is gathered and each
-    process keeps its own part of the results (the backend's ``gathered``); on other
-    arrays ``apply`` runs as it is.
+    """on_whole(apply) -> a rule's ``apply`` that sees whole arrays (Muon's matrices): split
+    ones (``DTensor``s) gathered, each process keeping its part (the backend's ``gathered``).
 
     Example:
         >>> class Rule:
@@ -164,11 +158,8 @@ _DTYPE_MODULES = {"torch": "torch", "jax": "jax.numpy"}  # library -> the module
 
 
 def dtype_module(lib: Any) -> ModuleType | None:
-    """dtype_module(lib) -> the module of ``lib``'s dtypes (``torch``, ``jax.numpy``) or None.
-
-    Raises:
-        LookupError: for such a library not imported yet (this imports none).
-    """
+    """dtype_module(lib) -> the module of ``lib``'s dtypes (``torch``, ``jax.numpy``) or None;
+    LookupError for one not imported yet (this imports none)."""
     name = _DTYPE_MODULES.get(lib) if isinstance(lib, str) else None
     if name is None:
         return None
@@ -225,8 +216,7 @@ def rule_defined(cls: type) -> None:
 
 
 def load_imported() -> None:
-    """Load the backends whose registrations matter before any array is seen (JAX: rules
-    and Leafs are pytrees from the start), for libraries already imported."""
+    """Load the imported libraries' backends that register before any array (JAX: pytrees)."""
     for lib in _EAGER:
         if lib in sys.modules:
             ops(lib)

@@ -211,15 +211,11 @@ class Backend:
         if self.name == "jax":
             tree, model, loss, stats = self.jitted(tree, model, x, s)
             return tree, model, float(loss), stats
-        params = trainables(model, path=True)  # the tie once, at block1.weight
-        for _, p in params:
+        for p in trainables(model):  # the tie once
             p.grad = None
         z, (mean, var) = forward(model, x, self.xp, train=True)
         (loss := logistic_loss(z, s, self.xp)).backward()  # the tie's gradient summed
-        grads: dict = {}
-        for kp, p in params:
-            grads.setdefault(kp[0], {})[kp[1]] = p.grad
-        return *update_(tree, model, grads), float(loss), (mean.detach(), var.detach())
+        return *update_(tree, model), float(loss.detach()), (mean.detach(), var.detach())
 
     def logits(self, model: MLP, x: Any) -> np.ndarray:
         return self.numpy(forward(model, x, self.xp, train=False)[0])
