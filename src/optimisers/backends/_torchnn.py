@@ -42,8 +42,7 @@ def unwrapped(m: nn.Module) -> nn.Module:
 
 
 def wrapper_name(x: Any) -> str | None:
-    """wrapper_name(x) -> the attribute the wrapper ``x`` holds its module under (left out
-    of key paths); ``None`` when ``x`` is no wrapper."""
+    """wrapper_name(x) -> the attribute a wrapper holds its module under (out of key paths)."""
     return _inner_name(type(x)) if isinstance(x, nn.Module) else None
 
 
@@ -66,8 +65,7 @@ def _child(m: nn.Module, k: str) -> Any:
 
 
 def _parameters_at(m: nn.Module, keys: tuple) -> Callable[[], tuple] | None:
-    """What ``_child`` gives at two or more ``keys``, read in one call, where all are
-    parameters of ``m`` only (a later read raises KeyError where that changed); else None."""
+    """A read of ``_child`` at two or more ``keys`` at once, where all are ``m``'s parameters."""
     params = m._parameters
     if len(keys) < 2 or not all(k in params and k not in m._modules and k not in m._buffers
                                 for k in keys):
@@ -171,8 +169,7 @@ def register_nodes() -> None:
 
 
 def hasmodule(model: Any) -> bool:
-    """hasmodule(model) -> whether ``model`` is or holds an ``nn.Module`` or a tensor that
-    requires grad (whose ``.grad`` ``update_`` may read)."""
+    """hasmodule(model) -> whether ``model`` holds an ``nn.Module`` or a tensor needing grad."""
     from optimisers.tree import children
 
     seen: set[int] = set()
@@ -189,10 +186,8 @@ def hasmodule(model: Any) -> bool:
 
 
 def module_grads(model: Any) -> Any:
-    """module_grads(model) -> the tree of ``.grad``s that ``update_(tree, model)`` reads.
-
-    ``dict``s keyed by child names; a tied parameter's gradient (summed by autograd)
-    only at its first path, ``None`` at the others."""
+    """module_grads(model) -> the ``.grad``s ``update_(tree, model)`` reads, in ``dict``s by
+    child name; a tied parameter's (summed by autograd) at its first path only."""
     from optimisers.tree import children, trainable
 
     seen: set[int] = set()

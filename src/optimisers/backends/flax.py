@@ -32,8 +32,7 @@ def _kind(x: Any) -> str | None:
 
 
 def children(x: Any) -> dict:
-    """children(x) -> a Variable's ``{"value": value}``, or a module's data attributes (not
-    static ones), sorted as ``nnx.grad`` keys its ``State``."""
+    """children(x) -> a Variable's ``{"value": value}``, or a module's data attributes, sorted."""
     if _kind(x) == "variable":
         return {_VALUE: x.get_value()}
     kids = {_key(x, name): v for name, v in vars(x).items() if _isdata(x, name)}
@@ -41,8 +40,7 @@ def children(x: Any) -> dict:
 
 
 def child(x: Any, key: Any) -> Any:
-    """child(x, key) -> ``children(x)[key]`` without building the others (``getattr``
-    would warn for a Variable and fail on ``nnx.List``)."""
+    """child(x, key) -> ``children(x)[key]`` (not ``getattr``: it fails on ``nnx.List``)."""
     if _kind(x) == "variable":
         if key != _VALUE:
             raise KeyError(key)
@@ -51,7 +49,6 @@ def child(x: Any, key: Any) -> Any:
 
 
 def _isdata(x: Any, name: str) -> bool:
-    """Whether the attribute ``name`` of the nnx object ``x`` holds data (not static)."""
     if name.startswith("_pytree__"):
         return False  # (Module(pytree=False): every other attribute counts)
     return not type(x)._pytree__is_pytree or bool(vars(x)["_pytree__nodes"].get(name, False))
@@ -62,9 +59,8 @@ def _key(x: Any, name: str) -> Any:
 
 
 def rebuild(x: Any, new_children: Mapping) -> Any:
-    """rebuild(x, new_children) -> a copy of the Variable ``x`` with its metadata, or of the
-    module ``x`` without running ``__init__``, with a fresh nnx state (as ``jax.tree.unflatten``
-    makes it); ``x`` untouched."""
+    """rebuild(x, new_children) -> a copy of ``x`` (a module's without ``__init__``, with a
+    fresh nnx state, as ``jax.tree.unflatten`` makes it)."""
     if _kind(x) == "variable":
         return x.copy(new_children[_VALUE]) if new_children else x
     y = copy.copy(x)  # its __dict__ copied, without nnx's __setattr__ or __init__
@@ -76,8 +72,7 @@ def rebuild(x: Any, new_children: Mapping) -> Any:
 
 
 def assign(x: Any, new_children: Mapping) -> bool:
-    """assign(x, new_children) -> True when ``x`` is a Variable, now holding the new value;
-    ``False`` (nothing done) for a module."""
+    """assign(x, new_children) -> whether ``x`` is a Variable (then holding the new value)."""
     if _kind(x) != "variable":
         return False
     if new_children:
@@ -86,8 +81,7 @@ def assign(x: Any, new_children: Mapping) -> bool:
 
 
 def trainable(x: Any, kids: dict) -> tuple | None:
-    """trainable(x, kids) -> the trainable keys of a flax node (``None`` for another): a
-    Variable's value when it is an ``nnx.Param``; a module's children but bare arrays."""
+    """trainable(x, kids) -> an ``nnx.Param``'s value, a module's children but bare arrays."""
     kind = _kind(x)
     if kind == "variable":
         return (_VALUE,) if isinstance(x, sys.modules["flax.nnx"].Param) else ()
@@ -99,8 +93,7 @@ def trainable(x: Any, kids: dict) -> tuple | None:
 
 
 def check_trainable(x: Any, kids: dict) -> None:
-    """check_trainable(x, kids): a ``UserWarning`` for a linen ``variables`` dict (``params``
-    next to ``batch_stats``), which would train the batch statistics too."""
+    """check_trainable(x, kids): warn of a linen ``variables`` dict (its batch_stats trained)."""
     found = [c for c in _LINEN_STATE if c in kids]
     if isinstance(x, Mapping) and "params" in kids and found:
         warnings.warn(f"this looks like a flax.linen variables dict (collections 'params' and "
@@ -110,8 +103,7 @@ def check_trainable(x: Any, kids: dict) -> None:
 
 
 def register_nodes() -> None:
-    """register_nodes(): nnx's Modules and Variables as nodes of the tree protocol, once
-    ``flax.nnx`` is imported."""
+    """register_nodes(): nnx's Modules and Variables as nodes, once ``flax.nnx`` is imported."""
     nnx = sys.modules.get("flax.nnx")
     if nnx is not None:
         _register(nnx)

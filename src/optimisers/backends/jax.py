@@ -1,17 +1,10 @@
-"""JAX arrays: the same function set as the NumPy backend.
+"""JAX arrays (``protocol.Backend``), never written in place; hyper-parameters are 0-d arrays
+of the array's real dtype, so that a traced one never promotes a float16 or bfloat16 step.
 
-JAX arrays are never written in place: ``assign`` and ``subtract`` return new arrays.
-Hyper-parameters are converted with ``jnp.asarray(v, dtype)`` into the array's real
-dtype, so that a hyper-parameter traced under ``jax.jit`` (a float32 value) never promotes
-a float16 or bfloat16 computation.
-
-What concerns this package's own types (``Leaf``, rules, schedules as JAX pytrees, and
-``fuse``) lives above ``backends/``, in ``fast/jaxtree.py``: the registry imports it once
-this module is loaded (``registry.extend``, ``registry.extension``).
-
-There are no concatenating group functions here (``flatcat`` and the rest, see
-``fast/fused.py``), on purpose: splitting a concatenation back into per-array outputs costs
-XLA one compiled kernel per distinct slice, and so compile time (benchmarks/README.md).
+This package's own types as pytrees, and ``fuse``, live in ``fast/jaxtree.py``, imported
+once this module is (``registry.extend``). No concatenating group functions, on purpose:
+splitting a concatenation costs XLA a kernel per distinct slice, so compile time
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -87,17 +80,12 @@ def remember(v: Any, c: Any) -> None:
     _TRACED[key] = (weakref.ref(v, lambda _, t=_TRACED: t.pop(key, None)), c)
 
 
-def _traced(v: Any) -> tuple | None:
-    kept = _TRACED.get(id(v))
-    return kept if kept is not None and kept[0]() is v else None
-
-
 def complement(v: Any) -> Any:
     """``1 - v``: in float64 for a Python number; a traced one's remembered complement."""
     if type(v) is float:
         return 1.0 - v
-    kept = _traced(v)
-    return 1 - v if kept is None or kept[1] is None else kept[1]
+    kept = _TRACED.get(id(v))
+    return kept[1] if kept is not None and kept[0]() is v and kept[1] is not None else 1 - v
 
 
 def zeros_like(x: Array, real_: bool = False) -> Array:

@@ -123,7 +123,6 @@ def matmul(a: Array, b: Array) -> Array:
 
 
 def matmul_add(c: Array, a: Array, b: Array, beta: Any, alpha: Any) -> Array:
-    """``beta*c + alpha*(a @ b)`` in float32 at least, rounded once to ``c``'s dtype."""
     w = _wide(c)
     beta, alpha = hyper(w, beta, alpha)
     return (beta * w + alpha * np.matmul(_wide(a), _wide(b))).astype(c.dtype, copy=False)
@@ -173,7 +172,6 @@ def machine_epsilon(x: Array) -> float:
 
 
 def abs2(g: Array) -> Array:
-    """``|g|^2``, real for a complex ``g`` (``g * conj(g)``'s real part)."""
     return (g * g.conj()).real if g.dtype.kind == "c" else g * g
 
 

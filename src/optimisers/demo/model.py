@@ -182,7 +182,7 @@ class Backend:
              "jax": ("JAX", "gradients by jax.grad, each step under jax.jit")}
 
     def __init__(self, name: str = "numpy") -> None:
-        self.name, (self.library, self.how), self.xp, self.threads = name, self.KINDS[name], np, 0
+        self.name, self.how, self.xp, self.threads = name, self.KINDS[name][1], np, 0
         if name == "torch":
             import torch
 
