@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.numpy import abs, conj, cos, minimum, real, sign, where  # noqa: F401
+from jax.numpy import abs, cos, minimum, sign, where  # noqa: F401
 
 from optimisers.backends import common, sharding
 from optimisers.backends import numpy as _numpy

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 import numpy as np
-from numpy import abs, conj, cos, minimum, real, sign, where  # noqa: F401
+from numpy import abs, cos, minimum, sign, where  # noqa: F401
 from numpy import clip as clamp  # noqa: F401
 
 from optimisers.backends import common
