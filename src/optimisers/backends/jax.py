@@ -55,9 +55,10 @@ transpose = functools.partial(jnp.swapaxes, axis1=-1, axis2=-2)
 mean = functools.partial(jnp.mean, keepdims=True)
 sqrt, rsqrt, maximum, divide, multiply = map(common.ignoring_out, (
     jnp.sqrt, jax.lax.rsqrt, jnp.maximum, jnp.divide, jnp.multiply))
-# as NumPy's: dtype names, host copies, parameters unmarked (only PyTorch marks them)
+# as NumPy's: shapes and sizes, dtype names, host copies, parameters unmarked
+shape, size, nbytes = _numpy.shape, _numpy.size, _numpy.nbytes
 dtype_name, dtype_name_of, host = _numpy.dtype_name, _numpy.dtype_name_of, _numpy.host
-gradtype, like = _numpy.gradtype, _numpy.like
+gradtype, like = _numpy.gradtype, _numpy.like  # (only PyTorch marks parameters)
 
 
 def hyper(x: Array, *values: Any) -> tuple:
@@ -239,20 +240,8 @@ def add(a: Array, b: Array) -> Array:
     return a + b
 
 
-def shape(x: Array) -> tuple:
-    return tuple(x.shape)
-
-
 def isnumber(g: Array) -> bool:
     return bool(jnp.issubdtype(g.dtype, jnp.number) or g.dtype == jnp.bool_)
-
-
-def size(x: Array) -> int:
-    return int(x.size)
-
-
-def nbytes(x: Array) -> int:
-    return int(x.size * x.dtype.itemsize)
 
 
 def concat(arrays: list, like: list) -> Array:
