@@ -102,6 +102,7 @@ def nograd() -> contextlib.AbstractContextManager:
 
 
 def nograd_maker() -> Any:
+    """nograd_maker() -> ``torch.no_grad`` when PyTorch is loaded, else ``nullcontext``."""
     torch = sys.modules.get("torch")
     return torch.no_grad if torch is not None else contextlib.nullcontext
 
