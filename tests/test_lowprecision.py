@@ -360,3 +360,16 @@ def test_8bit_state_under_jit_saved_and_loaded(tmp_path):
     O.update_(tn, m1, g)
     O.update_(back, m2, g)
     np.testing.assert_array_equal(m1["w"], m2["w"])
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_a_0d_parameters_narrow_state_saves_and_loads(lib, tmp_path):
+    """A 0-d parameter's bfloat16 state (stored as its bits, a dtype NumPy lacks) keeps its
+    shape through save/load (it came back 1-d: the property test found it)."""
+    model = {"w": to(lib, np.ones((), np.float32))}
+    tree = O.setup(O.LowPrecision(O.Adam(0.05)), model)
+    tree, model = O.update(tree, model, {"w": to(lib, np.ones((), np.float32))})
+    O.save(tmp_path / "c", tree)
+    back = O.load(tmp_path / "c", tree)
+    for a, b in zip(arrays_of(back["w"].state) or back["w"].state[:2], tree["w"].state[:2]):
+        assert tuple(a.shape) == () and host(a) == host(b)

@@ -158,7 +158,7 @@ class Writer:
                     and size in BITS and name.isidentifier()):
                 raise TypeError(f"cannot save {where} at {kp!r}: an array of dtype {name}; a "
                                 f"checkpoint holds bool, integer, floating and complex ones")
-            arr = np.ascontiguousarray(arr).view(BITS[size])
+            arr = np.ascontiguousarray(arr).reshape(arr.shape).view(BITS[size])  # (0-d too)
             rec["bits"] = arr.dtype.name
         if isinstance(a, np.generic):
             rec["scalar"] = True
