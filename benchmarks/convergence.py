@@ -49,13 +49,6 @@ def rules(min_size: int = 4096) -> dict[str, Any]:
             "8-bit": lambda eta: O.Quantised(O.AdamW(eta, lambd=LAMBD), min_size=min_size)}
 
 
-def nbytes(a: Any) -> int:
-    """The bytes an array of any library holds."""
-    if hasattr(a, "element_size"):  # torch
-        return a.numel() * a.element_size()
-    return int(np.asarray(a).nbytes) if not hasattr(a, "nbytes") else int(a.nbytes)
-
-
 def state_bytes(tree: Any) -> int:
     """The bytes of every array in the state tree's Leafs (a tied Leaf once)."""
     seen: set[int] = set()
@@ -72,7 +65,7 @@ def state_bytes(tree: Any) -> int:
             return sum(walk(v) for v in node)
         if hasattr(node, "__dataclass_fields__"):
             return sum(walk(getattr(node, f)) for f in node.__dataclass_fields__)
-        return nbytes(node) if hasattr(node, "shape") else 0
+        return int(node.nbytes) if hasattr(node, "shape") else 0
 
     return walk(tree)
 
@@ -245,7 +238,7 @@ def torchao_bytes(opt: Any) -> int:
             for a in parts:
                 if a.untyped_storage().data_ptr() not in seen:
                     seen.add(a.untyped_storage().data_ptr())
-                    total += nbytes(a)
+                    total += a.nbytes
     return total
 
 
