@@ -731,3 +731,37 @@ def test_a_jitted_steps_tree_flattens_as_built_until_it_changes():
     tree["w"] = O.Leaf(O.Descent(0.5), None)
     assert [float(v) for v in jax.tree.leaves(tree["w"])[:2]] == [0.5, 0.5]
     assert len(jax.tree.leaves(tree)) == 3 + (9 + 3)
+
+
+@rules_param(ALL_RULES)
+def test_every_rule_steps_jitted_and_donated_over_arrays_of_two_kinds(rule):
+    """A matrix and a vector, whose Leafs of one rule may fall in two groups (Adafactor's
+    factored and plain states): the jitted, donated step runs and follows NumPy's, and
+    runs again after an adjust (each group flattens arrays of its own: JAX refuses one
+    buffer donated twice, as it did before)."""
+    _donated_steps_follow_numpy(fitting(rule), {"w": (3, 4), "v": (5,)})
+
+
+def test_quantised_blocks_and_small_arrays_step_jitted_and_donated():
+    """Quantised's blocks for a large array and plain state for a small one: two groups of
+    one rule, jitted and donated."""
+    _donated_steps_follow_numpy(O.Quantised(O.Adam(0.01)), {"w": (64, 80), "v": (5,)})
+
+
+def _donated_steps_follow_numpy(rule, shapes: dict) -> None:
+    rng = np.random.default_rng(9)
+    model = {k: normal(rng, s, np.float32) for k, s in shapes.items()}
+    grads = {k: normal(rng, s, np.float32) for k, s in shapes.items()}
+    mn = {k: v.copy() for k, v in model.items()}
+    tn = O.setup(rule, mn)
+    mj = jax.tree.map(jnp.asarray, model)
+    tj = O.setup(rule, mj)
+    step = jax.jit(O.update, donate_argnums=(0, 1))
+    for _ in range(3):
+        tn, mn = O.update_(tn, mn, grads)
+        tj, mj = step(tj, mj, jax.tree.map(jnp.asarray, grads))
+    for k in model:
+        np.testing.assert_allclose(np.asarray(mj[k]), mn[k], rtol=1e-4, atol=2e-5)
+    tj = O.adjust(tj, eta=0.01) if "eta=" in repr(rule) else tj
+    tj, mj = step(tj, mj, jax.tree.map(jnp.asarray, grads))
+    assert all(bool(jnp.isfinite(v).all()) for v in jax.tree.leaves(mj))
