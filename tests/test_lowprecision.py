@@ -373,3 +373,20 @@ def test_a_0d_parameters_narrow_state_saves_and_loads(lib, tmp_path):
     back = O.load(tmp_path / "c", tree)
     for a, b in zip(arrays_of(back["w"].state) or back["w"].state[:2], tree["w"].state[:2]):
         assert tuple(a.shape) == () and host(a) == host(b)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_8bit_state_adjusted_to_another_block(lib):
+    """``adjust(tree, block=64)`` keeps the state: the next step reads the 256-blocks back
+    (the same step as without the adjust) and stores 64-blocks; a state whose blocks do not
+    cover the parameter is still refused, naming the path."""
+    x = np.linspace(-1, 1, 300, dtype=np.float32)
+    model, g = {"w": to(lib, x)}, {"w": to(lib, np.cos(7 * x))}
+    tree = O.setup(O.Quantised(O.Adam(0.1), min_size=1), model)
+    tree, model = O.update(tree, model, g)
+    adjusted, new = O.update(O.adjust(tree, block=64), model, g)
+    assert tuple(adjusted["w"].state[0].codes.shape) == (5, 64)
+    np.testing.assert_array_equal(host(new["w"]), host(O.update(tree, model, g)[1]["w"]))
+    with pytest.raises(ValueError, match="KeyPath"):
+        O.update(adjusted, {"w": to(lib, np.ones(600, np.float32))},
+                 {"w": to(lib, np.ones(600, np.float32))})
