@@ -390,3 +390,22 @@ def test_8bit_state_adjusted_to_another_block(lib):
     with pytest.raises(ValueError, match="KeyPath"):
         O.update(adjusted, {"w": to(lib, np.ones(600, np.float32))},
                  {"w": to(lib, np.ones(600, np.float32))})
+
+
+@pytest.mark.parametrize("first", [O.SkipNonFinite(), O.AccumGrad(2)], ids=repr)
+def test_8bit_state_after_a_traced_skip_in_a_chain(first):
+    """After a rule that may not step (SkipNonFinite, AccumGrad), a jitted chain keeps the
+    Quantised state's Blocks (the old or new state chosen by ``where``): the steps equal
+    NumPy's eager ones, a NaN gradient skipped."""
+    rule = O.OptimiserChain(first, O.Quantised(O.Adam(0.1), block=16, min_size=1))
+    x = np.linspace(-1, 1, 300, dtype=np.float32)
+    grads = [np.cos(k * x) for k in range(1, 6)]
+    grads[2][3] = np.nan if isinstance(first, O.SkipNonFinite) else grads[2][3]
+    tn, mn = O.setup(rule, {"w": x.copy()}), {"w": x.copy()}
+    tj, mj = O.setup(rule, {"w": jnp.asarray(x)}), {"w": jnp.asarray(x)}
+    step = jax.jit(O.update)
+    for g in grads:
+        tn, mn = O.update_(tn, mn, {"w": g})
+        tj, mj = step(tj, mj, {"w": jnp.asarray(g)})
+    assert type(tj["w"].state[1][0]).__name__ == "Blocks"
+    np.testing.assert_allclose(np.asarray(mj["w"]), mn["w"], rtol=1e-5, atol=1e-5)

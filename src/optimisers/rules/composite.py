@@ -89,8 +89,9 @@ class OptimiserChain(Rule):
 
 def _select(xp: Any, cond: Any, new: Any, old: Any) -> Any:
     """``new`` where ``cond`` else ``old``, through the tuples of a rule's state."""
-    if isinstance(new, tuple):
-        return tuple(_select(xp, cond, a, b) for a, b in zip(new, old))
+    if isinstance(new, tuple):  # (a NamedTuple kept: Quantised's Blocks)
+        items = [_select(xp, cond, a, b) for a, b in zip(new, old)]
+        return type(new)(*items) if hasattr(new, "_fields") else tuple(items)
     return new if new is None else xp.where(cond, new, old)
 
 
