@@ -409,3 +409,19 @@ def test_8bit_state_after_a_traced_skip_in_a_chain(first):
         tj, mj = step(tj, mj, {"w": jnp.asarray(g)})
     assert type(tj["w"].state[1][0]).__name__ == "Blocks"
     np.testing.assert_allclose(np.asarray(mj["w"]), mn["w"], rtol=1e-5, atol=1e-5)
+
+
+def test_stochastic_rounding_is_refused_inside_a_chain_and_wraps_one():
+    """As MixedPrecision, StochasticRounding sets the parameter after the whole step: inside a
+    chain a later rule, or a traced skip (SkipNonFinite, AccumGrad under jit), was given its
+    new value as a step and failed; the chain refuses it, naming the way that works, which
+    steps under jit and skips a NaN gradient."""
+    with pytest.raises(ValueError, match=r"StochasticRounding\(OptimiserChain"):
+        O.OptimiserChain(O.SkipNonFinite(), O.StochasticRounding(O.Adam()))
+    rule = O.StochasticRounding(O.OptimiserChain(O.SkipNonFinite(), O.Adam(1e-3)))
+    model = {"w": jnp.ones(64, jnp.bfloat16)}
+    tree, step = O.setup(rule, model), jax.jit(O.update)
+    tree, model = step(tree, model, {"w": jnp.ones(64, jnp.bfloat16)})
+    tree, after = step(tree, model, {"w": jnp.full(64, jnp.nan, jnp.bfloat16)})
+    assert float(model["w"].astype(jnp.float32).mean()) < 1
+    np.testing.assert_array_equal(np.asarray(after["w"]), np.asarray(model["w"]))
