@@ -325,6 +325,25 @@ def test_setup_makes_numbers_arrays_once(rule):
     assert_trees_close(new, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("rule", [O.Adam(0.1), O.Adafactor()], ids=repr)
+def test_a_tree_whose_leafs_fall_into_several_groups_may_be_donated(rule):
+    """One rule's Leafs in several groups (one frozen apart, or Adafactor's states of 1-D and
+    2-D parameters) share no buffer: a jitted step donating the tree runs, as before and after
+    a jitted step, and equals the step that donates nothing."""
+    def run(donate):
+        model = {"a": jnp.ones(30), "b": jnp.ones((4, 5)), "c": jnp.ones(4)}
+        grads = jax.tree.map(lambda x: jnp.full(x.shape, 0.3), model)
+        tree = O.setup(rule, model)
+        step = jax.jit(O.update, donate_argnums=(0, 1) if donate else ())
+        for i in range(4):
+            if i in (0, 2):  # (at setup, then after a jitted step)
+                (O.freeze_ if i == 0 else O.thaw_)(tree["a"])
+            tree, model = step(tree, model, grads)
+        return model
+
+    assert_trees_close(run(True), run(False), rtol=0, atol=0)
+
+
 def test_a_group_reads_one_record():
     """The root of a JAX tree from setup flattens into one record per group of Leafs (one
     rule by value, one clock, frozen alike): the rule's numbers, then the complement 1 - b

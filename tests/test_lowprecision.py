@@ -373,3 +373,55 @@ def test_a_0d_parameters_narrow_state_saves_and_loads(lib, tmp_path):
     back = O.load(tmp_path / "c", tree)
     for a, b in zip(arrays_of(back["w"].state) or back["w"].state[:2], tree["w"].state[:2]):
         assert tuple(a.shape) == () and host(a) == host(b)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_8bit_state_adjusted_to_another_block(lib):
+    """``adjust(tree, block=64)`` keeps the state: the next step reads the 256-blocks back
+    (the same step as without the adjust) and stores 64-blocks; a state whose blocks do not
+    cover the parameter is still refused, naming the path."""
+    x = np.linspace(-1, 1, 300, dtype=np.float32)
+    model, g = {"w": to(lib, x)}, {"w": to(lib, np.cos(7 * x))}
+    tree = O.setup(O.Quantised(O.Adam(0.1), min_size=1), model)
+    tree, model = O.update(tree, model, g)
+    adjusted, new = O.update(O.adjust(tree, block=64), model, g)
+    assert tuple(adjusted["w"].state[0].codes.shape) == (5, 64)
+    np.testing.assert_array_equal(host(new["w"]), host(O.update(tree, model, g)[1]["w"]))
+    with pytest.raises(ValueError, match="KeyPath"):
+        O.update(adjusted, {"w": to(lib, np.ones(600, np.float32))},
+                 {"w": to(lib, np.ones(600, np.float32))})
+
+
+@pytest.mark.parametrize("first", [O.SkipNonFinite(), O.AccumGrad(2)], ids=repr)
+def test_8bit_state_after_a_traced_skip_in_a_chain(first):
+    """After a rule that may not step (SkipNonFinite, AccumGrad), a jitted chain keeps the
+    Quantised state's Blocks (the old or new state chosen by ``where``): the steps equal
+    NumPy's eager ones, a NaN gradient skipped."""
+    rule = O.OptimiserChain(first, O.Quantised(O.Adam(0.1), block=16, min_size=1))
+    x = np.linspace(-1, 1, 300, dtype=np.float32)
+    grads = [np.cos(k * x) for k in range(1, 6)]
+    grads[2][3] = np.nan if isinstance(first, O.SkipNonFinite) else grads[2][3]
+    tn, mn = O.setup(rule, {"w": x.copy()}), {"w": x.copy()}
+    tj, mj = O.setup(rule, {"w": jnp.asarray(x)}), {"w": jnp.asarray(x)}
+    step = jax.jit(O.update)
+    for g in grads:
+        tn, mn = O.update_(tn, mn, {"w": g})
+        tj, mj = step(tj, mj, {"w": jnp.asarray(g)})
+    assert type(tj["w"].state[1][0]).__name__ == "Blocks"
+    np.testing.assert_allclose(np.asarray(mj["w"]), mn["w"], rtol=1e-5, atol=1e-5)
+
+
+def test_stochastic_rounding_is_refused_inside_a_chain_and_wraps_one():
+    """As MixedPrecision, StochasticRounding sets the parameter after the whole step: inside a
+    chain a later rule, or a traced skip (SkipNonFinite, AccumGrad under jit), was given its
+    new value as a step and failed; the chain refuses it, naming the way that works, which
+    steps under jit and skips a NaN gradient."""
+    with pytest.raises(ValueError, match=r"StochasticRounding\(OptimiserChain"):
+        O.OptimiserChain(O.SkipNonFinite(), O.StochasticRounding(O.Adam()))
+    rule = O.StochasticRounding(O.OptimiserChain(O.SkipNonFinite(), O.Adam(1e-3)))
+    model = {"w": jnp.ones(64, jnp.bfloat16)}
+    tree, step = O.setup(rule, model), jax.jit(O.update)
+    tree, model = step(tree, model, {"w": jnp.ones(64, jnp.bfloat16)})
+    tree, after = step(tree, model, {"w": jnp.full(64, jnp.nan, jnp.bfloat16)})
+    assert float(model["w"].astype(jnp.float32).mean()) < 1
+    np.testing.assert_array_equal(np.asarray(after["w"]), np.asarray(model["w"]))

@@ -175,6 +175,20 @@ def dequantise(codes: Array, scale: Array, code: tuple, shape: tuple, dtype: Any
     return values.reshape(-1)[:math.prod(shape)].reshape(shape).astype(todtype(dtype))
 
 
+def apart(trees: list) -> list:
+    """``trees`` with a copy of each concrete array met before in them: ``jax.jit`` cannot
+    donate one buffer twice (one rule's numbers in several groups of Leafs, fast/jaxtree)."""
+    seen: set[int] = set()
+
+    def own(v: Any) -> Any:
+        met = isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer) and id(v) in seen
+        seen.add(id(v))
+        return jnp.array(v, copy=True) if met else v
+
+    ids = [id(v) for v in jax.tree.leaves(trees)]
+    return trees if len(set(ids)) == len(ids) else [jax.tree.map(own, t) for t in trees]
+
+
 def machine_epsilon(x: Array) -> float:
     return float(jnp.finfo(_real(x.dtype)).eps)
 

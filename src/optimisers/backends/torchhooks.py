@@ -34,7 +34,9 @@ def step_in_backward(tree: Any, model: Any) -> Hooks:
     Peak memory drops by about the gradients' size (``benchmarks/README.md``). The steps
     are ``update_``'s bit for bit: the same tree, rules, schedules and checkpoints; under
     :class:`~optimisers.AccumGrad` a parameter steps on every ``n``-th backward. A tied
-    tensor steps once, when its summed gradient is whole.
+    tensor steps once, when its summed gradient is whole. The hooks step ``tree``'s own
+    Leafs: change those in place (``adjust_``, ``freeze_``); a new tree (``adjust``, ``load``,
+    ``reinit``) is not stepped until its own hooks replace these.
 
     Args:
         tree: the state tree from ``setup(rule, model)``.

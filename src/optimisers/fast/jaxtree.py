@@ -532,7 +532,7 @@ def _flatten_root(tree: Any) -> tuple:
         children.append(kids)
         layout.append((group, tuple(members)))
     tree._made = made[1]
-    return children, (skeleton, tuple(layout), len(leafs))
+    return xp.apart(children), (skeleton, tuple(layout), len(leafs))
 
 
 def _flatten_root_with_keys(tree: Any) -> tuple:

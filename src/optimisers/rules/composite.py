@@ -11,6 +11,7 @@ from optimisers import backends
 from optimisers.rules.base import NewValue, Rule, call
 from optimisers.rules.descent import Descent
 from optimisers.rules.fields import dtype_name, hyperparameter
+from optimisers.rules.lowprecision import StochasticRounding
 
 __all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision", "EMA"]
 
@@ -35,7 +36,7 @@ class OptimiserChain(Rule):
         for r in rules:
             if not isinstance(r, Rule):
                 raise TypeError(f"OptimiserChain takes rules, got {type(r).__name__}")
-            if isinstance(r, (MixedPrecision, EMA)):  # they act on the parameter itself
+            if isinstance(r, (MixedPrecision, EMA, StochasticRounding)):  # on the parameter
                 raise ValueError(f"{type(r).__name__} acts on the parameter after the whole "
                                  f"step, so it cannot sit inside an OptimiserChain; wrap the "
                                  f"chain instead: {type(r).__name__}(OptimiserChain(...))")
@@ -89,8 +90,9 @@ class OptimiserChain(Rule):
 
 def _select(xp: Any, cond: Any, new: Any, old: Any) -> Any:
     """``new`` where ``cond`` else ``old``, through the tuples of a rule's state."""
-    if isinstance(new, tuple):
-        return tuple(_select(xp, cond, a, b) for a, b in zip(new, old))
+    if isinstance(new, tuple):  # (a NamedTuple kept: Quantised's Blocks)
+        items = [_select(xp, cond, a, b) for a, b in zip(new, old)]
+        return type(new)(*items) if hasattr(new, "_fields") else tuple(items)
     return new if new is None else xp.where(cond, new, old)
 
 

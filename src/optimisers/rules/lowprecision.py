@@ -195,12 +195,14 @@ class Quantised(Rule):
         return self._stored(new, x), d
 
     def misfit(self, state: Any, x: Any) -> tuple | None:
-        """Each :class:`Blocks`' shapes against ``x``'s size, then the rule's own test with
+        """Each :class:`Blocks`' shapes against ``x``'s size (in its own blocks: ``adjust``
+        may change ``block``, and the next store uses it), then the rule's own test with
         ``x`` standing for them."""
-        n = -(-backends.of(x).size(x) // self.block)
         for b in _each(state, x, None, coded=True):
-            if (tuple(b.codes.shape), tuple(b.scale.shape)) != ((n, self.block), (n,)):
-                return (tuple(b.codes.shape), tuple(b.scale.shape)), ((n, self.block), (n,))
+            block = b.codes.shape[-1] if len(b.codes.shape) == 2 else self.block
+            n = -(-backends.of(x).size(x) // block)
+            if (tuple(b.codes.shape), tuple(b.scale.shape)) != ((n, block), (n,)):
+                return (tuple(b.codes.shape), tuple(b.scale.shape)), ((n, block), (n,))
         return self.rule.misfit(_each(state, x, lambda i, b: x, coded=True), x)
 
     def stepped(self, state: Any) -> Any:
