@@ -304,14 +304,10 @@ def _complement(v: Any) -> Any:
     return xp.complement(v)
 
 
-def _record(rule: Any, state: Any, made: tuple | None, key: Any = None
-            ) -> tuple[tuple, tuple, Any]:
+def _record(rule: Any, state: Any, made: tuple | None) -> tuple[tuple, tuple, Any]:
     """``(numbers, complements, treedef)`` of a rule: its numbers as arrays (placed beside
-    ``state``'s); ``made``: the root's arrays of its last flatten and of this one, kept
-    under the group's ``key`` (each group its own: JAX must not be given one array twice,
-    which a donated call refuses)."""
-    key = ("rule", key, id(rule))
-    kept = made[0].get(key) if made is not None else None
+    ``state``'s); ``made``: the root's arrays of its last flatten and of this one."""
+    kept = made[0].get(id(rule)) if made is not None else None
     if kept is None or kept[0] is not rule:
         values, treedef = raw(rule)
         comps = [_complement(v) for v in values]
@@ -320,7 +316,7 @@ def _record(rule: Any, state: Any, made: tuple | None, key: Any = None
         numbers = tuple(next(placed) for _ in values)
         kept = (rule, numbers, tuple(c if c is None else next(placed) for c in comps), treedef)
     if made is not None:
-        made[1][key] = kept
+        made[1][id(rule)] = kept
     return kept[1:]
 
 
@@ -466,7 +462,7 @@ def _group(leafs: list, states: list, made: tuple | None, key: Any) -> tuple[tup
     if type(raw) is _Pending:
         numbers, comps, treedef = raw.numbers, raw.comps, raw.treedef
     else:
-        numbers, comps, treedef = _record(raw, first.state, made, key)
+        numbers, comps, treedef = _record(raw, first.state, made)
     clock = _arrays(first.clock, first.state, made, ("clock", key))
     counters = _arrays(states[0][2], first.state, made, ("counters", key), first.state)
     layout = (first.frozen, treedef, states[0][0], states[0][1])
