@@ -42,6 +42,7 @@ class Rule:
     elementwise = False  # each element's step depends on that element alone: fusable
     reads_x = False  # apply reads the parameter's values (else only its dtype)
     stacks = False  # apply steps a stack of like arrays (on its last axes) as each alone
+    outermost = False  # acts on the parameter after the whole step: wraps, never inside
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -11,7 +11,6 @@ from optimisers import backends
 from optimisers.rules.base import NewValue, Rule, call
 from optimisers.rules.descent import Descent
 from optimisers.rules.fields import dtype_name, hyperparameter
-from optimisers.rules.lowprecision import StochasticRounding
 
 __all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision", "EMA"]
 
@@ -36,7 +35,7 @@ class OptimiserChain(Rule):
         for r in rules:
             if not isinstance(r, Rule):
                 raise TypeError(f"OptimiserChain takes rules, got {type(r).__name__}")
-            if isinstance(r, (MixedPrecision, EMA, StochasticRounding)):  # on the parameter
+            if type(r).outermost:  # (MixedPrecision, EMA, StochasticRounding)
                 raise ValueError(f"{type(r).__name__} acts on the parameter after the whole "
                                  f"step, so it cannot sit inside an OptimiserChain; wrap the "
                                  f"chain instead: {type(r).__name__}(OptimiserChain(...))")
@@ -154,6 +153,7 @@ class MixedPrecision(Rule):
         (array([0.999], dtype=float16), array([0.999], dtype=float32))
     """
 
+    outermost = True
     rule: Rule = hyperparameter(default_factory=Descent, kind="rule")
     dtype: Any = hyperparameter(np.float32, kind="dtype")
 
@@ -223,6 +223,7 @@ class EMA(Rule):
 
     elementwise = True
     reads_x = True
+    outermost = True
     rule: Rule = hyperparameter(default_factory=Descent, kind="rule")
     decay: float = hyperparameter(0.999, "[0, 1]")
 

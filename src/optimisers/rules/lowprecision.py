@@ -42,6 +42,10 @@ class LowPrecision(Rule):
     rule: Rule = hyperparameter(default_factory=Adam, kind="rule")
     dtype: Any = hyperparameter("bfloat16", kind="dtypes")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _outermost(self)
+
     def __repr__(self) -> str:
         """Dtypes by name, so that the text is code that makes this rule again."""
         names = tuple(map(_name, self.dtype)) if type(self.dtype) is tuple else _name(self.dtype)
@@ -124,6 +128,15 @@ def _each(state: Any, x: Any, f: Any, coded: bool = False) -> Any:
     return found if f is None else out
 
 
+def _outermost(wrapper: Rule) -> None:
+    """Refuse inside ``wrapper`` a rule that acts on the parameter after the step (keeping
+    a copy of it or its average in the state, which ``wrapper`` would narrow too)."""
+    if type(wrapper.rule).outermost:
+        name, inner = type(wrapper).__name__, type(wrapper.rule).__name__
+        raise ValueError(f"{name}({inner}(...)) would narrow {inner}'s own numbers: write "
+                         f"{inner}({name}(rule)) instead")
+
+
 class Blocks(NamedTuple):
     """An array kept by :class:`Quantised`: ``codes`` (uint8, ``(blocks, block)``) index
     the code, times each block's ``scale`` (float32, its largest magnitude)."""
@@ -137,21 +150,23 @@ def dynamic_code(bits: int = 8, exponent_bits: int = 7) -> tuple[float, ...]:
     """dynamic_code() -> the 256 values of the signed dynamic-tree code, sorted, in [-1, 1]
     (Dettmers et al. 2022, 8-bit Optimizers via Block-wise Quantization): for each of
     ``exponent_bits`` decades ``10**(i - exponent_bits + 1)``, linear steps in [0.1, 1]
-    whose number doubles with each decade, both signs, and 0 and 1.
+    whose number doubles with each decade, both signs, and 0; the largest magnitudes are
+    -1 and 1, so that a block's largest element codes exactly, whatever its sign, and
+    coding what was decoded gives the same codes (a skipped step leaves the state be).
 
     Example:
         >>> code = dynamic_code()
-        >>> len(code), code[0], code[-1], min(abs(v) for v in code if v)
-        (256, -0.99296875, 1.0, 5.5e-07)
+        >>> len(code), code[0], code[1], code[-1], min(abs(v) for v in code if v)
+        (256, -1.0, -0.97890625, 1.0, 5.5e-07)
     """
-    values = {0.0, 1.0}
+    values = {0.0}
     for i in range(exponent_bits):
         n = 2 ** (i + bits - 1 - exponent_bits) + 1  # the linear steps' edges in a decade
         edges = [0.1 + 0.9 * k / (n - 1) for k in range(n)]
         for a, b in zip(edges, edges[1:]):
             v = round(10.0 ** (i - exponent_bits + 1) * (a + b) / 2, 12)
             values.update((v, -v))
-    return tuple(sorted(values))[: 2 ** bits]
+    return (-1.0, *sorted(values)[1:], 1.0)  # (the most negative made -1, and 1 added)
 
 
 @dataclass(frozen=True)
@@ -178,6 +193,10 @@ class Quantised(Rule):
     rule: Rule = hyperparameter(default_factory=Adam, kind="rule")
     block: int = hyperparameter(256, "[1, inf)", kind="whole")
     min_size: int = hyperparameter(4096, "[0, inf)", kind="whole")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _outermost(self)
 
     def raises(self) -> bool:
         return self.rule.raises()
@@ -246,8 +265,15 @@ class StochasticRounding(Rule):
         ([0.99609375, 1.0], 1)
     """
 
+    outermost = True
     rule: Rule = hyperparameter(default_factory=Adam, kind="rule")
     dtype: Any = hyperparameter("float32", kind="dtype")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if dtype_name(self.dtype) not in ("float32", "float64"):
+            raise ValueError(f"StochasticRounding's dtype is where its rule computes: "
+                             f"float32 or float64, not {dtype_name(self.dtype)}")
 
     def __repr__(self) -> str:
         """The dtype by its name, so that the text is code that makes this rule again."""
