@@ -406,8 +406,8 @@ def step_groups(entries: list, inplace: bool, known: list | None = None,
     for (kind, rule, sig, *_, write), members in fresh.items():
         alone = len(members) < MIN_GROUP  # (a group still where torch's kernel steps it:
         group = kind(rule, sig, members, write) if not alone or (  # the same numbers as in
-            write and kind is Group and backends.library(members[0][0].x) == "torch") else None
-        if group is None or alone and group.native is None:  # a group of many)
+            write and kind is Group and _native(rule, members[0][0].x)) else None  # many)
+        if group is None or alone and group.native is None:
             rest.extend(e for e, _ in members)
             continue
         _run(group, [e for e, _ in members], new, found)
@@ -418,6 +418,14 @@ def step_groups(entries: list, inplace: bool, known: list | None = None,
         for leaf, y in done:  # (advanced by the backend)
             new[id(leaf)] = y
     return rest, new, ran
+
+
+def _native(rule: Rule, x: Any) -> bool:
+    """Whether torch's Adam may step ``rule`` on ``x`` (``fast/torchadam.py``)."""
+    if backends.library(x) != "torch":
+        return False
+    from optimisers.fast import torchadam
+    return torchadam.takes(rule)
 
 
 def _run_known(known: list, entries: list, new: dict, ran: list, found: dict | None

@@ -16,7 +16,7 @@ from optimisers import backends
 from optimisers.rules import Adam, AdamW, OptimiserChain
 from optimisers.rules.tree import ClipGlobalNorm
 
-__all__ = ["native", "Native"]
+__all__ = ["native", "takes", "Native"]
 
 FLOATS = (torch.float32, torch.float64)
 FUSED = ("cpu", "cuda")  # devices where torch.optim's Adam offers fused=True
@@ -27,11 +27,8 @@ def native(rule: Any, sig: Any, xs: list, arrays: list) -> Native | None:
     """native(rule, sig, xs, arrays) -> a :class:`Native` stepping the group of tensors
     ``xs`` (state arrays ``arrays``, signature ``sig``), or ``None`` where torch's Adam
     does not compute ``rule``'s formula."""
-    clip = type(rule) is OptimiserChain and len(rule.rules) == 2 and isinstance(
-        rule.rules[0], ClipGlobalNorm) and rule.rules[0].p == 2
-    inner, x0 = rule.rules[1] if clip else rule, xs[0]
-    if not (type(inner) is Adam or type(inner) is AdamW and (inner.couple or inner.lambd == 0)
-            ) or x0.dtype not in FLOATS:
+    clip, x0 = _clipped(rule), xs[0]
+    if not takes(rule) or x0.dtype not in FLOATS:
         return None
     inner_sig = sig[1] if clip else sig
     if not isinstance(inner_sig, tuple) or len(inner_sig) != 3 or type(inner_sig[2]) not in (
@@ -41,6 +38,18 @@ def native(rule: Any, sig: Any, xs: list, arrays: list) -> Native | None:
     ) or not all(a.is_contiguous() for state in arrays for a in state):
         return None  # (torch's kernel walks each tensor's memory in order)
     return Native(clip, inner_sig[2], xs, arrays)
+
+
+def takes(rule: Any) -> bool:
+    """Whether torch's Adam computes ``rule``'s formula (Adam, AdamW decoupled or without
+    decay, alone or after ClipGlobalNorm of p = 2), whatever the tensors."""
+    inner = rule.rules[1] if _clipped(rule) else rule
+    return type(inner) is Adam or type(inner) is AdamW and (inner.couple or inner.lambd == 0)
+
+
+def _clipped(rule: Any) -> bool:
+    return type(rule) is OptimiserChain and len(rule.rules) == 2 and isinstance(
+        rule.rules[0], ClipGlobalNorm) and rule.rules[0].p == 2
 
 
 class Native:
