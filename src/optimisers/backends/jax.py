@@ -153,8 +153,9 @@ def to_bfloat16(x: Array) -> Array:
 
 def stochastic_bfloat16(x: Array, t: Any) -> Array:
     key = jax.random.fold_in(jax.random.key(0), jnp.asarray(t, jnp.uint32))
-    r = jax.random.bits(key, x.shape, jnp.uint32) >> 16
-    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) + r
+    u = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    r = (jax.random.bits(key, x.shape, jnp.uint32) ^ (u * jnp.uint32(0x9E3779B1))) >> 16
+    bits = u + r
     rounded = jax.lax.bitcast_convert_type(bits & jnp.uint32(0xFFFF0000), jnp.float32)
     return jnp.where(jnp.isnan(x), x, rounded).astype(jnp.bfloat16)
 

@@ -147,7 +147,9 @@ def to_bfloat16(x: Array) -> Array:
 
 def stochastic_bfloat16(x: Array, t: Any) -> Array:
     r = np.random.default_rng(int(t)).integers(0, 1 << 16, x.shape, dtype=np.uint32)
-    bits = (np.asarray(x, np.float32).view(np.uint32) + r) & np.uint32(0xFFFF0000)
+    u = np.asarray(x, np.float32).view(np.uint32)
+    r ^= (u * np.uint32(0x9E3779B1)) >> 16  # (r uniform: so is r ^ anything of x)
+    bits = (u + r) & np.uint32(0xFFFF0000)
     return np.where(np.isnan(x), x, bits.view(np.float32)).astype(todtype("bfloat16"))
 
 

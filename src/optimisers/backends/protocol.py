@@ -115,7 +115,8 @@ class Backend(Protocol):
     def to_bfloat16(self, x: Array) -> Array: ...
     def machine_epsilon(self, x: Array) -> float: ...
     # ``x`` (float32) in bfloat16, rounded up or down at random in proportion to the distance
-    # to each (unbiased): the library's own generator, seeded by the step ``t``.
+    # to each (unbiased): the library's own generator, seeded by the step ``t``, its bits
+    # mixed with a hash of each element's own (so that arrays of a shape draw apart).
     def stochastic_bfloat16(self, x: Array, t: Any) -> Array: ...
     # ``a`` in blocks of ``block`` (the last padded with zeros): ``(codes, scale)``, each
     # element's nearest value of ``code`` (sorted, in [-1, 1]) over its block's largest

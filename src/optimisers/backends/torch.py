@@ -54,7 +54,9 @@ to_bfloat16 = operator.methodcaller("to", torch.bfloat16)
 def stochastic_bfloat16(x: Array, t: Any) -> Array:
     g = torch.Generator(device=x.device).manual_seed(int(t))
     r = torch.randint(0, 1 << 16, x.shape, generator=g, device=x.device, dtype=torch.int32)
-    bits = (x.float().view(torch.int32) + r) & -65536  # (0xFFFF0000)
+    u = x.float().view(torch.int32)
+    r ^= ((u * -1640531535) >> 16) & 0xFFFF  # (0x9E3779B1; r uniform: so is r ^ it)
+    bits = (u + r) & -65536  # (0xFFFF0000)
     return torch.where(x.isnan(), x, bits.view(torch.float32)).to(torch.bfloat16)
 
 
