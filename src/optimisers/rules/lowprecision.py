@@ -16,8 +16,27 @@ from optimisers.rules.fields import dtype_name, hyperparameter
 __all__ = ["LowPrecision", "Quantised", "StochasticRounding", "Blocks", "dynamic_code"]
 
 
+class _Narrowed:
+    """What :class:`LowPrecision` and :class:`Quantised` share: a wrapper whose rule sees
+    the state read back (``_read``); no rule on the parameter inside it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _outermost(self)
+
+    def raises(self) -> bool:
+        return self.rule.raises()
+
+    def stepped(self, state: Any) -> Any:
+        return self.rule.stepped(state)
+
+    def held(self, state: Any, x: Any, dx: Any) -> tuple:
+        """``(state, x, dx)`` as the rule it runs sees them (the state read back)."""
+        return (state if x is None else self._read(state, x)), x, dx
+
+
 @dataclass(frozen=True)
-class LowPrecision(Rule):
+class LowPrecision(_Narrowed, Rule):
     """LowPrecision(rule=Adam(), dtype="bfloat16"): keep ``rule``'s state arrays in ``dtype``.
 
     Each array of the state with the parameter's shape and a real floating dtype (Adam's
@@ -42,17 +61,10 @@ class LowPrecision(Rule):
     rule: Rule = hyperparameter(default_factory=Adam, kind="rule")
     dtype: Any = hyperparameter("bfloat16", kind="dtypes")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _outermost(self)
-
     def __repr__(self) -> str:
         """Dtypes by name, so that the text is code that makes this rule again."""
         names = tuple(map(_name, self.dtype)) if type(self.dtype) is tuple else _name(self.dtype)
         return f"LowPrecision(rule={self.rule!r}, dtype={names!r})"
-
-    def raises(self) -> bool:
-        return self.rule.raises()
 
     def init(self, x):
         return self._stored(self.rule.init(x), x)
@@ -64,13 +76,6 @@ class LowPrecision(Rule):
     def misfit(self, state: Any, x: Any) -> tuple | None:
         """The rule's own test, each stored array (of ``x``'s shape) standing as ``x``."""
         return self.rule.misfit(_each(state, x, lambda i, a: x), x)
-
-    def stepped(self, state: Any) -> Any:
-        return self.rule.stepped(state)
-
-    def held(self, state: Any, x: Any, dx: Any) -> tuple:
-        """``(state, x, dx)`` as the rule it runs sees them (the state read back)."""
-        return (state if x is None else self._read(state, x)), x, dx
 
     def _read(self, state: Any, x: Any) -> Any:
         """``state`` with its stored arrays in the parameter's (real) dtype."""
@@ -170,7 +175,7 @@ def dynamic_code(bits: int = 8, exponent_bits: int = 7) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class Quantised(Rule):
+class Quantised(_Narrowed, Rule):
     """Quantised(rule=Adam(), block=256, min_size=4096): keep ``rule``'s state arrays as
     8-bit codes, one float32 scale a block of ``block`` elements.
 
@@ -194,13 +199,6 @@ class Quantised(Rule):
     block: int = hyperparameter(256, "[1, inf)", kind="whole")
     min_size: int = hyperparameter(4096, "[0, inf)", kind="whole")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _outermost(self)
-
-    def raises(self) -> bool:
-        return self.rule.raises()
-
     def init(self, x):
         return self._coded(self.rule.init(x), x)[0]
 
@@ -223,13 +221,6 @@ class Quantised(Rule):
             if (tuple(b.codes.shape), tuple(b.scale.shape)) != ((n, block), (n,)):
                 return (tuple(b.codes.shape), tuple(b.scale.shape)), ((n, block), (n,))
         return self.rule.misfit(_each(state, x, lambda i, b: x, coded=True), x)
-
-    def stepped(self, state: Any) -> Any:
-        return self.rule.stepped(state)
-
-    def held(self, state: Any, x: Any, dx: Any) -> tuple:
-        """``(state, x, dx)`` as the rule it runs sees them (the state read back)."""
-        return (state if x is None else self._read(state, x)), x, dx
 
     def _read(self, state: Any, x: Any) -> Any:
         """``state`` with each :class:`Blocks` decoded to the parameter's (real) dtype."""
