@@ -70,6 +70,7 @@ from optimisers.schedules import (
 )
 from optimisers.state import Leaf, setup, update, update_
 from optimisers.summary import summary
+from optimisers.telemetry import LeafStats, plot_ratios
 from optimisers.tree import (
     children,
     functor,
@@ -97,4 +98,4 @@ __all__ = ["AccumGrad", "AdaBelief", "AdaDelta", "Adafactor", "AdaGrad", "Adam",
            "freeze_", "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric",
            "load", "maywrite", "rebuild", "register", "reinit", "save", "select", "setup",
            "summary", "thaw_", "state_dict", "load_state_dict", "trainable", "trainables",
-           "update", "update_"]
+           "update", "update_", "LeafStats", "plot_ratios"]

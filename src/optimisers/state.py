@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from optimisers import backends
+from optimisers import backends, telemetry
 from optimisers.adjust import covering, matches
 from optimisers.backends.registry import COMPILERS
 from optimisers.fast import fused
@@ -296,11 +296,14 @@ def plan_of(tree: Any) -> Plan | None:
     return getattr(getattr(first_leaf(tree), "_kept", None), "plan", None)
 
 
-def _update(tree: Any, model: Any, grads: tuple, inplace: bool) -> tuple[Any, Any]:
+def _update(tree: Any, model: Any, grads: tuple, inplace: bool, stats: bool) -> tuple:
+    """``(tree, model)``, and the step's :class:`~optimisers.LeafStats` by path if ``stats``."""
     first = first_leaf(tree) if inplace else None
     kept = _kept_of(first) if first is not None else None
+    record: dict | None = {} if stats else None
     with kept.lock if kept is not None else contextlib.nullcontext():
-        return _locked_update(tree, model, grads, inplace, kept)
+        tree, model = _locked_update(tree, model, grads, inplace, kept, record)
+    return (tree, model) if record is None else (tree, model, record)
 
 
 def _nested(grads: Any, model: Any) -> Any:
@@ -311,13 +314,13 @@ def _nested(grads: Any, model: Any) -> Any:
     return grads if all(map(operator.is_, nested, grads)) else nested
 
 
-def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Kept | None
-                   ) -> tuple[Any, Any]:
+def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Kept | None,
+                   record: dict | None) -> tuple[Any, Any]:
     known, given = kept.plan if kept is not None else None, grads
     if known is not None and known.dotted:
         grads = _nested(given, model)
     per_tree = known.read(tree, model, grads) if known is not None else None
-    if per_tree is not None and known.whole(per_tree, grads is DOTGRAD):
+    if per_tree is not None and record is None and known.whole(per_tree, grads is DOTGRAD):
         return tree, model  # the usual training loop: one fused group, all checked
     entries = known.entries(per_tree) if per_tree is not None else None
     if entries is None:
@@ -325,11 +328,8 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Ke
         if known is not None:
             known.dotted = grads is not given
         entries = gather(tree, model, (module_grads(model),) if grads is DOTGRAD else grads)
-    with backends.nograd():  # PyTorch: no autograd graph through the step
-        new, groups = _step(entries, inplace, known.groups if known is not None else None)
-    for e in entries:
-        if e.others:
-            _share(e, new, inplace)
+    new, groups = _stepped(entries, inplace, known.groups if known is not None else None,
+                           record)
     if not new:
         if kept is not None and (known is None or known.tree is not tree
                                  or known.model is not model):
@@ -345,6 +345,21 @@ def _locked_update(tree: Any, model: Any, grads: tuple, inplace: bool, kept: _Ke
     return tree, substitute(model, moved) if moved else model
 
 
+def _stepped(entries: list, inplace: bool, known: list | None, record: dict | None
+             ) -> tuple[dict, list]:
+    """:func:`_step`, ties the model does not share made to follow, and the record of the
+    step into ``record`` (unless ``None``)."""
+    with backends.nograd():  # PyTorch: no autograd graph through the step
+        seen = telemetry.before(entries, inplace) if record is not None else None
+        new, groups = _step(entries, inplace, known)
+        for e in entries:
+            if e.others:
+                _share(e, new, inplace)
+        if seen is not None:
+            record.update(telemetry.after(entries, seen, new))
+    return new, groups
+
+
 def copy_tree(tree: Any) -> Any:
     """A state tree whose Leafs and writable state arrays are fresh copies; sharing kept,
     and state packed by :func:`fused.pack` stays packed. Each new Leaf is of its old one's
@@ -353,8 +368,8 @@ def copy_tree(tree: Any) -> Any:
     return map_leaves(lambda t: type(t)(t.rule, fmap(copy, t.state), t.frozen, t.clock), tree)
 
 
-def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
-    """update(tree, model, grads) -> (tree, model): one optimisation step, pure.
+def update(tree: Any, model: Any, grads: Any, *higher: Any, stats: bool = False) -> tuple:
+    """update(tree, model, grads, stats=False) -> (tree, model): one optimisation step, pure.
 
     Neither the old tree nor the old model, nor any array in them, is changed: the
     returned tree and model are new (unchanged parts are shared). ``grads`` mirrors the
@@ -369,9 +384,15 @@ def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
         model: the model the tree was made for.
         grads: the gradient of the loss with respect to ``model``.
         *higher: further gradient trees for rules whose ``apply`` takes them.
+        stats: also return what the step did to each Leaf: a dict of
+            :class:`~optimisers.LeafStats` (norms of the gradient, the update and the
+            parameter, their ratio, non-finite gradients, the state's RMS, scheduled
+            values) keyed by each Leaf's path, arrays of the model's library that nothing
+            reads on the host (under ``jit``, part of the output). It costs passes over the
+            arrays (and, in place, a copy of each parameter): ask for it on the steps you log.
 
     Returns:
-        ``(new_tree, new_model)``.
+        ``(new_tree, new_model)``, or ``(new_tree, new_model, stats)``.
 
     Raises:
         ValueError: a gradient's shape or the gradient tree's structure does not match
@@ -388,17 +409,19 @@ def update(tree: Any, model: Any, grads: Any, *higher: Any) -> tuple[Any, Any]:
     """
     for compiling, untraced in COMPILERS:  # traced by torch.compile: run as Python
         if compiling():
-            return untraced(update)(tree, model, grads, *higher)
-    return _update(copy_tree(tree), model, (grads, *higher), inplace=False)
+            return untraced(update)(tree, model, grads, *higher, stats=stats)
+    return _update(copy_tree(tree), model, (grads, *higher), False, stats)
 
 
 _NOGRAD = object()
 
 
-def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[Any, Any]:
-    """update_(tree, model, grads) -> (tree, model): one optimisation step, in place.
+def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any, stats: bool = False
+            ) -> tuple:
+    """update_(tree, model, grads, stats=False) -> (tree, model): one optimisation step, in
+    place.
 
-    Like :func:`update`, but arrays that may be written (NumPy, PyTorch) are updated in
+    Like :func:`update` (``stats`` too), but arrays that may be written (NumPy, PyTorch) are updated in
     place, and the Leafs' states are mutated; JAX arrays are replaced. Use the returned
     model. Everything is validated before anything is written: after an error, model and
     tree are as they were. For a ``torch.nn.Module``, ``grads`` may be left out: each
@@ -414,8 +437,8 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any) -> tuple[
     """
     for compiling, untraced in COMPILERS:  # traced by torch.compile: run as Python
         if compiling():
-            return untraced(update_)(tree, model, grads, *higher)
-    return _update(tree, model, DOTGRAD if grads is _NOGRAD else (grads, *higher), inplace=True)
+            return untraced(update_)(tree, model, grads, *higher, stats=stats)
+    return _update(tree, model, DOTGRAD if grads is _NOGRAD else (grads, *higher), True, stats)
 
 
 backends.registry.extend("jax", "optimisers.fast.jaxtree")  # Leafs, rules: pytrees

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from optimisers import backends
 from optimisers.display import shown
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
+from optimisers.telemetry import LeafStats, table
 from optimisers.tree import children
 from optimisers.walk import fleaves
 
@@ -45,13 +46,24 @@ WIDTH = 100
 """The columns a :func:`summary` keeps to (wider, its rules are written out under it)."""
 
 
-def summary(tree: Any, model: Any = None) -> str:
-    """summary(tree, model=None) -> str: one line per Leaf, then totals.
+def summary(tree: Any, model: Any = None, stats: Mapping | None = None) -> str:
+    """summary(tree, model=None, stats=None) -> str: one line per Leaf, then totals.
 
     Each line gives the Leaf's paths (joined by ``=``), its rule, the parameter count
     (without ``model``, read off the largest state array, ``?`` for none), the bytes of
     its state, and ``frozen``. Where rules would make the table wider than :data:`WIDTH`,
-    each line names its rule by a number, written out in full under the totals.
+    each line names its rule by a number, written out in full under the totals. With the
+    ``stats`` of a step (``update(..., stats=True)``; ``summary(tree, stats)`` reads them
+    in ``model``'s place), a second table gives each Leaf's norms, ratio, non-finite
+    gradients, state RMS and scheduled values (read on the host here).
+
+    Args:
+        tree: a state tree from :func:`~optimisers.setup`.
+        model: the model, for parameter counts and the model's order of paths.
+        stats: what ``update(..., stats=True)`` returned.
+
+    Returns:
+        The text.
 
     Example:
         >>> from optimisers import Adam, AccumGrad, OptimiserChain, setup, freeze_, adjust_
@@ -72,7 +84,25 @@ def summary(tree: Any, model: Any = None) -> str:
         2 Leafs, 8 parameters, 96 B of state
         [1] OptimiserChain(AccumGrad(n=4), Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08))
         [2] OptimiserChain(AccumGrad(n=4), Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-06))
+        >>> from optimisers import Cosine, update_
+        >>> model = {"w": np.array([3.0, 4.0]), "b": np.zeros(2)}
+        >>> tree = setup(Adam(Cosine(0.1, 0.0, 10)), model)
+        >>> grads = {"w": np.array([1.0, np.nan]), "b": np.ones(2)}
+        >>> tree, model, stats = update_(tree, model, grads, stats=True)
+        >>> print(summary(tree, stats))
+        path   rule      params  state  frozen
+        w      [1] Adam       2   32 B
+        b      [1] Adam       2   32 B
+        2 Leafs, 4 parameters, 64 B of state
+        [1] Adam(eta=Cosine(start=0.1, end=0.0, steps=10), beta=(0.9, 0.999), epsilon=1e-08)
+        <BLANKLINE>
+        path  grad  update  param  ratio  nonfinite  state rms, schedules
+        w      nan     nan      5    nan          1  0=nan 1=nan eta=0.1
+        b     1.41   0.141      0    inf          0  0=0.1 1=0.001 eta=0.1
     """
+    if stats is None and isinstance(model, Mapping) and model and all(
+            isinstance(v, LeafStats) for v in model.values()):
+        model, stats = None, model
     found: dict[int, tuple[Leaf, list[KeyPath], Any]] = {}
     walk = (((kp, leaf, None) for kp, leaf in leaves(tree)) if model is None
             else _paired(tree, model))
@@ -100,7 +130,7 @@ def summary(tree: Any, model: Any = None) -> str:
         legend = [line for text, k in numbers.items() for line in _wrapped(f"[{k}] {text}")]
     lines.append(f"{len(rows)} Leafs, {total_n} parameters, {_bytes(total_b)} of state"
                  f"{f', {frozen} frozen' if frozen else ''}")
-    return "\n".join(lines + legend)
+    return "\n".join(lines + legend + ([""] + table(stats) if stats else []))
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:

@@ -75,14 +75,17 @@ def run(args: argparse.Namespace) -> int:
         tour(task, args.steps, out)
         out(f"\n== {len(comparison.COMPARED)} rules on the same task: the same initial weights "
             f"and batches ==")
-        curves = comparison.compare(task, args.steps, out)
+        history: list = []  # (step, stats) of the AdamW run
+        curves = comparison.compare(task, args.steps, out, history)
         if args.plot is not None:
             eta = TOUR_RULE.rules[2].eta  # per real step: one per two micro-batches
             lr = range(args.steps), [eta(i // 2) for i in range(args.steps)]
             comparison.plot(args.plot, curves, f"optimisers demo: two spirals, {bk.name}, "
-                            f"seed {args.seed}", lr)
+                            f"seed {args.seed}", lr, history)
             out(f"plot: wrote the loss curves of {len(curves)} rules and the tour's learning "
                 f"rate to {args.plot}")
+            out(f"plot: beside them, each layer's update/parameter ratio over the AdamW run "
+                f"(update(..., stats=True) at {len(history)} of its steps)")
         out(f"done in {time.perf_counter() - t0:.1f} s")
         return 0
     finally:

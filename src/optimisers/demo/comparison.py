@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from optimisers import Adam, AdamW, Descent, Lion, Momentum, Muon, Nesterov, setup
+from optimisers import Adam, AdamW, Descent, Lion, Momentum, Muon, Nesterov, plot_ratios, setup
 from optimisers.demo.model import Task, evaluate, make_model, train
 
 #: The compared rules; the last, a mapping for ``setup``, gives the hidden matrix to ``Muon``.
@@ -21,9 +21,11 @@ def name(rule: Any) -> str:
         rule.values() if isinstance(rule, dict) else [rule])))
 
 
-def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tuple]:
+def compare(task: Task, steps: int, out: Callable[[str], None], history: list | None = None
+            ) -> dict[str, tuple]:
     """Train a fresh copy of the network with each rule; print the table; return each
-    rule's loss curve (the loss on all training points, every 1% of the run)."""
+    rule's loss curve (the loss on all training points, every 1% of the run); ``history``
+    gets the AdamW run's ``(step, stats)`` of 50 steps (``update(..., stats=True)``)."""
     rows, curves = [], {}
     for rule in COMPARED:
         curve: dict[int, float] = {}
@@ -33,7 +35,8 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
                 curve[i] = evaluate(task, model)[0]
 
         t0, model = time.perf_counter(), make_model(task.bk, task.init)
-        _, model = train(task, setup(rule, model), model, 0, steps, name(rule), record)
+        _, model = train(task, setup(rule, model), model, 0, steps, name(rule), record,
+                         history if name(rule) == "AdamW" else None)
         seconds, result = time.perf_counter() - t0, evaluate(task, model)
         curves[name(rule)] = (list(curve) + [steps], list(curve.values()) + [result[0]])
         rows.append((name(rule) if isinstance(rule, dict) else repr(rule), *result, seconds))
@@ -47,14 +50,18 @@ def compare(task: Task, steps: int, out: Callable[[str], None]) -> dict[str, tup
     return curves
 
 
-def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple) -> None:
-    """Write the loss curves, and the learning rate ``lr`` on a right axis, to ``path``."""
+def plot(path: str, curves: dict[str, tuple], title: str, lr: tuple, history: list) -> None:
+    """Write the loss curves, and the learning rate ``lr`` on a right axis, to ``path``,
+    beside each layer's update/parameter ratio over the AdamW run (``history``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    fig, (ax, ratios) = plt.subplots(1, 2, figsize=(14, 4.4), dpi=120,
+                                     gridspec_kw={"wspace": 0.4})
+    plot_ratios(history, ax=ratios)
+    ratios.set_title("AdamW: each layer's |update| / |parameter|")
     for label, (steps, losses) in curves.items():
         ax.plot(steps, losses, label=label, lw=1.6)
     ax.set(yscale="log", xlabel="step", ylabel="loss on all training points", title=title)

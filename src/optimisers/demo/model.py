@@ -137,8 +137,9 @@ def make_task(bk: Backend, steps: int, seed: int, n: int = 512) -> Task:
 
 
 def train(task: Task, tree: Any, model: MLP, start: int, stop: int, label: str,
-          hook: Callable | None = None) -> tuple[Any, MLP]:
-    """Steps ``start`` to ``stop``; ``hook(i, tree, model, say)`` runs before step ``i``.
+          hook: Callable | None = None, history: list | None = None) -> tuple[Any, MLP]:
+    """Steps ``start`` to ``stop``; ``hook(i, tree, model, say)`` runs before step ``i``;
+    ``history`` gets ``(i, stats)`` of 50 of the steps (``update(..., stats=True)``).
     Progress: a tqdm bar on a terminal (when installed), else a line half-way and at the end."""
     bar, bk = None, task.bk
     if sys.stdout.isatty():
@@ -152,9 +153,12 @@ def train(task: Task, tree: Any, model: MLP, start: int, stop: int, label: str,
         for i in range(start, stop):
             if hook is not None:
                 hook(i, tree, model, say)
-            idx = task.batches[i]
-            tree, model, loss, (mean, var) = bk.step(
-                tree, model, bk.array(task.points[idx]), bk.array(task.labels[idx]))
+            idx, record = task.batches[i], history is not None and i % max(
+                1, (stop - start) // 50) == 0
+            tree, model, loss, (mean, var), stats = bk.step(
+                tree, model, bk.array(task.points[idx]), bk.array(task.labels[idx]), record)
+            if record:
+                history.append((i, stats))
             model.norm.mu = (1 - MOMENTUM) * model.norm.mu + MOMENTUM * mean
             model.norm.var = (1 - MOMENTUM) * model.norm.var + MOMENTUM * var
             if bar is not None:
@@ -191,7 +195,8 @@ class Backend:
         if name == "jax":
             import jax
 
-            self.xp, self.jitted = jax.numpy, jax.jit(functools.partial(_jax_step, jax))
+            self.xp, self.jitted = jax.numpy, jax.jit(functools.partial(_jax_step, jax),
+                                                      static_argnames="stats")
             for cls in (Dense, BatchNorm, MLP):  # jax.grad then returns an MLP
                 with contextlib.suppress(ValueError):  # registered by an earlier Backend
                     jax.tree_util.register_dataclass(cls, list(cls.__dataclass_fields__), [])
@@ -203,19 +208,21 @@ class Backend:
     def numpy(self, a: Any) -> np.ndarray:
         return np.asarray(a.detach() if self.name == "torch" else a)
 
-    def step(self, tree: Any, model: MLP, x: Any, s: Any) -> tuple[Any, MLP, float, tuple]:
-        """One training step: ``(tree, model, loss, batch statistics)``."""
+    def step(self, tree: Any, model: MLP, x: Any, s: Any, stats: bool = False) -> tuple:
+        """One training step: ``(tree, model, loss, batch statistics, the step's stats)``
+        (``None`` unless ``stats``: ``update(..., stats=True)``'s)."""
         if self.name == "numpy":
-            loss, grads, stats = numpy_grads(model, x, s)
-            return *update_(tree, model, grads), loss, stats
+            loss, grads, batch = numpy_grads(model, x, s)
+            return _stats(update_(tree, model, grads, stats=stats), loss, batch)
         if self.name == "jax":
-            tree, model, loss, stats = self.jitted(tree, model, x, s)
-            return tree, model, float(loss), stats
+            tree, model, loss, batch, record = self.jitted(tree, model, x, s, stats=stats)
+            return tree, model, float(loss), batch, record
         for p in trainables(model):  # the tie once
             p.grad = None
         z, (mean, var) = forward(model, x, self.xp, train=True)
         (loss := logistic_loss(z, s, self.xp)).backward()  # the tie's gradient summed
-        return *update_(tree, model), float(loss.detach()), (mean.detach(), var.detach())
+        return _stats(update_(tree, model, stats=stats), float(loss.detach()),
+                      (mean.detach(), var.detach()))
 
     def logits(self, model: MLP, x: Any) -> np.ndarray:
         return self.numpy(forward(model, x, self.xp, train=False)[0])
@@ -226,10 +233,15 @@ class Backend:
             self.xp.set_num_threads(self.threads)
 
 
-def _jax_step(jax: Any, tree: Any, model: MLP, x: Any, s: Any) -> tuple:
-    def loss(model: MLP) -> tuple[Any, tuple]:
-        z, stats = forward(model, x, jax.numpy, train=True)
-        return logistic_loss(z, s, jax.numpy), stats
+def _stats(stepped: tuple, loss: Any, batch: tuple) -> tuple:
+    """``(tree, model, loss, batch, stats or None)`` from what ``update`` returned."""
+    return *stepped[:2], loss, batch, (stepped[2] if len(stepped) > 2 else None)
 
-    (value, stats), grads = jax.value_and_grad(loss, has_aux=True)(model)
-    return *update(tree, model, grads), value, stats  # grads: an MLP
+
+def _jax_step(jax: Any, tree: Any, model: MLP, x: Any, s: Any, stats: bool = False) -> tuple:
+    def loss(model: MLP) -> tuple[Any, tuple]:
+        z, batch = forward(model, x, jax.numpy, train=True)
+        return logistic_loss(z, s, jax.numpy), batch
+
+    (value, batch), grads = jax.value_and_grad(loss, has_aux=True)(model)
+    return _stats(update(tree, model, grads, stats=stats), value, batch)  # grads: an MLP
