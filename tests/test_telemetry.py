@@ -204,3 +204,15 @@ def test_plot_ratios_writes_a_figure(tmp_path) -> None:
     assert (tmp_path / "ratios.png").stat().st_size > 1000
     assert [line.get_label() for line in ax.get_lines()] == ["w", "v"]
     assert len(ax.get_lines()[0].get_xdata()) == 4
+
+
+def test_the_demos_plot_has_the_ratios_beside_the_losses(capsys, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from optimisers import __main__ as cli
+
+    path = tmp_path / "demo.png"
+    assert cli.main(["demo", "--steps", "100", "--plot", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("plot: beside them, each layer's update/parameter ratio over the AdamW run "
+            "(update(..., stats=True) at 50 of its steps)") in out
+    assert path.stat().st_size > 10_000
