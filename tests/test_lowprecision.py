@@ -183,6 +183,8 @@ def test_refuses_what_is_not_a_floating_dtype():
 # --- stochastic rounding of bfloat16 parameters (issue 29, item 3) ---------------------------
 
 def bf16(lib: str, a: np.ndarray):
+    if lib == "numpy":
+        return a.astype(ml_dtypes.bfloat16)
     return torch.from_numpy(a).to(torch.bfloat16) if lib == "torch" else jnp.asarray(
         a, jnp.bfloat16)
 
@@ -211,21 +213,19 @@ def test_stochastic_rounding_is_unbiased(lib):
     assert abs(nearest.mean() - x.mean()) > 100 * error
 
 
-@pytest.mark.parametrize("lib", ["torch", "jax"])
+@pytest.mark.parametrize("lib", LIBS)
 def test_a_bfloat16_run_with_stochastic_rounding_tracks_float32(lib):
     """Steps of 1e-4 on bfloat16 weights at 1.0 (spacing 2^-7): rounded to nearest they
     never move; with ``StochasticRounding`` and no master copy they follow the float32 run
     (under jit on JAX)."""
     def run(rule, dtype=None):
         w = np.ones(4000, np.float32)
-        model = {"w": bf16(lib, w) if dtype is None else (
-            torch.from_numpy(w) if lib == "torch" else jnp.asarray(w))}
+        model = {"w": bf16(lib, w) if dtype is None else to(lib, w)}
         tree = O.setup(rule, model)
         step = jax.jit(O.update) if lib == "jax" else O.update
         for _ in range(300):
             g = np.ones(4000, np.float32)
-            tree, model = step(tree, model, {"w": bf16(lib, g) if dtype is None else (
-                torch.from_numpy(g) if lib == "torch" else jnp.asarray(g))})
+            tree, model = step(tree, model, {"w": bf16(lib, g) if dtype is None else to(lib, g)})
         return as_f32(model["w"]).mean()
 
     full = run(O.Descent(1e-4), np.float32)
@@ -479,3 +479,22 @@ def test_stochastic_rounding_draws_apart_for_arrays_of_one_shape(lib):
     na, nb = noise(a), noise(b)
     assert abs(np.corrcoef(na, nb)[0, 1]) < 0.05
     assert abs(na.mean()) < 4 * 0.5 / np.sqrt(na.size)
+
+
+def test_numpy_bfloat16_parameters_train_as_torchs():
+    """NumPy arrays of ml_dtypes' bfloat16 are parameters: MixedPrecision keeps their float32
+    copy, and 20 steps agree with torch's to one bfloat16 spacing."""
+    rng = np.random.default_rng(3)
+    w, grads = rng.standard_normal(256), rng.standard_normal((20, 256))
+
+    def run(lib):
+        model = {"w": bf16(lib, w.astype(np.float32))}
+        tree = O.setup(O.MixedPrecision(O.Adam(0.01)), model)
+        for g in grads:
+            tree, model = O.update_(tree, model, {"w": bf16(lib, g.astype(np.float32))})
+        assert O.summary(tree).startswith("path")  # a Leaf: a parameter, not skipped
+        return as_f32(model["w"])
+
+    ours, theirs = run("numpy"), run("torch")
+    assert (ours != w.astype(np.float32)).mean() > 0.9
+    np.testing.assert_allclose(ours, theirs, rtol=2**-7, atol=0)

@@ -36,7 +36,7 @@ flatcat = functools.partial(np.concatenate, axis=None)
 
 
 def isfloating(x: Array) -> bool:
-    return x.dtype.kind in "fc"
+    return x.dtype.kind in "fc" or x.dtype.name == "bfloat16"  # (ml_dtypes': kind "V")
 
 
 def ishalf(x: Array) -> bool:
@@ -246,7 +246,7 @@ def dtype_name_of(v: Any) -> str:
 
 
 def isnumber(g: Array) -> bool:
-    return g.dtype.kind in "biufc"
+    return g.dtype.kind in "biufc" or g.dtype.name == "bfloat16"
 
 
 def concat(arrays: list, like: list) -> Array:
