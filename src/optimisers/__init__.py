@@ -11,6 +11,7 @@ from optimisers.averaged import averaged
 from optimisers.checkpoint import load, load_state_dict, save, state_dict
 from optimisers.destructure import Restructure, destructure, trainables
 from optimisers.keypath import KeyPath, getkeypath, haskeypath
+from optimisers.lrfind import LRRange, lr_find
 from optimisers.reinit import reinit
 from optimisers.rules import (
     ADOPT,
@@ -98,4 +99,4 @@ __all__ = ["AccumGrad", "AdaBelief", "AdaDelta", "Adafactor", "AdaGrad", "Adam",
            "freeze_", "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric",
            "load", "maywrite", "rebuild", "register", "reinit", "save", "select", "setup",
            "summary", "thaw_", "state_dict", "load_state_dict", "trainable", "trainables",
-           "update", "update_", "LeafStats", "plot_ratios"]
+           "update", "update_", "LeafStats", "plot_ratios", "LRRange", "lr_find"]
