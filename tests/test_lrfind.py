@@ -60,8 +60,9 @@ def test_descent_on_a_quadratic_falls_then_diverges_and_suggests_a_stable_rate()
     falling = found.lrs[next(i for i, loss in enumerate(found.losses)
                              if loss < 0.99 * found.losses[0])]
     assert falling < found.suggestion < unstable
-    slope = np.gradient(found.smoothed, np.log(found.lrs))
-    assert found.suggestion == found.lrs[int(np.argmin(slope))]
+    # the steepest descent, leaving out the first 10 (a tenth of steps) and the last 5 points
+    slope = np.gradient(found.smoothed[10:-5], np.log(found.lrs[10:-5]))
+    assert found.suggestion == found.lrs[10 + int(np.argmin(slope))]
     assert not model["w"].any() and not model["b"].any()
 
 
@@ -74,6 +75,28 @@ def test_smoothed_is_the_bias_corrected_average():
     np.testing.assert_allclose(found.smoothed, want, rtol=1e-12)
     raw = lr_find(Descent(), fresh(), regression, start=1e-4, smooth=0.0)
     assert raw.smoothed == raw.losses
+
+
+def test_the_suggestion_leaves_out_the_first_tenth_of_the_steps():
+    def made_up(model, step):  # a dip at step 1, then the real fall from step 50
+        return (0.1 if step == 1 else 1.0 if step < 50 else 1.0 / (step - 48)), fresh()
+
+    found = lr_find(Descent(), fresh(), made_up, start=1e-6, end=1.0, steps=100)
+    assert found.lrs.index(found.suggestion) >= 50
+    short = lr_find(Descent(), fresh(), made_up, start=1e-6, end=1.0, steps=6)
+    assert short.suggestion == short.lrs[0]  # too few points to leave any out: the dip
+
+
+def test_a_negative_loss_diverges_by_its_distance_from_the_best():
+    def shifted(model, step):  # the regression's loss less 10: negative until it explodes
+        loss, grads = regression(model, step)
+        return loss - 10.0, grads
+
+    found = lr_find(Descent(), fresh(), shifted, start=1e-4)
+    plain = lr_find(Descent(), fresh(), regression, start=1e-4)
+    assert found.smoothed[0] < 0 and len(found.lrs) > 50 and found.smoothed[-1] > 0
+    assert found.smoothed[-1] - min(found.smoothed) > 3 * abs(min(found.smoothed))
+    assert found.suggestion == plain.suggestion
 
 
 def test_each_step_takes_the_swept_rate_through_chains_and_over_a_schedule():

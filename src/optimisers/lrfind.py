@@ -81,10 +81,13 @@ def lr_find(rule: Any, model: Any, loss_and_grad: Callable[[Any, int], tuple[Any
     The smoothed loss is the bias-corrected exponential average (fastai's):
     ``a_i = smooth * a_(i-1) + (1 - smooth) * loss_i`` and ``smoothed_i = a_i /
     (1 - smooth ** (i + 1))``. The run stops at a non-finite loss (not recorded), or
-    after recording a smoothed loss above ``diverge`` times the lowest so far. The
+    after recording a smoothed loss above ``diverge`` times the lowest so far (above it by
+    ``(diverge - 1) * |lowest|``, for a loss that may be negative). The
     suggestion is the rate where the smoothed loss has its steepest descent: the most
-    negative ``numpy.gradient(smoothed, log(lrs))``. A rate somewhat below it, often a
-    tenth of where the loss is lowest, is the usual choice; look at :meth:`LRRange.plot`.
+    negative ``numpy.gradient(smoothed, log(lrs))``, as fastai's ``steep`` leaving out the
+    first ``steps // 10`` points (the first batches' noise) and the last 5 (the blow-up)
+    when two or more remain. A rate near it, or a tenth of where the smoothed loss is
+    lowest, is the usual choice; look at the curve with :meth:`LRRange.plot`.
 
     lr_find draws no random numbers: the curve is a function of ``loss_and_grad``. Draw
     batch ``i`` from a seeded generator (``numpy.random.default_rng([seed, i])``) and two
@@ -129,7 +132,8 @@ def lr_find(rule: Any, model: Any, loss_and_grad: Callable[[Any, int], tuple[Any
                      "one, e.g. OptimiserChain(ClipGlobalNorm(1.0), AdamW())")
         raise
     lrs, losses, smoothed, average = [], [], [], 0.0
-    for i, lr in enumerate(np.geomspace(start, end, steps).tolist()):
+    rates = np.geomspace(start, end, steps).tolist()
+    for i, lr in enumerate(rates):
         loss, grads = loss_and_grad(model, i)
         loss = float(loss.item() if hasattr(loss, "item") else loss)  # (torch: no warning)
         if not math.isfinite(loss):
@@ -138,15 +142,21 @@ def lr_find(rule: Any, model: Any, loss_and_grad: Callable[[Any, int], tuple[Any
         lrs.append(lr)
         losses.append(loss)
         smoothed.append(average / (1 - smooth ** (i + 1)))
-        if smoothed[-1] > diverge * min(smoothed):
+        if smoothed[-1] - min(smoothed) > (diverge - 1) * abs(min(smoothed)):
             break
         tree, model = update(adjust(tree, lr), model, grads)
     if len(lrs) < 2:
         raise ValueError(f"lr_find recorded {len(lrs)} finite loss(es) before the loss was not "
-                         f"finite at lr={start * (end / start) ** (len(lrs) / (steps - 1)):.3g}; "
-                         f"lower start= (now {start:g})")
-    slope = np.gradient(smoothed, np.log(lrs))
-    return LRRange(lrs, losses, smoothed, lrs[int(np.argmin(slope))])
+                         f"finite at lr={rates[len(lrs)]:.3g}; lower start= (now {start:g})")
+    return LRRange(lrs, losses, smoothed, _steepest(lrs, smoothed, steps // 10))
+
+
+def _steepest(lrs: list[float], smoothed: list[float], skip: int) -> float:
+    """The rate of the most negative slope of ``smoothed`` against ``log(lrs)``, leaving out
+    the first ``skip`` and the last 5 points where enough remain (fastai's ``steep``)."""
+    lo, hi = (skip, len(lrs) - 5) if len(lrs) - 5 - skip >= 2 else (0, len(lrs))
+    slope = np.gradient(smoothed[lo:hi], np.log(lrs[lo:hi]))
+    return lrs[lo + int(np.argmin(slope))]
 
 
 def _check(start: float, end: float, steps: int, smooth: float, diverge: float) -> None:
