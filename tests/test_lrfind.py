@@ -208,13 +208,14 @@ def test_jax_arrays():
 
 
 def test_plot_marks_the_suggestion_and_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
+    figure = pytest.importorskip("matplotlib.figure")
     found = lr_find(Descent(), fresh(), regression, start=1e-4)
-    fig = found.plot(tmp_path / "lr.png")
+    ax = found.plot(tmp_path / "lr.png")
     assert (tmp_path / "lr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    ax = fig.axes[0]
     assert ax.get_xscale() == "log"
     assert [line.get_xdata()[0] for line in ax.lines][-1] == found.suggestion
+    mine = figure.Figure().subplots(1, 2)[1]  # on axes of the caller's
+    assert found.plot(ax=mine) is mine and len(mine.lines) == 3
 
 
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch):

@@ -34,26 +34,32 @@ class LRRange(NamedTuple):
     smoothed: list[float]
     suggestion: float
 
-    def plot(self, path: str | None = None) -> Any:
-        """plot(path=None) -> the matplotlib ``Figure`` of the loss against the rate.
+    def plot(self, path: str | None = None, ax: Any = None) -> Any:
+        """plot(path=None, ax=None) -> the axes: the loss against the rate, on a log scale.
 
-        Draws the losses and their smoothed curve on a log rate axis, marks the
-        suggestion, and saves the figure to ``path`` (PNG by its extension) when given.
-        Needs matplotlib (``pip install "optimisers[plot]"``); pyplot is not touched, so
-        the caller's backend stays as it was.
+        Draws the losses and their smoothed curve and marks the suggestion (needs
+        matplotlib: ``pip install "optimisers[plot]"``). The arguments are those of
+        :func:`plot_ratios`.
+
+        Args:
+            path: where to save the figure (a ``.png``); ``None`` saves nothing.
+            ax: the matplotlib axes to draw on; ``None`` makes a figure of its own,
+                without pyplot (the caller's backend stays as it was).
+
+        Returns:
+            The axes drawn on.
 
         Example:
             >>> found = LRRange([0.01, 0.1, 1.0], [1.0, 0.5, 4.0], [1.0, 0.7, 1.5], 0.1)
-            >>> found.plot().axes[0].get_xscale()
-            'log'
+            >>> found.plot().get_xscale(), found.plot().get_lines()[-1].get_xdata()
+            ('log', [0.1, 0.1])
         """
         try:
             from matplotlib.figure import Figure
         except ImportError as err:
             err.add_note('LRRange.plot needs matplotlib: pip install "optimisers[plot]"')
             raise
-        fig = Figure(figsize=(6, 4), dpi=120)
-        ax = fig.subplots()
+        ax = Figure(figsize=(6, 4), dpi=120).subplots() if ax is None else ax
         ax.plot(self.lrs, self.losses, color="lightgrey", lw=1, label="loss")
         ax.plot(self.lrs, self.smoothed, lw=1.8, label="smoothed")
         ax.axvline(self.suggestion, color="red", ls="--", label=f"suggestion {self.suggestion:.2g}")
@@ -61,8 +67,8 @@ class LRRange(NamedTuple):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         if path is not None:
-            fig.savefig(path, bbox_inches="tight")
-        return fig
+            ax.figure.savefig(path, bbox_inches="tight")
+        return ax
 
 
 def lr_find(rule: Any, model: Any, loss_and_grad: Callable[[Any, int], tuple[Any, Any]], *,
