@@ -181,13 +181,10 @@ def plot_ratios(history: list, path: str | None = None, ax: Any = None) -> Any:
         >>> [line.get_label() for line in ax.get_lines()], ax.get_yscale()
         (['w'], 'log')
     """
-    import matplotlib
+    if ax is None:  # (a Figure of its own: pyplot and the user's backend untouched)
+        from matplotlib.figure import Figure
 
-    if ax is None:
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        ax = plt.subplots(figsize=(7, 4.2), dpi=120)[1]
+        ax = Figure(figsize=(7, 4.2), dpi=120).subplots()
     paths = list(dict.fromkeys(p for _, stats in history for p in stats))
     for p in paths:
         points = [(i, float(s[p].ratio)) for i, s in history if p in s]
