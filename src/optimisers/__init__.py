@@ -8,7 +8,7 @@ any nesting of containers, dataclasses and registered classes, up to
 
 from optimisers.adjust import adjust, adjust_, freeze_, select, thaw_
 from optimisers.averaged import averaged
-from optimisers.checkpoint import load, load_state_dict, save, state_dict
+from optimisers.checkpoint import LoadReport, load, load_state_dict, save, state_dict
 from optimisers.destructure import Restructure, destructure, trainables
 from optimisers.keypath import KeyPath, getkeypath, haskeypath
 from optimisers.lrfind import LRRange, lr_find
@@ -99,4 +99,5 @@ __all__ = ["AccumGrad", "AdaBelief", "AdaDelta", "Adafactor", "AdaGrad", "Adam",
            "freeze_", "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric",
            "load", "maywrite", "rebuild", "register", "reinit", "save", "select", "setup",
            "summary", "thaw_", "state_dict", "load_state_dict", "trainable", "trainables",
-           "update", "update_", "LeafStats", "plot_ratios", "LRRange", "lr_find"]
+           "update", "update_", "LeafStats", "plot_ratios", "LRRange", "lr_find",
+           "LoadReport"]

@@ -14,7 +14,8 @@ A file is untrusted: loading never unpickles, runs or imports what it names, bui
 only after the whole file matched ``like``, and refuses what ``_archive.py`` finds amiss.
 """
 
+from optimisers.checkpoint._migrate import LoadReport
 from optimisers.checkpoint.io import load, save
 from optimisers.checkpoint.statedict import load_state_dict, state_dict
 
-__all__ = ["save", "load", "state_dict", "load_state_dict"]
+__all__ = ["save", "load", "state_dict", "load_state_dict", "LoadReport"]

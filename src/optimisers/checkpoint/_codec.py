@@ -34,6 +34,10 @@ class Invalid(ValueError):
     """A problem found while loading; :func:`load` re-raises it as a plain ValueError."""
 
 
+class Mismatch(Invalid):
+    """A Leaf of the file that does not fit like's (structure, shape, dtype, rule, ties)."""
+
+
 @functools.lru_cache(maxsize=256)
 def params(cls: type) -> tuple[inspect.Parameter, ...]:
     """The named constructor parameters of a rule class (``*rules`` included)."""
@@ -244,8 +248,20 @@ class Reader:
                 work.append((_BUILD, (tag, keys, kids), kp, parent, slot))
                 work.extend((refs[i], like[keys[i]], kp + (keys[i],), kids, i)
                             for i in reversed(range(len(keys))))
+        self.build()
+        return rooted(self.like, out[0])
+
+    def changed(self, kp: KeyPath, old: str, new: str) -> bool:
+        """A Leaf whose rule classes changed: refused (by path: whether its state converts)."""
+        raise Mismatch(f"the checkpoint does not match like at {kp!r}: the file has the rule "
+                       f"{old}, like has {new}; set like up with the same rule classes")
+
+    def build(self) -> None:
+        """The rules of the Leafs read (a Leaf whose rule changed keeps like's), built last."""
         built: dict[str, Rule] = {}
         for leaf, j, text, kp, here in self.rules:
+            if text is None:
+                continue
             if text not in built:
                 self.functions, self.here = functions(leaf.rule), here  # like's rule till set
                 leaf.rule = self.rule(j, kp)
@@ -255,7 +271,21 @@ class Reader:
                     continue  # a user's rule: its constructor runs for each Leaf
                 built[text] = leaf.rule
             leaf.rule = built[text]
-        return rooted(self.like, out[0])
+
+    def paths(self) -> dict[str, int]:
+        """Each path of the file's state tree (each of a tie's) -> the index of its Leaf."""
+        found, work = {}, [(self.root, KeyPath())]
+        while work:
+            ref, kp = work.pop()
+            j = self.node(ref, kp)
+            tag, body = (None, j) if j is None else _tag(j, ("leaf", "dict", "tuple", "list"),
+                                                          "a node of the state tree")
+            if tag == "leaf":
+                found[str(kp)] = body
+            elif tag is not None:
+                keys, refs = self.fit(tag, body, FREE, kp, None, 0)
+                work.extend((ref, kp + (key,)) for key, ref in zip(keys[::-1], refs[::-1]))
+        return found
 
     def node(self, ref: Any, kp: KeyPath) -> Any:
         """The node ``ref`` names: nested in version 1, in version 2 an index used once."""
@@ -286,7 +316,7 @@ class Reader:
         if met[0] != i or like_id != id(like):
             shared, separate, at = ("like's", "the file's", met[1]) if met[0] != i else (
                 "the file's", "like's", at)
-            raise Invalid(f"the checkpoint does not match like at {kp!r}: {shared} Leaf there is "
+            raise Mismatch(f"the checkpoint does not match like at {kp!r}: {shared} Leaf there is "
                           f"shared with {at!r}, but {separate} Leafs are separate (a different "
                           f"model, or tied parameters were untied)")
         if leaf is not None:
@@ -295,19 +325,17 @@ class Reader:
         text = repr(rec["rule"])
         for key, rule in ((text, rec["rule"]), (id(like.rule), like.rule)):
             if key not in self.kinds:
-                self.kinds[key] = _kinds(rule, kp)
-        if self.kinds[text] != self.kinds[id(like.rule)]:
-            raise Invalid(f"the checkpoint does not match like at {kp!r}: the file has the "
-                          f"rule {self.kinds[text]}, like has {self.kinds[id(like.rule)]}; set "
-                          f"like up with the same rule classes")
+                self.kinds[key] = classes(rule, kp)
+        same = self.kinds[text] == self.kinds[id(like.rule)]
+        converts = not same and self.changed(kp, self.kinds[text], self.kinds[id(like.rule)])
         clock = rec.get("clock", 0)  # (files written before clocks: none taken)
         if type(rec["frozen"]) is not bool or type(clock) is not int or clock < 0:
             raise Invalid(f"the checkpoint is malformed: frozen={rec['frozen']!r}, "
                           f"clock={clock!r} at {kp!r}")
         self.here = like.state
-        leaf = type(like)(like.rule, self.value(rec["state"], like.state, kp, ""),
-                          rec["frozen"], clock)  # like's type: JAX's stay JAX's
-        self.rules.append((leaf, rec["rule"], text, kp, like.state))
+        leaf = type(like)(like.rule, self.value(rec["state"], FREE if converts else like.state,
+                                                kp, ""), rec["frozen"], clock)  # JAX's stay JAX's
+        self.rules.append((leaf, rec["rule"], text if same else None, kp, like.state))
         self.built[i] = (leaf, kp, id(like))
         return leaf
 
@@ -327,9 +355,9 @@ class Reader:
                               depth + 1) for k, v in zip(keys, items)]
             return dict(zip(keys, out)) if tag == "dict" else out if tag == "list" else (
                 type(like)._make(out) if hasattr(type(like), "_make") else tuple(out))
-        if tag == "rule" and like is not FREE and (not isinstance(like, Rule) or _kinds(
-                j, kp) != _kinds(like)):
-            raise _mismatch(kp, sub, f"the rule {_kinds(j, kp)}", like)
+        if tag == "rule" and like is not FREE and (not isinstance(like, Rule) or classes(
+                j, kp) != classes(like)):
+            raise _mismatch(kp, sub, f"the rule {classes(j, kp)}", like)
         if tag == "function" and body not in self.functions:  # taken from like's rule
             raise Invalid(f"the checkpoint's rule at {kp!r} holds the function {body!r}, "
                           f"which load takes from like, never imports: pass it again through "
@@ -437,7 +465,7 @@ def describe(t: Any, form: bool = False) -> str:
 
 
 def _mismatch(kp: KeyPath, sub: str | None, file: str, like: Any, hint: Any = "") -> Invalid:
-    return Invalid(f"the checkpoint does not match like at {_where(kp, sub)}: the file has "
+    return Mismatch(f"the checkpoint does not match like at {_where(kp, sub)}: the file has "
                    f"{file}, like has {describe(like)}" + (f"; {hint}" if hint else ""))
 
 
@@ -468,7 +496,7 @@ def _registered(tag: str, name: str, kp: KeyPath) -> type:
     return cls
 
 
-def _kinds(rule: Any, kp: KeyPath = KeyPath()) -> str:
+def classes(rule: Any, kp: KeyPath = KeyPath()) -> str:
     """A Rule's or a rule JSON's classes, ``OptimiserChain(ClipGrad, Adam)``, building nothing."""
     live = isinstance(rule, Rule)
     cls = type(rule) if live else _registered("rule", _tag(rule, ("rule",), "a rule")[1], kp)
@@ -478,7 +506,7 @@ def _kinds(rule: Any, kp: KeyPath = KeyPath()) -> str:
         v = getattr(rule, p.name, None) if live else fields.get(p.name)
         if not live and isinstance(v, dict) and v and next(iter(v)) in SEQUENCES:
             v = v[next(iter(v))]  # a tuple or list of rules
-        inner += [_kinds(r, kp) for r in (v if isinstance(v, (tuple, list)) else (v,)) if (
+        inner += [classes(r, kp) for r in (v if isinstance(v, (tuple, list)) else (v,)) if (
             isinstance(r, Rule) if live else isinstance(r, dict) and "rule" in r)]
     return f"{cls.__name__}({', '.join(inner)})" if inner else cls.__name__
 

@@ -6,12 +6,14 @@ import contextlib
 import gc
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from optimisers.checkpoint._archive import Archive, open_regular, write_atomic
 from optimisers.checkpoint._codec import Invalid, Reader, Writer, size_bound
+from optimisers.checkpoint._migrate import PathReader, Raised, by_path
 from optimisers.fast import fused
+from optimisers.leaf import leaves
 
 __all__ = ["save", "load"]
 
@@ -46,24 +48,41 @@ def save(path: str | os.PathLike, tree: Any) -> None:
     write_atomic(os.fspath(path), doc, writer.arrays)
 
 
-def load(path: str | os.PathLike, like: Any) -> Any:
-    """load(path, like=tree) -> tree: read a checkpoint written by :func:`save`.
+def load(path: str | os.PathLike, like: Any, strict: bool = True, renames: Any = None,
+         migrate: Callable | None = None) -> Any:
+    """load(path, like=tree, strict=True) -> tree: read a checkpoint written by :func:`save`;
+    ``strict=False``: ``(tree, report)``, for a model that changed.
 
     Rules, hyper-parameters, states, frozen flags, clocks and sharing come from the file;
-    training resumed from the result is bit for bit the training never interrupted.
+    training resumed from the result is bit for bit the training never interrupted. With
+    ``strict=False`` each Leaf of ``like`` takes the Leaf at its path in the file (after
+    ``renames``): one the file lacks, or whose state there differs in shape, dtype or
+    structure, keeps like's fresh state; the file's other Leafs are left; ties stay as in
+    ``like``. A Leaf whose rule class changed keeps like's rule and takes the file's state
+    where the two states mean the same (Adam, AdamW, NAdam, RAdam; also inside the same
+    chains), else ``migrate`` converts it.
 
     Args:
         path: a file written by :func:`save`.
         like: a state tree of the same model, not changed: it fixes the structure, each
             state array's library and device, and a :class:`~optimisers.Function`'s function.
+        strict: False to load by path what fits and report the rest (a :class:`LoadReport`).
+        renames: with ``strict=False``, the file's paths renamed: ``{"old.prefix":
+            "new.prefix"}`` (whole keys, first fit; ``None`` drops it), or a function of the
+            old dotted path giving the new one or ``None``.
+        migrate: with ``strict=False``, ``migrate(path, old_rule, old_state, new_rule,
+            new_state) -> state`` for a Leaf whose rule changed to one with another state:
+            ``new_state`` is a fresh one to fill, the result must have its form.
 
     Returns:
-        A new state tree.
+        A new state tree; with ``strict=False``, ``(tree, report)``.
 
     Raises:
         ValueError: the file does not match ``like`` (the message names the path), names a
-            rule not in ``RULES``, is damaged, or is no regular file.
-        TypeError: ``like`` is not a state tree.
+            rule not in ``RULES``, is damaged, or is no regular file; with ``strict=False``, a
+            rule changed to one with another state and no ``migrate``, or two old paths
+            renamed to one.
+        TypeError: ``like`` is not a state tree, or ``renames``/``migrate`` with ``strict``.
         FileNotFoundError: there is no file at ``path``.
 
     Example:
@@ -75,21 +94,26 @@ def load(path: str | os.PathLike, like: Any) -> Any:
         >>> load(path, like=setup(Adam(), {"w": np.ones(3)}))["w"].rule.eta, folder.cleanup()
         (0.01, None)
     """
+    by_path(strict, renames, migrate)
     cap = (1 << 20) + 4 * size_bound(like)  # TypeError for a like that is no state tree
     name = os.fspath(path)
     with open_regular(name) as f, _paused_collector():
         try:
             doc = json.loads((archive := Archive(f)).json(cap).decode("utf-8"),
                              parse_float=_no_floats, parse_constant=_no_floats)
-            tree = (reader := Reader(doc, like, archive)).tree()
+            reader = Reader(doc, like, archive) if strict else PathReader(
+                doc, like, archive, renames, migrate)
+            tree = reader.tree()
         except Invalid as e:
             raise ValueError(str(e)) from None
+        except Raised as e:  # by the caller's renames or migrate
+            raise e.args[0] from None
         except Exception as e:  # whatever a damaged file makes the decoders raise
             raise ValueError(f"{name!r} is not an intact optimisers checkpoint (truncated, "
                              f"corrupted, or another kind of file): {type(e).__name__}: "
                              f"{e}") from e
-        fused.pack([leaf for leaf, *_ in reader.rules])  # states laid out as setup lays them
-    return tree
+        fused.pack(list({id(t): t for _, t in leaves(tree[0] if not strict else tree)}.values()))
+    return tree  # (states laid out as setup lays them)
 
 
 @contextlib.contextmanager

@@ -3,19 +3,21 @@ the array libraries (``torch.distributed.checkpoint``, orbax). Each Leaf, once a
 path, gives ``"<path>.rule"`` (the form :func:`save` writes), ``"<path>.frozen"``,
 ``"<path>.clock"`` (optional on load) and ``"<path>.state"`` or ``"<path>.state.0"``,
 ``"<path>.state.2.1"``, ... for each item of a state that is not ``None``. Loading builds the
-keys from the tree, never parses them."""
+keys from the tree, never parses them (by path, ``strict=False``: the paths of the
+``"<path>.rule"`` keys)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from optimisers import backends
+from optimisers import backends, reduce
 from optimisers.backends.common import mapstate
 from optimisers.checkpoint import _codec as codec
+from optimisers.checkpoint._migrate import STRICT, by_path, copied, keeps_state, match, migrated
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
 from optimisers.rules import Rule
@@ -90,24 +92,34 @@ class _Plain(codec.Writer):
         return self.value(arr.item(), kp, where)
 
 
-def load_state_dict(tree: Any, d: Mapping) -> Any:
-    """load_state_dict(tree, d) -> tree: the state tree with rules, frozen flags, clocks and
-    states from a dict that :func:`state_dict` made (or a checkpointer restored).
+def load_state_dict(tree: Any, d: Mapping, strict: bool = True, renames: Any = None,
+                    migrate: Callable | None = None) -> Any:
+    """load_state_dict(tree, d, strict=True) -> tree: the state tree with rules, frozen flags,
+    clocks and states from a dict that :func:`state_dict` made (or a checkpointer restored);
+    ``strict=False``: ``(tree, report)``.
 
     In place, as ``torch.optim``'s: once everything is checked, each state array is written
     from ``d`` (a JAX array replaced; nothing to do for one a checkpointer loaded into), and
-    rules (rebuilt from :data:`RULES`), flags and clocks set.
+    rules (rebuilt from :data:`RULES`), flags and clocks set. ``strict``, ``renames`` and
+    ``migrate`` as :func:`load`'s, each Leaf's path in ``d`` the one its ``"<path>.rule"``
+    key gives; ``migrate``'s ``old_state`` is rebuilt from the keys (tuples by index, dicts).
 
     Args:
         tree: a state tree for the same model: it says what to expect.
         d: the dict, e.g. ``state_dict(tree)`` of a tree trained elsewhere.
+        strict: False to load by path what fits and report the rest (a ``LoadReport``).
+        renames: with ``strict=False``, ``{"old.prefix": "new.prefix"}`` or a function.
+        migrate: with ``strict=False``, ``migrate(path, old_rule, old_state, new_rule,
+            new_state) -> state`` for a Leaf whose rule changed to one with another state.
 
     Returns:
-        ``tree``, its Leafs updated.
+        ``tree``, its Leafs updated; with ``strict=False``, ``(tree, report)``.
 
     Raises:
-        ValueError: a key is missing or left over, or does not fit ``tree`` (named).
-        TypeError: ``tree`` is not a state tree, or ``d`` is not a mapping.
+        ValueError: a key is missing or left over, or does not fit ``tree`` (named); with
+            ``strict=False``, a rule changed to one with another state and no ``migrate``.
+        TypeError: ``tree`` is not a state tree, ``d`` is not a mapping, or ``renames`` or
+            ``migrate`` is given with ``strict``.
 
     Example:
         >>> from optimisers import Adam, setup, update_
@@ -120,13 +132,24 @@ def load_state_dict(tree: Any, d: Mapping) -> Any:
     if not isinstance(d, Mapping):
         raise TypeError(f"load_state_dict(tree, d) takes a dict second, got "
                         f"{type(d).__name__}; e.g. load_state_dict(tree, state_dict(other))")
+    by_path(strict, renames, migrate)
     used: set[str] = set()
+    if not strict:
+        found, report = match(tree, {k[:-5]: k[:-5] for k in d if k.endswith(".rule")} | (
+            {"": ""} if "rule" in d else {}), renames, lambda kp, leaf, path: (
+            leaf, *_read_leaf(leaf, path, d, used, migrate, kp)))
+        return _write_leaves(tree, found.values()), report
     loads = [(leaf, *_read_leaf(leaf, kp, d, used)) for kp, leaf in _first_paths(tree)]
     extra = [k for k in d if k not in used]
     if extra:
         raise ValueError(f"the state dict has keys that the tree lacks: "
                          f"{', '.join(map(repr, extra[:5]))} ({len(extra)} in all); it was "
                          f"made for another model or rule")
+    return _write_leaves(tree, loads)
+
+
+def _write_leaves(tree: Any, loads: Iterable[tuple]) -> Any:
+    """``tree``, each Leaf of ``loads`` given its rule, flag, clock and state (written)."""
     for leaf, rule, frozen, clock, state in loads:
         leaf.rule, leaf.frozen = rule, frozen
         leaf.state = mapstate(lambda v, _: v() if isinstance(v, functools.partial) else v, state)
@@ -137,16 +160,18 @@ def load_state_dict(tree: Any, d: Mapping) -> Any:
 
 def _take(d: Mapping, key: str, used: set, what: str) -> Any:
     if key not in d:
-        raise ValueError(f"the state dict has no {key!r}, which the tree needs ({what}); "
+        raise codec.Mismatch(f"the state dict has no {key!r}, which the tree needs ({what}); "
                          f"it was made for another model or rule")
     used.add(key)
     return d[key]
 
 
-def _read_leaf(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> tuple:
-    """``(rule, frozen, clock, state)`` for one Leaf, all checked; nothing written."""
+def _read_leaf(leaf: Leaf, kp: Any, d: Mapping, used: set, migrate: Any = STRICT,
+               new: KeyPath | None = None) -> tuple:
+    """``(rule, frozen, clock, state)`` for one Leaf, all checked, from the keys of ``kp``
+    (loading by path: the old path, ``new`` the Leaf's); nothing written."""
     key = _key(kp, "rule")
-    rule = _rule(_take(d, key, used, f"the rule at {kp!r}"), leaf.rule, kp, key)
+    rule = _rule(_take(d, key, used, f"the rule at {kp!r}"), leaf.rule, kp, key, migrate, new)
     key = _key(kp, "frozen")
     frozen = _take(d, key, used, f"the frozen flag at {kp!r}")
     if not isinstance(frozen, (bool, np.bool_)):
@@ -156,19 +181,44 @@ def _read_leaf(leaf: Leaf, kp: KeyPath, d: Mapping, used: set) -> tuple:
             _take(d, key, used, ""), (int, np.integer)) or clock < 0):
         raise ValueError(f"the state dict's {key!r} is {clock!r:.40}; a clock is a whole "
                          f"number >= 0")
-    state = mapstate(lambda v, k: _state(v, d, k, used), leaf.state, _key(kp, "state"))
-    return rule, bool(frozen), None if clock is None else int(clock), state
+    clock, key = None if clock is None else int(clock), _key(kp, "state")
+    if rule is leaf.rule or codec.classes(rule) == codec.classes(leaf.rule):
+        return rule, bool(frozen), clock, mapstate(lambda v, k: _state(v, d, k, used),
+                                                   leaf.state, key)
+    copy = reduce.copier()  # the old rule: its state converted to a fresh one of leaf's
+    old = {tuple(k[len(key) + 1:].split(".")) if k != key else (): v for k, v in d.items()
+           if k == key or k.startswith(key + ".")}
+    return leaf.rule, bool(frozen), clock, migrated(migrate, new, rule, _nested(old),
+                                                    leaf.rule, copied(leaf.state, copy))
 
 
-def _rule(form: Any, like: Rule, kp: KeyPath, key: str) -> Rule:
-    """The rule from its form, checked against ``like`` before it is built; ``like`` if equal."""
+def _nested(items: dict[tuple, Any]) -> Any:
+    """A state from its items by their keys' parts: tuples by index (None where none), dicts."""
+    if not items or () in items:
+        return items.get(())
+    heads: dict[str, dict] = {}
+    for k, v in items.items():
+        heads.setdefault(k[0], {})[k[1:]] = v
+    if all(h.isdigit() for h in heads):
+        return tuple(_nested(heads.get(str(i), {})) for i in range(1 + max(map(int, heads))))
+    return {h: _nested(v) for h, v in heads.items()}
+
+
+def _rule(form: Any, like: Rule, kp: KeyPath, key: str, migrate: Any = STRICT,
+          new: KeyPath | None = None) -> Rule:
+    """The rule from its form, checked against ``like`` before it is built; ``like`` if equal.
+    Loading by path, ``like`` where its classes keep the state, else the form's (to convert)."""
     form = rule_form(form, kp) if isinstance(form, Rule) else form
     reader = codec.Reader(None, None)
     reader.functions = codec.functions(like)
     try:
+        if migrate is not STRICT and (old := codec.classes(form, kp)) != codec.classes(like):
+            if keeps_state(new, old, codec.classes(like), migrate):
+                return like
+            like = codec.FREE
         rule = reader.value(form, like, kp)
     except codec.Invalid as err:
-        raise ValueError(f"the state dict's {key!r} does not fit the tree: {err}") from None
+        raise type(err)(f"the state dict's {key!r} does not fit the tree: {err}") from None
     except (LookupError, AttributeError, TypeError) as err:
         raise ValueError(f"the state dict's {key!r} is not a rule's form ({type(err).__name__}: "
                          f"{err}); state_dict writes it") from None
@@ -191,8 +241,8 @@ def _state(like: Any, d: Mapping, key: str, used: set) -> Any:
         return type(like)(v.item() if hasattr(v, "item") else v)
     if like is not None and backends.library(like) is None and type(v) is type(like):
         return v
-    raise ValueError(f"the state dict's {key!r} is {codec.describe(v)}, but the tree holds "
-                     f"{codec.describe(like)} there")
+    raise codec.Mismatch(f"the state dict's {key!r} is {codec.describe(v)}, but the tree "
+                         f"holds {codec.describe(like)} there")
 
 
 def _write(dst: Any, value: Any) -> Any:
