@@ -4,14 +4,13 @@ changes of rule keep a Leaf's state."""
 
 from __future__ import annotations
 
-import numbers
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from optimisers import backends
 from optimisers.backends.common import mapstate
-from optimisers.checkpoint._codec import Invalid, Mismatch, Reader, functions
+from optimisers.checkpoint._codec import Invalid, Mismatch, Reader, describe, functions, isnumber
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves, map_leaves
 from optimisers.reduce import copier
@@ -147,23 +146,16 @@ def migrated(migrate: Callable, kp: KeyPath, old_rule: Any, old_state: Any, rule
     out = called(migrate, str(kp), old_rule, old_state, rule, state)
     if _form(out) != _form(state):
         raise Invalid(f"migrate returned a state at {kp!r} that is not like the fresh state "
-                      f"of {type(rule).__name__} there: {_form(out)} for {_form(state)}; "
-                      f"return the same items, shapes and dtypes")
+                      f"of {type(rule).__name__} there ({describe(out)} for {describe(state)}: "
+                      f"items, libraries, shapes, dtypes); return one like new_state")
     return out
 
 
 def _form(state: Any) -> list:
-    """Each item of a state: its key and library, shape and dtype, or kind of number."""
+    """Each item of a state: its key, library, and shape and dtype or kind."""
     out: list = []
-
-    def form(v: Any, key: str) -> None:
-        if backends.library(v) is not None:
-            out.append((key, backends.library(v), tuple(v.shape), str(v.dtype)))
-        else:
-            number = isinstance(v, numbers.Number) and not isinstance(v, bool)
-            out.append((key, "number" if number else type(v).__name__))
-
-    mapstate(form, state)
+    mapstate(lambda v, k: out.append((k, backends.library(v), describe(v) if backends.library(
+        v) else isnumber(v) or type(v).__name__)), state)
     return out
 
 
