@@ -216,6 +216,10 @@ def test_strict_stays_the_default(saved):
         O.load(path, O.setup(O.Adam(), model), renames={"a": "b"})
     with pytest.raises(TypeError, match="pass strict=False"):
         O.load_state_dict(O.setup(O.Adam(), model), O.state_dict(tree), migrate=print)
+    with pytest.raises(TypeError, match="renames= takes a dict"):
+        O.load(path, O.setup(O.Adam(), model), strict=False, renames=["ln_f", "norm_f"])
+    with pytest.raises(ValueError, match="renames.'wte'. gave KeyPath"):
+        O.load(path, O.setup(O.Adam(), model), strict=False, renames=lambda p: O.KeyPath(p))
     assert O.load(path, O.setup(O.Adam(), model))["wte"].clock == 3
 
 

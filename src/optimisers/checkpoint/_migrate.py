@@ -57,7 +57,11 @@ STRICT = object()  # the migrate of a strict load: a changed rule class is an er
 
 
 def by_path(strict: bool, renames: Any, migrate: Any) -> None:
-    """A TypeError for ``renames`` or ``migrate`` given to a strict load."""
+    """A TypeError for ``renames`` or ``migrate`` of the wrong kind, or given a strict load."""
+    if not (renames is None or callable(renames) or isinstance(renames, Mapping)) or not (
+            migrate is None or callable(migrate)):
+        raise TypeError(f"renames= takes a dict {{old path prefix: new}} or a function of the "
+                        f"old path, migrate= a function; got {renames!r:.50} and {migrate!r:.50}")
     if strict and (renames is not None or migrate is not None):
         raise TypeError("renames= and migrate= load by path: pass strict=False as well, and "
                         "read the report it returns: (tree, report)")
@@ -80,7 +84,9 @@ def renamed(path: str, renames: Any) -> str | None:
     """The new path of the old ``path``: ``renames(path)``, or the first ``{old: new}`` prefix
     of whole keys that fits (``None``: dropped), else ``path`` itself."""
     if callable(renames):
-        return called(renames, path)
+        if (new := called(renames, path)) is None or isinstance(new, str):
+            return new
+        raise Invalid(f"renames({path!r}) gave {new!r:.50}; give the new dotted path, or None")
     for old, new in (renames or {}).items():
         if path == old or path.startswith(old + "."):
             return None if new is None else new + path[len(old):]
