@@ -235,9 +235,7 @@ class Reader:
                 tag, keys, kids = like
                 parent[slot] = dict(zip(keys, kids)) if tag == "dict" else SEQUENCES[tag](kids)
                 continue
-            j = self.node(ref, kp)
-            tag, body = (None, j) if j is None else _tag(j, ("leaf", "dict", "tuple", "list"),
-                                                          "a node of the state tree")
+            j, tag, body = self.node(ref, kp)
             if (j is None) != (like is None) or (tag == "leaf") != isinstance(like, Leaf):
                 raise _mismatch(kp, None, describe(j, True), like)
             if tag == "leaf":
@@ -277,9 +275,7 @@ class Reader:
         found, work = {}, [(self.root, KeyPath())]
         while work:
             ref, kp = work.pop()
-            j = self.node(ref, kp)
-            tag, body = (None, j) if j is None else _tag(j, ("leaf", "dict", "tuple", "list"),
-                                                          "a node of the state tree")
+            _, tag, body = self.node(ref, kp)
             if tag == "leaf":
                 found[str(kp)] = body
             elif tag is not None:
@@ -287,15 +283,17 @@ class Reader:
                 work.extend((ref, kp + (key,)) for key, ref in zip(keys[::-1], refs[::-1]))
         return found
 
-    def node(self, ref: Any, kp: KeyPath) -> Any:
-        """The node ``ref`` names: nested in version 1, in version 2 an index used once."""
-        if self.version < 2:
-            return ref
-        if type(ref) is not int or not 0 <= ref < len(self.nodes) or ref in self.used:
-            raise Invalid(f"the checkpoint is malformed: a node reference {ref!r} at {kp!r} "
-                          f"(each node is referenced once)")
-        self.used.add(ref)
-        return self.nodes[ref]
+    def node(self, ref: Any, kp: KeyPath) -> tuple[Any, str | None, Any]:
+        """The node ``ref`` names (nested in version 1, in version 2 an index used once), its
+        tag and body."""
+        if self.version >= 2:
+            if type(ref) is not int or not 0 <= ref < len(self.nodes) or ref in self.used:
+                raise Invalid(f"the checkpoint is malformed: a node reference {ref!r} at "
+                              f"{kp!r} (each node is referenced once)")
+            self.used.add(ref)
+            ref = self.nodes[ref]
+        return ref, *((None, ref) if ref is None else _tag(
+            ref, ("leaf", "dict", "tuple", "list"), "a node of the state tree"))
 
     def fit(self, tag: str, body: Any, like: Any, kp: KeyPath, sub: str | None,
             depth: int) -> tuple[list, list]:

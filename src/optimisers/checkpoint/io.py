@@ -82,7 +82,8 @@ def load(path: str | os.PathLike, like: Any, strict: bool = True, renames: Any =
             rule not in ``RULES``, is damaged, or is no regular file; with ``strict=False``, a
             rule changed to one with another state and no ``migrate``, or two old paths
             renamed to one.
-        TypeError: ``like`` is not a state tree, or ``renames``/``migrate`` with ``strict``.
+        TypeError: ``like`` is not a state tree, or ``renames``/``migrate`` is of the wrong
+            kind or given with ``strict``.
         FileNotFoundError: there is no file at ``path``.
 
     Example:

@@ -119,7 +119,7 @@ def load_state_dict(tree: Any, d: Mapping, strict: bool = True, renames: Any = N
         ValueError: a key is missing or left over, or does not fit ``tree`` (named); with
             ``strict=False``, a rule changed to one with another state and no ``migrate``.
         TypeError: ``tree`` is not a state tree, ``d`` is not a mapping, or ``renames`` or
-            ``migrate`` is given with ``strict``.
+            ``migrate`` is of the wrong kind or given with ``strict``.
 
     Example:
         >>> from optimisers import Adam, setup, update_
@@ -161,7 +161,7 @@ def _write_leaves(tree: Any, loads: Iterable[tuple]) -> Any:
 def _take(d: Mapping, key: str, used: set, what: str) -> Any:
     if key not in d:
         raise codec.Mismatch(f"the state dict has no {key!r}, which the tree needs ({what}); "
-                         f"it was made for another model or rule")
+                             f"it was made for another model or rule")
     used.add(key)
     return d[key]
 
