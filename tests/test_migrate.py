@@ -187,6 +187,9 @@ def test_what_migrate_returns_is_checked_and_what_it_raises_passes(saved):
 
     with pytest.raises(KeyError, match="no conversion"):
         O.load(path, O.setup(O.Lion(), model), strict=False, migrate=fails)
+    with pytest.raises(KeyError, match="no conversion"):
+        O.load_state_dict(O.setup(O.Lion(), model), O.state_dict(O.load(path, O.setup(
+            O.Adam(), model))), strict=False, migrate=fails)
 
 
 def test_renames_by_function_and_dropping(saved):

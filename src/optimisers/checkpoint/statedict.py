@@ -17,7 +17,7 @@ import numpy as np
 from optimisers import backends, reduce
 from optimisers.backends.common import mapstate
 from optimisers.checkpoint import _codec as codec
-from optimisers.checkpoint._migrate import STRICT, by_path, copied, keeps_state, match, migrated
+from optimisers.checkpoint import _migrate as migration
 from optimisers.keypath import KeyPath
 from optimisers.leaf import Leaf, leaves
 from optimisers.rules import Rule
@@ -132,12 +132,16 @@ def load_state_dict(tree: Any, d: Mapping, strict: bool = True, renames: Any = N
     if not isinstance(d, Mapping):
         raise TypeError(f"load_state_dict(tree, d) takes a dict second, got "
                         f"{type(d).__name__}; e.g. load_state_dict(tree, state_dict(other))")
-    by_path(strict, renames, migrate)
+    migration.by_path(strict, renames, migrate)
     used: set[str] = set()
     if not strict:
-        found, report = match(tree, {k[:-5]: k[:-5] for k in d if k.endswith(".rule")} | (
-            {"": ""} if "rule" in d else {}), renames, lambda kp, leaf, path: (
-            leaf, *_read_leaf(leaf, path, d, used, migrate, kp)))
+        try:
+            old = {k[:-5]: k[:-5] for k in d if k.endswith(".rule")} | (
+                {"": ""} if "rule" in d else {})  # each Leaf's path, as its rule's key gives
+            found, report = migration.match(tree, old, renames, lambda kp, leaf, path: (
+                leaf, *_read_leaf(leaf, path, d, used, migrate, kp)))
+        except migration.Raised as e:  # by the caller's renames or migrate
+            raise e.args[0] from None
         return _write_leaves(tree, found.values()), report
     loads = [(leaf, *_read_leaf(leaf, kp, d, used)) for kp, leaf in _first_paths(tree)]
     extra = [k for k in d if k not in used]
@@ -166,7 +170,7 @@ def _take(d: Mapping, key: str, used: set, what: str) -> Any:
     return d[key]
 
 
-def _read_leaf(leaf: Leaf, kp: Any, d: Mapping, used: set, migrate: Any = STRICT,
+def _read_leaf(leaf: Leaf, kp: Any, d: Mapping, used: set, migrate: Any = migration.STRICT,
                new: KeyPath | None = None) -> tuple:
     """``(rule, frozen, clock, state)`` for one Leaf, all checked, from the keys of ``kp``
     (loading by path: the old path, ``new`` the Leaf's); nothing written."""
@@ -188,8 +192,8 @@ def _read_leaf(leaf: Leaf, kp: Any, d: Mapping, used: set, migrate: Any = STRICT
     copy = reduce.copier()  # the old rule: its state converted to a fresh one of leaf's
     old = {tuple(k[len(key) + 1:].split(".")) if k != key else (): v for k, v in d.items()
            if k == key or k.startswith(key + ".")}
-    return leaf.rule, bool(frozen), clock, migrated(migrate, new, rule, _nested(old),
-                                                    leaf.rule, copied(leaf.state, copy))
+    return leaf.rule, bool(frozen), clock, migration.migrated(
+        migrate, new, rule, _nested(old), leaf.rule, migration.copied(leaf.state, copy))
 
 
 def _nested(items: dict[tuple, Any]) -> Any:
@@ -204,7 +208,7 @@ def _nested(items: dict[tuple, Any]) -> Any:
     return {h: _nested(v) for h, v in heads.items()}
 
 
-def _rule(form: Any, like: Rule, kp: KeyPath, key: str, migrate: Any = STRICT,
+def _rule(form: Any, like: Rule, kp: KeyPath, key: str, migrate: Any = migration.STRICT,
           new: KeyPath | None = None) -> Rule:
     """The rule from its form, checked against ``like`` before it is built; ``like`` if equal.
     Loading by path, ``like`` where its classes keep the state, else the form's (to convert)."""
@@ -212,8 +216,10 @@ def _rule(form: Any, like: Rule, kp: KeyPath, key: str, migrate: Any = STRICT,
     reader = codec.Reader(None, None)
     reader.functions = codec.functions(like)
     try:
-        if migrate is not STRICT and (old := codec.classes(form, kp)) != codec.classes(like):
-            if keeps_state(new, old, codec.classes(like), migrate):
+        old, now = (codec.classes(form, kp), codec.classes(like)) if (
+            migrate is not migration.STRICT) else (None, None)
+        if old != now:
+            if migration.keeps_state(new, old, now, migrate):
                 return like
             like = codec.FREE
         rule = reader.value(form, like, kp)
