@@ -56,7 +56,7 @@ def load(path: str | os.PathLike, like: Any, strict: bool = True, renames: Any =
     Rules, hyper-parameters, states, frozen flags, clocks and sharing come from the file;
     training resumed from the result is bit for bit the training never interrupted. With
     ``strict=False`` each Leaf of ``like`` takes the Leaf at its path in the file (after
-    ``renames``): one the file lacks, or whose state there differs in shape, dtype or
+    ``renames``) as above: one the file lacks, or whose state there differs in shape, dtype or
     structure, keeps like's fresh state; the file's other Leafs are left; ties stay as in
     ``like``. A Leaf whose rule class changed keeps like's rule and takes the file's state
     where the two states mean the same (Adam, AdamW, NAdam, RAdam; also inside the same
