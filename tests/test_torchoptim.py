@@ -75,6 +75,7 @@ def test_the_next_steps_are_torchs_after_from_torch_and_after_to_torch(kind, fir
 
     twin, twin_tree = copy.deepcopy((ours, tree))
     back = to_torch(tree, ours)
+    assert type(back) is kind
     assert [g["lr"] for g in back.param_groups] == [first["lr"], second["lr"]]
     _torch_steps(ours, back, 4, 7)
     _our_steps(twin_tree, twin, 4, 7)

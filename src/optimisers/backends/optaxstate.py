@@ -24,12 +24,12 @@ from optimisers.walk import fmap_with_path, substitute
 __all__ = ["from_optax", "to_optax"]
 
 _ADAM = (optax.ScaleByAdamState, ("mu", "nu", "count"))
-FIELDS = {Adam: _ADAM, AdamW: _ADAM, Momentum: (optax.TraceState, "trace"),
+_FIELDS = {Adam: _ADAM, AdamW: _ADAM, Momentum: (optax.TraceState, "trace"),
           Nesterov: (optax.TraceState, "trace")}
 """Each stateful rule: the optax state of its formula, and its state's items as that
 state's fields (``Momentum`` with ``eta_outside=True``, ``optax.sgd``'s form)."""
 
-HYPER = {"learning_rate": "eta", "b1": "beta", "b2": "beta", "eps": "epsilon",
+_HYPER = {"learning_rate": "eta", "b1": "beta", "b2": "beta", "eps": "epsilon",
          "weight_decay": "lambd", "momentum": "rho", "max_norm": "omega", "eps_root": None}
 """``inject_hyperparams``' names and the rules' fields (``None``: must be 0)."""
 
@@ -44,7 +44,7 @@ def _parts(opt_state: Any) -> tuple[list, list]:
     while stack:
         s = stack.pop()
         if hasattr(s, "_fields"):
-            kinds = (*_PLAIN, *(kind for kind, _ in FIELDS.values()))
+            kinds = (*_PLAIN, *(kind for kind, _ in _FIELDS.values()))
             if not isinstance(s, kinds):
                 raise ValueError(f"the optax state holds a {type(s).__name__}, which no rule here "
                                  f"reads; rules move from "
@@ -56,16 +56,16 @@ def _parts(opt_state: Any) -> tuple[list, list]:
 
 
 def _matched(rule: Rule, state: Any, kp: KeyPath, found: list, f: Any) -> Any:
-    """``state`` with ``f(names, s, node)`` for each rule of :data:`FIELDS` in ``rule``,
+    """``state`` with ``f(names, s, node)`` for each rule of :data:`_FIELDS` in ``rule``,
     ``node`` the next of ``found``, checked to be of its kind (and all used)."""
     todo = iter(found)
 
     def each(r: Rule, s: Any) -> Any:
-        if type(r) not in FIELDS:
+        if type(r) not in _FIELDS:
             if s is not None:
                 raise ValueError(f"{r!r} keeps a state that no optax state here gives")
             return s
-        kind, names = FIELDS[type(r)]
+        kind, names = _FIELDS[type(r)]
         node = next(todo, None)
         if not isinstance(node, kind):
             raise ValueError(f"{r!r} at {kp!r} needs an optax {kind.__name__} at its place in "
@@ -120,12 +120,12 @@ def from_optax(rule: Rule, opt_state: Any, params: Any) -> Any:
     nodes, found = _parts(opt_state)
     tree = setup(rule, params)
     hyper = {k: v for s in nodes if isinstance(s, _INJECTED) for k, v in s.hyperparams.items()}
-    if unknown := [k for k, v in hyper.items() if HYPER.get(k, "") is None and float(v) != 0
-                   or k not in HYPER]:
+    if unknown := [k for k, v in hyper.items() if _HYPER.get(k, "") is None and float(v) != 0
+                   or k not in _HYPER]:
         raise ValueError(f"the injected hyper-parameters {unknown} have no field here")
     try:
-        adjust_(tree, **{HYPER[k]: (float(hyper["b1"]), float(hyper["b2"])) if k == "b1"
-                         else float(v) for k, v in hyper.items() if HYPER[k] and k != "b2"})
+        adjust_(tree, **{_HYPER[k]: (float(hyper["b1"]), float(hyper["b2"])) if k == "b1"
+                         else float(v) for k, v in hyper.items() if _HYPER[k] and k != "b2"})
     except TypeError as err:
         err.add_note(f"from_optax: the optax state injects {sorted(hyper)}; give the rule of "
                      f"the transformation's formula")
@@ -197,7 +197,7 @@ def to_optax(tree: Any, transformation: optax.GradientTransformation, params: An
             new[id(s.count)] = jnp.asarray(clock, s.count.dtype)
         if isinstance(s, _INJECTED):
             new.update({id(v): jnp.asarray(_value(members, k), v.dtype)
-                        for k, v in s.hyperparams.items() if HYPER.get(k)})
+                        for k, v in s.hyperparams.items() if _HYPER.get(k)})
     return substitute(opt_state, new)
 
 
@@ -222,7 +222,7 @@ def _written(node: Any, names: Any, parts: dict) -> Any:
 
 def _value(members: list, name: str) -> Any:
     """The number of the injected hyper-parameter ``name`` in the first rule that has it."""
-    field = HYPER[name]
+    field = _HYPER[name]
     r = next((r for r in members if hasattr(r, field)), None)
     if r is None:
         raise ValueError(f"the injected hyper-parameter {name!r} is no rule's field here")

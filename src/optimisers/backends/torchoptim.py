@@ -22,11 +22,11 @@ from optimisers.state import setup
 __all__ = ["from_torch", "to_torch"]
 
 _ADAM = ("exp_avg", "exp_avg_sq", "step")
-NAMES = {Adam: _ADAM, AdamW: _ADAM, AdaGrad: "sum", RMSProp: ("square_avg", "grad_avg"),
+_NAMES = {Adam: _ADAM, AdamW: _ADAM, AdaGrad: "sum", RMSProp: ("square_avg", "grad_avg"),
          Momentum: "momentum_buffer", Nesterov: "momentum_buffer"}
 """Each stateful rule's state, item by item, as the keys of torch.optim's state of a tensor."""
 
-REFUSED = {"amsgrad": False, "maximize": False, "dampening": 0, "lr_decay": 0}
+_REFUSED = {"amsgrad": False, "maximize": False, "dampening": 0, "lr_decay": 0}
 """Options of a param group that no rule here computes, with the value each must have."""
 
 
@@ -49,23 +49,23 @@ def _rmsprop(g: dict) -> tuple:
             Momentum(g["lr"], g["momentum"], eta_outside=True))
 
 
-RULES = {torch.optim.Adam: _adam, torch.optim.AdamW: _adam, torch.optim.SGD: _sgd,
+_RULES = {torch.optim.Adam: _adam, torch.optim.AdamW: _adam, torch.optim.SGD: _sgd,
          torch.optim.Adagrad: lambda g: (AdaGrad(g["lr"], g["eps"]),),
          torch.optim.RMSprop: _rmsprop}
 """Each torch.optim class (exactly: a subclass may compute otherwise) and the rules of one
 of its param groups, without the weight decay that torch adds to the gradient."""
 
 
-def group_rule(kind: type, g: dict) -> Rule:
-    """group_rule(kind, g) -> the rule of the param group ``g`` of a ``kind`` optimiser."""
-    if kind not in RULES:
+def _rule(kind: type, g: dict) -> Rule:
+    """_rule(kind, g) -> the rule of the param group ``g`` of a ``kind`` optimiser."""
+    if kind not in _RULES:
         raise TypeError(f"expected a torch.optim optimiser of the classes "
-                        f"{', '.join(k.__name__ for k in RULES)}, got {kind.__name__}")
-    for option, value in REFUSED.items():
+                        f"{', '.join(k.__name__ for k in _RULES)}, got {kind.__name__}")
+    for option, value in _REFUSED.items():
         if g.get(option, value) != value:
             raise ValueError(f"{kind.__name__}'s {option}={g[option]!r} has no rule of the "
                              f"same formula here; only {option}={value!r} moves")
-    rules = RULES[kind](g)
+    rules = _RULES[kind](g)
     if g["weight_decay"] and not g.get("decoupled_weight_decay"):  # L2, on the gradient
         rules = (WeightDecay(g["weight_decay"]), *rules)
     return OptimiserChain(*rules) if len(rules) > 1 else rules[0]
@@ -109,7 +109,7 @@ def from_torch(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
         >>> tree["bias"].rule.rules[0]
         WeightDecay(lambd=0.1)
     """
-    rules = {id(p): group_rule(type(optimizer), g) for g in optimizer.param_groups
+    rules = {id(p): _rule(type(optimizer), g) for g in optimizer.param_groups
              for p in g["params"]}
     seen: set[int] = set()
     tree = setup(lambda kp, x: seen.add(id(x)) or rules.get(id(x)), model)
@@ -119,7 +119,7 @@ def from_torch(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
     for kp, leaf in leaves(tree):
         saved = optimizer.state.get(getkeypath(model, kp), {})
         leaf.state = chained(leaf.rule, leaf.state,
-                             lambda r, s, saved=saved: _read(NAMES.get(type(r)), s, saved))
+                             lambda r, s, saved=saved: _read(_NAMES.get(type(r)), s, saved))
         leaf.clock = int(saved.get("step", 0))
     return tree
 
@@ -182,13 +182,13 @@ def to_torch(tree: Any, model: torch.nn.Module) -> torch.optim.Optimizer:
     optimizer = kind([{"params": [p for p, _ in members], **_group(rule)[1]}
                       for rule, members in groups])
     for g, (rule, members) in zip(optimizer.param_groups, groups):
-        if group_rule(kind, g) != _outside(rule):
+        if _rule(kind, g) != _outside(rule):
             raise ValueError(f"no torch.optim class computes {rule!r}")
         for p, leaf in members:
             saved = optimizer.state[p] = {} if kind is torch.optim.SGD else {
                 "step": torch.tensor(float(leaf.clock))}
             chained(rule, leaf.state, lambda r, s, saved=saved: _write(
-                NAMES.get(type(r)), _buffer(r, s), saved))
+                _NAMES.get(type(r)), _buffer(r, s), saved))
     return optimizer
 
 
@@ -196,21 +196,21 @@ def _group(rule: Rule) -> tuple[type, dict]:
     """The torch.optim class and group options that may compute ``rule`` (checked after)."""
     rules = list(rule.rules) if isinstance(rule, OptimiserChain) else [rule]
     decay = rules.pop(0).lambd if len(rules) > 1 and type(rules[0]) is WeightDecay else 0.0
-    core, last = rules[0], rules[-1]
+    core, last = rules[0], rules[-1]  # (last: RMSprop's momentum, where it has one)
     g = {"lr": getattr(last, "eta", 0.0), "weight_decay": decay}
     if type(core) in (Adam, AdamW):
-        return torch.optim.Adam, {**g, "betas": core.beta, "eps": core.epsilon,
-                                  "weight_decay": getattr(core, "lambd", decay),
-                                  "decoupled_weight_decay": type(core) is AdamW}
+        kind = torch.optim.AdamW if type(core) is AdamW else torch.optim.Adam
+        return kind, {**g, "betas": core.beta, "eps": core.epsilon, "weight_decay": getattr(
+            core, "lambd", decay), "decoupled_weight_decay": type(core) is AdamW}
     if type(core) in (Descent, Momentum, Nesterov):
         return torch.optim.SGD, {**g, "momentum": getattr(core, "rho", 0.0),
                                  "nesterov": type(core) is Nesterov}
     if type(core) is AdaGrad:
         return torch.optim.Adagrad, {**g, "eps": core.epsilon}
     if type(core) is RMSProp:
+        momentum = 0.0 if last is core else getattr(last, "rho", 0.0)
         return torch.optim.RMSprop, {**g, "alpha": core.rho, "eps": core.epsilon,
-                                     "centered": core.centred,
-                                     "momentum": 0.0 if last is core else getattr(last, "rho", 0.0)}
+                                     "centered": core.centred, "momentum": momentum}
     raise ValueError(f"no torch.optim class computes {rule!r}")
 
 
