@@ -69,9 +69,13 @@ def test_the_next_steps_are_torchs_after_from_torch_and_after_to_torch(kind, fir
     clocks = {leaf.clock for leaf in O.select(tree)}
     assert clocks == {0 if kind is optim.SGD else 3}  # (SGD keeps no count)
     assert tree["0"]["weight"].rule != tree["2"]["weight"].rule
+    before = copy.deepcopy(theirs.state_dict()["state"])
     _torch_steps(net, opt, 4, 3)
     tree = _our_steps(tree, ours, 4, 3)
     _close(net, ours)
+    after = theirs.state_dict()["state"]  # copied, not shared: torch's left as it was
+    assert all(torch.equal(v, after[i][k]) for i in before for k, v in before[i].items()
+               if v is not None)
 
     twin, twin_tree = copy.deepcopy((ours, tree))
     back = to_torch(tree, ours)
