@@ -183,12 +183,12 @@ def to_optax(tree: Any, transformation: optax.GradientTransformation, params: An
         todo = iter(range(len(found)))
         _matched(leaf.rule, leaf.state, kp, found, lambda names, s, node, kp=kp, todo=todo:
                  _keep(parts, next(todo), names, kp, s))
-    rules, clocks = {leaf.rule for leaf in leafs}, {int(leaf.clock) for leaf in leafs}
-    if len(rules) > 1 or len(clocks) > 1:
+    clocks = {int(leaf.clock) for leaf in leafs}
+    if len(clocks) > 1 or any(leaf.rule != leafs[0].rule for leaf in leafs):
         raise ValueError(f"an optax state has one transformation and one count, but the "
-                         f"tree's Leafs have {len(rules)} rules and the clocks {sorted(clocks)}")
+                         f"tree's Leafs have several rules or the clocks {sorted(clocks)}")
     clock = clocks.pop() if clocks else 0
-    new = {id(s): _written(s, *parts[i]) for i, s in enumerate(found)}
+    new = {id(s): _written(s, *parts[i]) for i, s in enumerate(found) if parts[i][1]}
     members: list = []  # the rules of the chain, schedules at the clock
     if leafs:
         chained(at(leafs[0].rule, clock), leafs[0].state, lambda r, _: members.append(r))

@@ -98,11 +98,11 @@ def from_torch(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
 
     Example:
         >>> import torch
-        >>> from optimisers import update_
         >>> net = torch.nn.Linear(2, 1)
         >>> opt = torch.optim.SGD([{"params": [net.weight]},
         ...                        {"params": [net.bias], "weight_decay": 0.1}], 0.1, 0.9)
-        >>> net(torch.ones(1, 2)).sum().backward(); opt.step()
+        >>> net(torch.ones(1, 2)).sum().backward()
+        >>> opt.step()
         >>> tree = from_torch(opt, net)
         >>> tree["weight"].rule, tree["weight"].state.tolist()
         (Momentum(eta=0.1, rho=0.9, eta_outside=True), [[1.0, 1.0]])
@@ -155,7 +155,7 @@ def to_torch(tree: Any, model: torch.nn.Module) -> torch.optim.Optimizer:
 
     Example:
         >>> import torch
-        >>> from optimisers import Adam, setup, update_
+        >>> from optimisers import Adam, setup
         >>> net = torch.nn.Linear(2, 1)
         >>> tree = setup({"bias": Adam(0.1), "*": Adam(0.01)}, net)
         >>> opt = to_torch(tree, net)
