@@ -12,7 +12,7 @@ from optimisers.rules.base import NewValue, Rule, call
 from optimisers.rules.descent import Descent
 from optimisers.rules.fields import dtype_name, hyperparameter
 
-__all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision", "EMA"]
+__all__ = ["OptimiserChain", "AccumGrad", "MixedPrecision", "EMA", "chained"]
 
 
 @dataclass(frozen=True, init=False, repr=False)
@@ -85,6 +85,14 @@ class OptimiserChain(Rule):
         """The point to evaluate at of the last rule that keeps one, else ``None``."""
         points = [r.averaged(s, x) for r, s in zip(self.rules, state)]
         return next((p for p in reversed(points) if p is not None), None)
+
+
+def chained(rule: Rule, state: Any, f: Any) -> Any:
+    """chained(rule, state, f) -> ``state`` with each rule's own part ``s`` replaced by
+    ``f(r, s)``, through (nested) :class:`OptimiserChain` s; ``f(rule, state)`` otherwise."""
+    if isinstance(rule, OptimiserChain):
+        return tuple(chained(r, s, f) for r, s in zip(rule.rules, state))
+    return f(rule, state)
 
 
 def _select(xp: Any, cond: Any, new: Any, old: Any) -> Any:
