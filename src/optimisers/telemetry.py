@@ -72,7 +72,7 @@ def before(entries: list, inplace: bool) -> list[_Before]:
         x, g = e.x, e.grads[0]
         xp = backends.of(x)
         known = finite[backends.library(x)]
-        bad = 0 if known else xp.size(g) - xp.count_nonzero(xp.abs(g) < math.inf, n)
+        bad = 0 if known else xp.count_nonzero(~(xp.abs(g) < math.inf), n)  # (NaN too)
         out.append(_Before(xp.copy(x) if inplace and xp.maywrite(x) else x, n, bad,
                            scheduled(e.leaf.rule, e.leaf.clock)))
     return out
@@ -86,8 +86,8 @@ def after(entries: list, seen: list[_Before], new: dict) -> dict[str, LeafStats]
         xp = backends.of(e.x)
         step = _norm(xp.subtract(b.old, new.get(id(e.leaf), e.x), False))
         param = _norm(b.old)
-        ratio = xp.where(param > 0, step / xp.maximum(param, _TINY),
-                         xp.where(step > 0, float("inf"), 0.0))
+        ratio = xp.where(param == 0, xp.where(step > 0, float("inf"), step),
+                         step / xp.maximum(param, _TINY))  # (a NaN parameter: NaN)
         out[str(e.paths[0])] = LeafStats(b.grad_norm, step, param, ratio, b.nonfinite,
                                          rms(e.leaf.state), b.hyper)
     return out
@@ -117,7 +117,8 @@ _TINY = 1e-30  # (a zero parameter: no division by zero, its ratio from ``where`
 def _is_state(a: Any) -> bool:
     """Whether a state item is an array of floating numbers with elements (not a count)."""
     lib = backends.library(a)
-    return lib is not None and len(a.shape) > 0 and backends.ops(lib).isfloating(a)
+    return (lib is not None and len(a.shape) > 0 and backends.ops(lib).isfloating(a)
+            and backends.ops(lib).size(a) > 0)
 
 
 def _norm(a: Any) -> Any:
@@ -181,10 +182,7 @@ def plot_ratios(history: list, path: str | None = None, ax: Any = None) -> Any:
         >>> [line.get_label() for line in ax.get_lines()], ax.get_yscale()
         (['w'], 'log')
     """
-    import matplotlib
-
-    if ax is None:
-        matplotlib.use("Agg")
+    if ax is None:  # (pyplot's backend as the user has it: Agg where there is no display)
         import matplotlib.pyplot as plt
 
         ax = plt.subplots(figsize=(7, 4.2), dpi=120)[1]
