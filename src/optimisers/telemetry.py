@@ -60,22 +60,28 @@ class _Before(NamedTuple):
 
 def before(entries: list, inplace: bool) -> list[_Before]:
     """Per entry, what its record reads before the step: non-finite gradients are counted
-    only where the sum of all the gradients' norms (one read a library) is not finite."""
+    only where the sum of all the gradients' norms (one read a library and device) is not
+    finite."""
     norms = [_norm(e.grads[0]) for e in entries]
-    sums: dict = {}  # by library
-    for e, n in zip(entries, norms):
-        lib = backends.library(e.x)
-        sums[lib] = sums[lib] + n if lib in sums else n
-    finite = {lib: backends.ops(lib).isfinite(n) for lib, n in sums.items()}  # (traced: None)
+    keys = [(backends.library(e.x), getattr(backends.of(n), "device", _nowhere)(n))
+            for e, n in zip(entries, norms)]  # (norms on two devices do not add up)
+    sums: dict = {}
+    for key, n in zip(keys, norms):
+        sums[key] = sums[key] + n if key in sums else n
+    finite = {k: backends.ops(k[0]).isfinite(n) for k, n in sums.items()}  # (traced: None)
     out = []
-    for e, n in zip(entries, norms):
+    for e, n, key in zip(entries, norms, keys):
         x, g = e.x, e.grads[0]
         xp = backends.of(x)
-        known = finite[backends.library(x)]
+        known = finite[key]
         bad = 0 if known else xp.count_nonzero(~(xp.abs(g) < math.inf), n)  # (NaN too)
         out.append(_Before(xp.copy(x) if inplace and xp.maywrite(x) else x, n, bad,
                            scheduled(e.leaf.rule, e.leaf.clock)))
     return out
+
+
+def _nowhere(a: Any) -> None:
+    """The device of an array whose backend names none."""
 
 
 def after(entries: list, seen: list[_Before], new: dict) -> dict[str, LeafStats]:
