@@ -78,6 +78,10 @@ def test_update_outside_jit_keeps_shardings():
     assert run("eager").split() == ["ok"]
 
 
+def test_stats_outside_jit_of_arrays_on_several_devices():
+    assert run("stats_devices").split() == ["ok"]
+
+
 def test_clip_global_norm_takes_the_norm_of_whole_arrays():
     """ClipGlobalNorm over sharded gradients scales by the norm of the whole arrays (a
     NumPy sum over them), not of a device's shards."""

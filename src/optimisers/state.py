@@ -421,11 +421,11 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any, stats: bo
     """update_(tree, model, grads, stats=False) -> (tree, model): one optimisation step, in
     place.
 
-    Like :func:`update` (``stats`` too), but arrays that may be written (NumPy, PyTorch) are updated in
-    place, and the Leafs' states are mutated; JAX arrays are replaced. Use the returned
-    model. Everything is validated before anything is written: after an error, model and
-    tree are as they were. For a ``torch.nn.Module``, ``grads`` may be left out: each
-    parameter's ``.grad`` is used.
+    Like :func:`update` (``stats`` too), but arrays that may be written (NumPy, PyTorch)
+    are updated in place, and the Leafs' states are mutated; JAX arrays are replaced. Use
+    the returned model. Everything is validated before anything is written: after an
+    error, model and tree are as they were. For a ``torch.nn.Module``, ``grads`` may be
+    left out: each parameter's ``.grad`` is used.
 
     Example:
         >>> from optimisers import Momentum
