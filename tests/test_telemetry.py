@@ -243,3 +243,24 @@ def test_summary_of_a_step_that_moved_no_leaf() -> None:
     tree = opt.setup(opt.Adam(), model)
     tree, model, stats = opt.update_(tree, model, {"w": None}, stats=True)
     assert stats == {} and summary(tree, stats) == summary(tree)
+
+
+def test_two_leafs_of_one_path_are_refused_before_anything_is_written() -> None:
+    model = {"a.b": np.ones(2), "a": {"b": np.ones(2)}}
+    tree = opt.setup(opt.Descent(0.1), model)
+    with pytest.raises(ValueError, match="two Leafs have the path 'a.b'"):
+        opt.update_(tree, model, {"a.b": np.ones(2), "a": {"b": np.ones(2)}}, stats=True)
+    assert (model["a.b"] == 1).all() and (model["a"]["b"] == 1).all()
+    opt.update_(tree, model, {"a.b": np.ones(2), "a": {"b": np.ones(2)}})  # (without: fine)
+
+
+def test_scheduled_values_read_the_clock_as_the_step_does() -> None:
+    jnp = pytest.importorskip("jax.numpy")
+    model = {"w": jnp.ones(2)}
+    tree = opt.setup(opt.Adam(opt.Cosine(1.0, 0.0, 10)), model)
+    import jax
+
+    tree, model = jax.jit(opt.update)(tree, model, {"w": jnp.ones(2)})  # (the clock: an array)
+    _, _, stats = opt.update(tree, model, {"w": jnp.ones(2)}, stats=True)
+    assert type(stats["w"].hyper["eta"]) is float
+    assert stats["w"].hyper["eta"] == opt.Cosine(1.0, 0.0, 10)(1)

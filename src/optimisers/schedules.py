@@ -18,8 +18,8 @@ from optimisers import backends
 from optimisers.rules import Rule, fields
 from optimisers.rules.fields import Allowed, Interval, InvalidKind, hyperparameter
 
-__all__ = ["Schedule", "SCHEDULES", "at", "timed", "as_schedule", "importable_name", "Constant",
-           "Linear", "Cosine", "Exponential", "Step", "Polynomial", "Warmup", "Join", "OneCycle",
+__all__ = ["Schedule", "SCHEDULES", "at", "counted", "timed", "as_schedule", "importable_name",
+           "Constant", "Linear", "Cosine", "Exponential", "Step", "Polynomial", "Warmup", "Join", "OneCycle",
            "Function", "Scaled"]
 
 SCHEDULES: dict[str, type] = {}
@@ -103,11 +103,13 @@ _timed = functools.lru_cache(maxsize=4096)(_holds_schedule)
 def at(rule: Rule, t: Any) -> Rule:
     """at(rule, t) -> ``rule`` with each schedule replaced by its value at the Leaf's clock
     ``t``, checked as ``adjust`` checks; ``rule`` itself when it holds none."""
-    if not timed(rule):
-        return rule
-    if type(t) is not int and not backends.istraced(t):
-        t = int(t)  # a clock a jitted step returned: evaluated as a Python int's would be
-    return _resolved(rule, t)
+    return _resolved(rule, counted(t)) if timed(rule) else rule
+
+
+def counted(t: Any) -> Any:
+    """counted(t) -> the clock ``t`` as schedules read it: a Python int (a clock a jitted
+    step returned, evaluated as a Python int's would be), unless traced."""
+    return t if type(t) is int or backends.istraced(t) else int(t)
 
 
 def _resolved(v: Any, t: Any) -> Any:

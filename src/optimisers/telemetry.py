@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from optimisers import backends
 from optimisers.backends.common import mapstate
 from optimisers.rules import Rule
-from optimisers.schedules import Schedule
+from optimisers.schedules import Schedule, counted
 
 __all__ = ["LeafStats", "plot_ratios"]
 
@@ -26,8 +26,9 @@ class LeafStats(NamedTuple):
     zero parameter that moved, 0 for one that did not); ``nonfinite`` counts the
     gradient's NaNs and infinities (in the norm's dtype; ``0``, a number, where all the
     step's gradients are finite, which one host read a step finds out, none under
-    ``jit``); ``state_rms`` maps each floating state array (by its ``state_dict`` name,
-    ``"state.0"``) to its root mean square after the step; ``hyper`` maps each scheduled
+    ``jit``); ``state_rms`` maps each floating state array of at least one dimension (by
+    its ``state_dict`` name, ``"state.0"``; :class:`~optimisers.Quantised`'s: its blocks'
+    scales) to its root mean square after the step; ``hyper`` maps each scheduled
     hyper-parameter (``"eta"``, in a chain ``"rules.2.eta"``) to its value at this step.
 
     Example:
@@ -62,6 +63,11 @@ def before(entries: list, inplace: bool) -> list[_Before]:
     """Per entry, what its record reads before the step: non-finite gradients are counted
     only where the sum of all the gradients' norms (one read a library and device) is not
     finite."""
+    names = [str(e.paths[0]) for e in entries]
+    if len(set(names)) < len(names):  # (before any write)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"stats=True: two Leafs have the path {twice[0]!r} (a key of the "
+                         f"model holds a dot, or 1 and '1'); their records would collide")
     norms = [_norm(e.grads[0]) for e in entries]
     keys = [(backends.library(e.x), getattr(backends.of(n), "device", _nowhere)(n))
             for e, n in zip(entries, norms)]  # (norms on two devices do not add up)
@@ -76,7 +82,7 @@ def before(entries: list, inplace: bool) -> list[_Before]:
         known = finite[key]
         bad = 0 if known else xp.count_nonzero(~(xp.abs(g) < math.inf), n)  # (NaN too)
         out.append(_Before(xp.copy(x) if inplace and xp.maywrite(x) else x, n, bad,
-                           scheduled(e.leaf.rule, e.leaf.clock)))
+                           scheduled(e.leaf.rule, counted(e.leaf.clock))))
     return out
 
 
