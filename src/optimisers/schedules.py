@@ -19,8 +19,8 @@ from optimisers.rules import Rule, fields
 from optimisers.rules.fields import Allowed, Interval, InvalidKind, hyperparameter
 
 __all__ = ["Schedule", "SCHEDULES", "at", "counted", "timed", "as_schedule", "importable_name",
-           "Constant", "Linear", "Cosine", "Exponential", "Step", "Polynomial", "Warmup", "Join", "OneCycle",
-           "Function", "Scaled"]
+           "Constant", "Linear", "Cosine", "Exponential", "Step", "Polynomial", "Warmup", "Join",
+           "OneCycle", "Function", "Scaled"]
 
 SCHEDULES: dict[str, type] = {}
 """SCHEDULES: every subclass of :class:`Schedule` by name (what checkpoints load from).
