@@ -231,3 +231,9 @@ def test_jit_does_not_retrace_after_observe():
     assert len(traces) == 1
     assert values == [0.1, 0.05, 0.025, 0.0125, 0.00625, 0.003125]
     assert O.schedules.at(tree["w"].rule, 6).eta == 0.003125
+    _, jitted = step(tree, model, {"w": jnp.ones(3)})  # the reduced rate, traced as data
+    _, eager = O.update(tree, model, {"w": jnp.ones(3)})
+    np.testing.assert_allclose(np.asarray(jitted["w"]), np.asarray(eager["w"]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(eager["w"]), np.asarray(model["w"]) - 0.003125,
+                               rtol=1e-5)  # Adam's step on constant gradients: the rate
+    assert len(traces) == 1
