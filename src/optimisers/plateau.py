@@ -41,16 +41,16 @@ class Plateau(Schedule):
     An observation improves on ``best`` (the best metric so far) when it is lower by more
     than ``threshold * |best|`` (``"rel"``) or ``threshold`` (``"abs"``); higher, with
     ``mode="max"``. Otherwise it counts as a bad epoch; after a reduction, ``cooldown``
-    observations count none; a reduction smaller than ``epsilon`` is skipped. For metrics
-    of either sign this is torch's (same arithmetic, same values). Where ``best`` is
-    negative, torch's relative test ``metric < best * (1 - threshold)`` (optax's
-    ``contrib.reduce_on_plateau`` too) takes a worse metric for an improvement, so a
-    negative loss that stalls never plateaus; here it does.
+    observations count none; a reduction smaller than ``epsilon`` is skipped. This is
+    torch's arithmetic, value for value, with ``"abs"``, and with ``"rel"`` wherever ``best``
+    is positive; where it is negative, torch's ``metric < best * (1 - threshold)`` (and
+    optax's ``contrib.reduce_on_plateau``) takes a worse metric for an improvement, so a
+    negative loss that stalls never plateaus there; here it does.
 
-    Its progress (``best``, ``bad_epochs``, ``cooldown_left``, the current ``value``) is in
-    its fields: checkpoints keep it and resume exactly, and under ``jax.jit`` they are data, so an
-    observation does not re-trace. Inside ``Warmup``, ``Join`` or ``Scaled`` it composes as
-    any schedule (the step count is theirs: a Plateau ignores it).
+    Its progress is in its fields (``best``, ``bad_epochs``, ``cooldown_left``, the current
+    ``value``): a checkpoint keeps them and resumes exactly, and under ``jax.jit`` they are
+    data, so an observation does not re-trace. Inside ``Warmup``, ``Join`` or ``Scaled`` it
+    composes as any schedule (the step count is theirs: a Plateau ignores it).
 
     Args:
         value: the starting value (>= 0), then the current one.
@@ -116,7 +116,8 @@ class Plateau(Schedule):
         """The Plateau one metric further: torch's ``ReduceLROnPlateau.step(metric)``."""
         now = dataclasses.replace(self)  # (0-d arrays a jitted step returned: numbers)
         improved = now._improves(metric)
-        bad, left, value = 0 if improved else now.bad_epochs + 1, now.cooldown_left, now.value
+        bad = 0 if improved else now.bad_epochs + 1
+        left, value = now.cooldown_left, now.value
         if left > 0:  # cooling down: no bad epochs
             bad, left = 0, left - 1
         if bad > now.patience:
@@ -148,10 +149,10 @@ def _advancer(metric: Any) -> tuple[Callable[[Any], Any], list]:
 
     def advanced(v: Any) -> Any:  # a rule, or a schedule: through every field of either
         if id(v) not in made:
-            made[id(v)] = rebuilt(v, advanced) if isinstance(v, Rule) else _schedule(v)
+            made[id(v)] = rebuilt(v, advanced) if isinstance(v, Rule) else schedule(v)
         return made[id(v)]
 
-    def _schedule(s: Schedule) -> Schedule:
+    def schedule(s: Schedule) -> Schedule:
         if isinstance(s, Plateau):
             plateaus.append(s)
             return s._observed(metric)
