@@ -1,0 +1,88 @@
+"""The documentation site (mkdocs.yml, docs/): every Python example of its pages runs and
+prints what the page says, and the site builds with warnings as errors.
+
+The examples run through the mechanism of ``test_readme.py`` (``markdown_examples.py``).
+A block preceded by ``<!-- no-run: reason -->`` is skipped with that reason. The build
+test needs the docs extra (``pip install -e ".[docs]"``; the test extra has it too) and is
+skipped, saying so, without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import optimisers
+from markdown_examples import examples, run
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+BLOCKS = [(page.relative_to(DOCS).as_posix(), *example)
+          for page in PAGES for example in examples(page)]
+
+
+def test_every_page_of_the_navigation_exists_and_has_a_title():
+    nav = re.findall(r": (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+    assert {DOCS / page for page in nav} == set(PAGES)
+    for page in PAGES:
+        assert page.read_text(encoding="utf-8").startswith("# "), page
+
+
+def test_the_site_has_examples_with_their_output():
+    assert len(BLOCKS) >= 30
+    assert sum(expected is not None for *_, expected, _ in BLOCKS) >= 25
+
+
+@pytest.mark.parametrize(("page", "heading", "code", "expected", "no_run"), BLOCKS,
+                         ids=[f"{p}-{i}-{h}" for i, (p, h, *_) in enumerate(BLOCKS)])
+def test_example_runs(page, heading, code, expected, no_run):
+    if no_run:
+        pytest.skip(f"marked no-run: {no_run}")
+    run(code, expected, f"docs/{page} ({heading})")
+
+
+def test_the_api_reference_has_every_public_name():
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^::: optimisers\.(\w+)$", text, re.M)
+    assert sorted(listed) == sorted(optimisers.__all__)
+
+
+def test_the_build_command_is_in_the_readme_and_the_site():
+    command = '```bash\npip install -e ".[docs]" && mkdocs build --strict\n```'
+    assert command in (DOCS / "index.md").read_text(encoding="utf-8")
+    assert command in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def build(folder: Path) -> Path:
+    """``mkdocs build --strict`` into ``folder``; skips where mkdocs is not installed."""
+    for module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            pytest.skip(f"{module} is not installed: pip install -e '.[docs]'")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d",
+                           str(folder)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("site"))
+
+
+def test_the_site_builds_strictly_with_every_page(site):
+    for page in PAGES:
+        name = page.relative_to(DOCS).with_suffix("")
+        html = site / ("index.html" if name.name == "index" else f"{name}/index.html")
+        assert html.is_file(), html
+        assert 'class="md-nav' in html.read_text(encoding="utf-8"), html
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    for name in optimisers.__all__:
+        assert f'id="optimisers.{name}"' in api, name
