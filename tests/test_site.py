@@ -12,10 +12,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import optimisers
@@ -86,3 +88,37 @@ def test_the_site_builds_strictly_with_every_page(site):
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     for name in optimisers.__all__:
         assert f'id="optimisers.{name}"' in api, name
+
+
+# ------------------------------------------------------------ looked at in a real browser
+
+SCREENSHOTS = {"landing": "index.html", "guide": "guides/schedules/index.html",
+               "api": "api/index.html"}
+
+
+def screenshots() -> Path:
+    """Where the screenshots go: ``$OPTIMISERS_SCREENSHOTS``, else docs-screenshots/
+    (git-ignored) at the repository's root."""
+    return Path(os.environ.get("OPTIMISERS_SCREENSHOTS", ROOT / "docs-screenshots"))
+
+
+@pytest.mark.parametrize(("name", "page"), SCREENSHOTS.items())
+def test_pages_render_in_headless_chromium(site, name, page):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    image = pytest.importorskip("matplotlib.image")
+    html = (site / page).read_text(encoding="utf-8")
+    assert 'class="md-nav' in html and "<title>404" not in html
+    screenshots().mkdir(parents=True, exist_ok=True)
+    png = screenshots() / f"{name}.png"
+    png.unlink(missing_ok=True)
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                    "--hide-scrollbars", f"--screenshot={png}", "--window-size=1280,900",
+                    (site / page).as_uri()], capture_output=True, timeout=120)
+    assert png.is_file() and png.stat().st_size > 10_000, png
+    pixels = image.imread(png)
+    assert pixels.shape[:2] == (900, 1280)
+    colours, counts = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0, return_counts=True)
+    assert len(colours) > 100, f"{png}: {len(colours)} colours, the page looks blank"
+    assert counts.max() < 0.95 * counts.sum(), f"{png}: one colour fills the page"
