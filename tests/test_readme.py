@@ -1,5 +1,9 @@
 """Every Python example in README.md runs, and prints what the README says it prints
-(the mechanism, shared with the site's pages, is in ``markdown_examples.py``)."""
+(the mechanism, shared with the site's pages, is in ``markdown_examples.py``).
+
+The README is the front page; what it held before (the examples, the rules and schedules
+tables, "How it differs") moved to the site's pages under docs/, and the checks of those
+claims below read them there (``page``)."""
 
 from __future__ import annotations
 
@@ -14,15 +18,26 @@ import pytest
 import optimisers
 from markdown_examples import FENCE, examples, run
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [*sorted(set((ROOT / "docs").rglob("*.md")) - {ROOT / "docs" / "api.md"}), README]
 
 
-def blocks() -> list[tuple[str, str, str | None]]:
+def blocks(*pages: Path) -> list[tuple[str, str, str | None]]:
     """``(heading, code, expected output or None)`` for each ```python block."""
-    return [(e.heading, e.code, e.expected) for e in examples(README)]
+    return [(e.heading, e.code, e.expected) for page in pages for e in examples(page)]
 
 
-BLOCKS = blocks()
+README_BLOCKS = blocks(README)  # run here; the site's pages' in test_site.py
+BLOCKS = blocks(*PAGES)  # the README's examples before it became a front page, and more
+
+
+def page(heading: str) -> Path:
+    """The first page (the site's, then the README) with a section ``heading``."""
+    for path in PAGES:
+        if re.search(rf"^#+ {re.escape(heading)}\n", path.read_text(encoding="utf-8"), re.M):
+            return path
+    raise AssertionError(f"no page has a section {heading!r}")
 
 
 def test_readme_has_examples():
@@ -30,8 +45,8 @@ def test_readme_has_examples():
     assert sum(expected is not None for _, _, expected in BLOCKS) >= 8
 
 
-@pytest.mark.parametrize(("heading", "code", "expected"), BLOCKS,
-                         ids=[f"{i}-{h}" for i, (h, _, _) in enumerate(BLOCKS)])
+@pytest.mark.parametrize(("heading", "code", "expected"), README_BLOCKS,
+                         ids=[f"{i}-{h}" for i, (h, _, _) in enumerate(README_BLOCKS)])
 def test_example_runs(heading, code, expected):
     run(code, expected, f"README.md ({heading})")
 
@@ -43,7 +58,7 @@ def test_the_two_commands_are_there():
 
 
 def rule_rows() -> dict[str, str]:
-    text = README.read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
     return dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", text, re.M))
 
 
@@ -71,9 +86,9 @@ def test_rules_table_defaults_are_right(name):
 
 
 def section(heading: str) -> str:
-    """The prose of the README's section ``heading`` (to the next heading of its level or
-    above), code blocks left out."""
-    text = README.read_text(encoding="utf-8")
+    """The prose of the section ``heading`` of its page (to the next heading of its level
+    or above), code blocks left out."""
+    text = page(heading).read_text(encoding="utf-8")
     found = re.search(rf"^(#+) {re.escape(heading)}\n", text, re.M)
     assert found, f"README has no section {heading!r}"
     rest = text[found.end():]
