@@ -46,8 +46,15 @@ def test_the_site_has_examples_with_their_output():
                          ids=[f"{p}-{i}-{h}" for i, (p, h, *_) in enumerate(BLOCKS)])
 def test_example_runs(page, heading, code, expected, no_run):
     if no_run:
+        compile(code, f"docs/{page} ({heading})", "exec")  # it parses, at least
         pytest.skip(f"marked no-run: {no_run}")
     run(code, expected, f"docs/{page} ({heading})")
+
+
+def test_a_block_that_does_not_run_says_why():
+    marked = [(page, no_run) for page, _, _, _, no_run in BLOCKS if no_run]
+    assert marked, "the no-run mechanism is used (docs/guides/devices.md)"
+    assert all(len(reason.split()) >= 4 for _, reason in marked), marked
 
 
 def test_the_api_reference_has_every_public_name():
