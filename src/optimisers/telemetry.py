@@ -54,6 +54,7 @@ class _Before(NamedTuple):
     """What a Leaf's record needs from before its step."""
 
     old: Any  # the parameter before the step (a copy where the step writes into it)
+    copied: bool  # whether ``old`` is that copy (then the record may write into it)
     grad_norm: Any
     nonfinite: Any
     hyper: dict
@@ -81,7 +82,8 @@ def before(entries: list, inplace: bool) -> list[_Before]:
         xp = backends.of(x)
         known = finite[key]
         bad = 0 if known else xp.count_nonzero(~(xp.abs(g) < math.inf), n)  # (NaN too)
-        out.append(_Before(xp.copy(x) if inplace and xp.maywrite(x) else x, n, bad,
+        copied = inplace and xp.maywrite(x)
+        out.append(_Before(xp.copy(x) if copied else x, copied, n, bad,
                            scheduled(e.leaf.rule, counted(e.leaf.clock))))
     return out
 
@@ -96,8 +98,8 @@ def after(entries: list, seen: list[_Before], new: dict) -> dict[str, LeafStats]
     out = {}
     for e, b in zip(entries, seen):
         xp = backends.of(e.x)
-        step = _norm(xp.subtract(b.old, new.get(id(e.leaf), e.x), False))
         param = _norm(b.old)
+        step = _norm(xp.subtract(b.old, new.get(id(e.leaf), e.x), b.copied))
         ratio = xp.where(param == 0, xp.where(step > 0, float("inf"), step),
                          step / xp.maximum(param, _TINY))  # (a NaN parameter: NaN)
         out[str(e.paths[0])] = LeafStats(b.grad_norm, step, param, ratio, b.nonfinite,
@@ -134,11 +136,14 @@ def _is_state(a: Any) -> bool:
 
 
 def _norm(a: Any) -> Any:
-    """The 2-norm of all of ``a``, a 0-d array, in float32 at least."""
+    """The 2-norm of all of ``a``, a 0-d array, in float32 at least (a real one's as the
+    square root of a row times a column: the library's matrix product, twice as fast)."""
     xp = backends.of(a)
     if xp.dtype_name(a) in ("float16", "bfloat16"):
         a = xp.astype(a, "float32")
-    return xp.vector_norm(a, tuple(range(len(a.shape)))).reshape(())
+    if xp.iscomplex(a):
+        return xp.vector_norm(a, tuple(range(len(a.shape)))).reshape(())
+    return xp.sqrt(xp.matmul(a.reshape(1, -1), a.reshape(-1, 1))).reshape(())
 
 
 def scheduled(rule: Any, t: Any, name: str = "") -> dict:
