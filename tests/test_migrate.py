@@ -206,6 +206,22 @@ def test_renames_by_function_and_dropping(saved):
         O.load(path, O.setup(O.Adam(), new), strict=False, renames={"h.1": "h.0"})
 
 
+def test_renames_by_glob(saved):
+    path, tree, model = saved
+    new = {"wte": model["wte"], "blocks": model["h"], "norm_f": model["ln_f"],
+           "lm_head": model["wte"], "wpe": model["wpe"]}
+    for renames in ({"h.*": "blocks.*", "ln_*": "norm_*"}, {"h": "blocks", "*.g": "norm_f.g",
+                                                            "*.b": "norm_f.b"}):
+        back, report = O.load(path, O.setup(O.Adam(), new), strict=False, renames=renames)
+        assert report.missing == report.unexpected == () and report.mismatched == {}
+        assert equal_states(back["blocks"][1]["mlp"]["fc"].state, tree["h"][1]["mlp"]["fc"].state)
+        assert back["norm_f"]["g"].clock == tree["ln_f"]["g"].clock > 0
+    with pytest.raises(ValueError, match="each '.' of the new path takes what a '.' of the old"):
+        O.load(path, O.setup(O.Adam(), new), strict=False, renames={"h": "blocks.*"})
+    with pytest.raises(TypeError, match="renames= maps dotted paths to dotted paths"):
+        O.load_state_dict(O.setup(O.Adam(), new), {}, strict=False, renames={("h",): "blocks"})
+
+
 def test_strict_stays_the_default(saved):
     path, tree, model = saved
     with pytest.raises(ValueError, match="does not match like"):
