@@ -176,6 +176,15 @@ def test_migrate_converts_a_state(saved, via):
     O.update_(back, model, grads(model, 3))
 
 
+def test_a_migrated_state_holds_no_array_of_the_state_dict(saved):
+    path, tree, model = saved
+    back, _ = O.load_state_dict(O.setup(O.Lion(), model), O.state_dict(tree), strict=False,
+                                migrate=lambda path, old_rule, old_state, *new: old_state[0])
+    before = tree["wte"].state[0].copy()
+    O.update_(back, model, grads(model, 3))
+    assert np.array_equal(tree["wte"].state[0], before)
+
+
 def test_what_migrate_returns_is_checked_and_what_it_raises_passes(saved):
     path, _, model = saved
     with pytest.raises(ValueError, match="migrate returned a state at KeyPath.'wte'. that is "
