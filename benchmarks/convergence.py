@@ -105,7 +105,7 @@ def demo_run(lib: str, rule: Any, steps: int, every: int, seed: int = 0) -> dict
 
         curve, t0 = [(0, loss())], time.perf_counter()
         for i, idx in enumerate(batches, 1):
-            tree, model, _, _ = bk.step(tree, model, bk.array(x[idx]), bk.array(s[idx]))
+            tree, model = bk.step(tree, model, bk.array(x[idx]), bk.array(s[idx]))[:2]
             if i % every == 0 or i == steps:
                 curve.append((i, loss()))
         return result(curve, t0, state_bytes(tree) / n_params(model))

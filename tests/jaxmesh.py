@@ -259,8 +259,24 @@ def explicit() -> None:
     print("ok")
 
 
+def stats_devices() -> None:
+    """update(..., stats=True) outside jit on arrays of several devices: a mesh's and two
+    single devices' (their gradients' norms do not add up across devices)."""
+    devices = jax.devices()
+    model = {"a": jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh(), P("data"))),
+             "b": jax.device_put(jnp.ones(4), devices[1]),
+             "c": jax.device_put(jnp.ones(3), devices[2])}
+    grads = {k: jax.device_put(jnp.full(v.shape, 0.5), v.sharding) for k, v in model.items()}
+    grads["c"] = jax.device_put(jnp.array([0.5, jnp.nan, 0.5]), devices[2])
+    _, _, stats = O.update(O.setup(O.Adam(0.1), model), model, grads, stats=True)
+    assert [float(stats[k].nonfinite) for k in "abc"] == [0, 0, 1]
+    close(np.array([float(stats[k].grad_norm) for k in "ab"]), np.array([8 ** 0.5, 1.0]))
+    print("ok")
+
+
 WORKERS = {"explicit": explicit, "distributed": distributed, "mesh_rule": mesh_rule,
-           "eager": eager, "clip": clip, "checkpoints": checkpoints}
+           "eager": eager, "clip": clip, "checkpoints": checkpoints,
+           "stats_devices": stats_devices}
 
 if __name__ == "__main__":
     WORKERS[sys.argv[1]](*sys.argv[2:])

@@ -409,12 +409,13 @@ def test_a_worker_leaving_collectives_in_flight_exits_cleanly():
         spawned.run(_collectives_in_flight, 2)
 
 
-# --- the README's example -------------------------------------------------------------------
+# --- the site's example --------------------------------------------------------------------------
 
 
 def test_the_readme_fsdp2_example_runs_on_two_processes(tmp_path):
-    """The README's FSDP2 example, which test_readme.py only defines (its spawn is under
-    ``if __name__ == "__main__"``), run as a script: it prints what the README says."""
+    """The FSDP2 example (docs/guides/devices.md), which test_site.py only defines (its
+    spawn is under ``if __name__ == "__main__"``), run as a script: it prints what the
+    page says."""
     from test_readme import BLOCKS
 
     (code, expected), = [(code, expected) for heading, code, expected in BLOCKS
@@ -426,13 +427,11 @@ def test_the_readme_fsdp2_example_runs_on_two_processes(tmp_path):
 
 
 def _text_after(code: str) -> str:
-    """The ```text block that follows ``code`` in the README (past a sentence)."""
-    import re
+    """The ```text block that follows ``code`` on its page (past a sentence)."""
+    from markdown_examples import text_after
+    from test_readme import page
 
-    from test_readme import README
-
-    rest = README.read_text(encoding="utf-8").split(code, 1)[1]
-    return re.search(r"^```text\n(.*?)^```\n", rest, re.S | re.M).group(1)
+    return text_after(page("Training on many devices"), code)
 
 
 # --- ZeRO-1 ---------------------------------------------------------------------------------

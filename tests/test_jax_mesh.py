@@ -5,7 +5,6 @@ runs in a fresh process (tests/jaxmesh.py's workers), bounded in time."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -78,6 +77,10 @@ def test_update_outside_jit_keeps_shardings():
     assert run("eager").split() == ["ok"]
 
 
+def test_stats_outside_jit_of_arrays_on_several_devices():
+    assert run("stats_devices").split() == ["ok"]
+
+
 def test_clip_global_norm_takes_the_norm_of_whole_arrays():
     """ClipGlobalNorm over sharded gradients scales by the norm of the whole arrays (a
     NumPy sum over them), not of a device's shards."""
@@ -103,10 +106,11 @@ def test_jax_distributed_two_processes_match_one():
 
 
 def test_the_readme_mesh_example_runs_on_8_devices(tmp_path):
-    """The README's JAX mesh example, which test_readme.py only defines (its training is
-    under ``if __name__ == "__main__"``), run as a script on 8 devices: it prints what
-    the README says."""
-    from test_readme import BLOCKS, README
+    """The JAX mesh example (docs/guides/devices.md), which test_site.py only defines (its
+    training is under ``if __name__ == "__main__"``), run as a script on 8 devices: it
+    prints what the page says."""
+    from markdown_examples import text_after
+    from test_readme import BLOCKS, page
 
     (code, expected), = [(code, expected) for heading, code, expected in BLOCKS
                          if heading == "Training on many devices" and "Mesh(" in code]
@@ -116,6 +120,5 @@ def test_the_readme_mesh_example_runs_on_8_devices(tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     (out,) = _finish([process])
-    rest = README.read_text(encoding="utf-8").split(code, 1)[1]  # its ```text, past a line
-    want = expected or re.search(r"^```text\n(.*?)^```\n", rest, re.S | re.M).group(1)
+    want = expected or text_after(page("Training on many devices"), code)  # past a line
     assert out.splitlines() == want.splitlines()

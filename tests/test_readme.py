@@ -1,49 +1,43 @@
-"""Every Python example in README.md runs, and prints what the README says it prints.
+"""Every Python example in README.md runs, and prints what the README says it prints
+(the mechanism, shared with the site's pages, is in ``markdown_examples.py``).
 
-A ```python block is run on its own, in a fresh namespace. When a ```text block follows it
-directly, the block's output must equal that text. A block that imports PyTorch, JAX,
-flax, equinox or orbax is skipped when that library is not installed.
-"""
+The README is the front page; what it held before (the examples, the rules and schedules
+tables, "How it differs") moved to the site's pages under docs/, and the checks of those
+claims below read them there (``page``)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
-import io
 import re
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import optimisers
+from markdown_examples import FENCE, examples, run
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [*sorted(set((ROOT / "docs").rglob("*.md")) - {ROOT / "docs" / "api.md"}), README]
 
 
-def blocks() -> list[tuple[str, str, str | None]]:
+def blocks(*pages: Path) -> list[tuple[str, str, str | None]]:
     """``(heading, code, expected output or None)`` for each ```python block."""
-    text = README.read_text(encoding="utf-8")
-    found = list(FENCE.finditer(text))
-    out = []
-    for i, m in enumerate(found):
-        if m.group(1) != "python":
-            continue
-        heading = re.findall(r"^#+ (.*)$", text[: m.start()], re.M)[-1]
-        after = found[i + 1] if i + 1 < len(found) else None
-        expected = None
-        between = text[m.end():after.start()] if after is not None else "x"
-        if after is not None and after.group(1) == "text" and not between.strip():
-            expected = after.group(2)
-        out.append((heading, m.group(2), expected))
-    return out
+    return [(e.heading, e.code, e.expected) for page in pages for e in examples(page)]
 
 
-BLOCKS = blocks()
+README_BLOCKS = blocks(README)  # run here; the site's pages' in test_site.py
+BLOCKS = blocks(*PAGES)  # the README's examples before it became a front page, and more
+
+
+def page(heading: str) -> Path:
+    """The first page (the site's, then the README) with a section ``heading``."""
+    for path in PAGES:
+        if re.search(rf"^#+ {re.escape(heading)}\n", path.read_text(encoding="utf-8"), re.M):
+            return path
+    raise AssertionError(f"no page has a section {heading!r}")
 
 
 def test_readme_has_examples():
@@ -51,24 +45,10 @@ def test_readme_has_examples():
     assert sum(expected is not None for _, _, expected in BLOCKS) >= 8
 
 
-@pytest.mark.parametrize(("heading", "code", "expected"), BLOCKS,
-                         ids=[f"{i}-{h}" for i, (h, _, _) in enumerate(BLOCKS)])
+@pytest.mark.parametrize(("heading", "code", "expected"), README_BLOCKS,
+                         ids=[f"{i}-{h}" for i, (h, _, _) in enumerate(README_BLOCKS)])
 def test_example_runs(heading, code, expected):
-    for lib in ("torch", "jax", "flax", "equinox", "orbax"):
-        if re.search(rf"^\s*(import|from) {lib}\b", code, re.M):
-            if importlib.util.find_spec(lib) is None:
-                pytest.skip(f"{lib} is not installed")
-    module = types.ModuleType("readme_example")  # a real module: dataclasses look it up
-    sys.modules[module.__name__] = module
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, f"README.md ({heading})", "exec"), module.__dict__)
-    finally:
-        del sys.modules[module.__name__]
-    if expected is not None:
-        got = [line.rstrip() for line in out.getvalue().rstrip("\n").splitlines()]
-        assert got == [line.rstrip() for line in expected.rstrip("\n").splitlines()]
+    run(code, expected, f"README.md ({heading})")
 
 
 def test_the_two_commands_are_there():
@@ -78,7 +58,7 @@ def test_the_two_commands_are_there():
 
 
 def rule_rows() -> dict[str, str]:
-    text = README.read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
     return dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", text, re.M))
 
 
@@ -106,9 +86,9 @@ def test_rules_table_defaults_are_right(name):
 
 
 def section(heading: str) -> str:
-    """The prose of the README's section ``heading`` (to the next heading of its level or
-    above), code blocks left out."""
-    text = README.read_text(encoding="utf-8")
+    """The prose of the section ``heading`` of its page (to the next heading of its level
+    or above), code blocks left out."""
+    text = page(heading).read_text(encoding="utf-8")
     found = re.search(rf"^(#+) {re.escape(heading)}\n", text, re.M)
     assert found, f"README has no section {heading!r}"
     rest = text[found.end():]

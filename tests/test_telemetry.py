@@ -216,3 +216,51 @@ def test_the_demos_plot_has_the_ratios_beside_the_losses(capsys, tmp_path) -> No
     assert ("plot: beside them, each layer's update/parameter ratio over the AdamW run "
             "(update(..., stats=True) at 50 of its steps)") in out
     assert path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch", "jax"])
+def test_nonfinite_count_is_exact_past_float32s_integers(lib: str) -> None:
+    f = _lib(lib)
+    g = np.ones((1 << 24) + 8, np.float32)
+    g[[5, 17, 99]] = np.nan
+    model = {"w": f(np.ones(g.size, np.float32))}
+    tree = opt.setup(opt.OptimiserChain(opt.SkipNonFinite(), opt.Descent(0.1)), model)
+    assert float(opt.update(tree, model, {"w": f(g)}, stats=True)[2]["w"].nonfinite) == 3
+
+
+def test_an_empty_array_has_no_state_rms_and_a_nan_parameter_a_nan_ratio() -> None:
+    model = {"e": np.zeros((0, 3)), "w": np.array([np.nan, 1.0])}
+    tree = opt.setup(opt.Adam(0.1), model)
+    with np.errstate(all="raise"):
+        _, _, stats = opt.update(tree, model, {"e": np.zeros((0, 3)), "w": np.ones(2)},
+                                 stats=True)
+    assert stats["e"].state_rms == {} and float(stats["e"].ratio) == 0
+    assert math.isnan(float(stats["w"].ratio))
+
+
+def test_summary_of_a_step_that_moved_no_leaf() -> None:
+    model = {"w": np.ones(2)}
+    tree = opt.setup(opt.Adam(), model)
+    tree, model, stats = opt.update_(tree, model, {"w": None}, stats=True)
+    assert stats == {} and summary(tree, stats) == summary(tree)
+
+
+def test_two_leafs_of_one_path_are_refused_before_anything_is_written() -> None:
+    model = {"a.b": np.ones(2), "a": {"b": np.ones(2)}}
+    tree = opt.setup(opt.Descent(0.1), model)
+    with pytest.raises(ValueError, match="two Leafs have the path 'a.b'"):
+        opt.update_(tree, model, {"a.b": np.ones(2), "a": {"b": np.ones(2)}}, stats=True)
+    assert (model["a.b"] == 1).all() and (model["a"]["b"] == 1).all()
+    opt.update_(tree, model, {"a.b": np.ones(2), "a": {"b": np.ones(2)}})  # (without: fine)
+
+
+def test_scheduled_values_read_the_clock_as_the_step_does() -> None:
+    jnp = pytest.importorskip("jax.numpy")
+    model = {"w": jnp.ones(2)}
+    tree = opt.setup(opt.Adam(opt.Cosine(1.0, 0.0, 10)), model)
+    import jax
+
+    tree, model = jax.jit(opt.update)(tree, model, {"w": jnp.ones(2)})  # (the clock: an array)
+    _, _, stats = opt.update(tree, model, {"w": jnp.ones(2)}, stats=True)
+    assert type(stats["w"].hyper["eta"]) is float
+    assert stats["w"].hyper["eta"] == opt.Cosine(1.0, 0.0, 10)(1)

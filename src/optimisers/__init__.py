@@ -12,6 +12,7 @@ from optimisers.checkpoint import LoadReport, load, load_state_dict, save, state
 from optimisers.destructure import Restructure, destructure, trainables
 from optimisers.keypath import KeyPath, getkeypath, haskeypath
 from optimisers.lrfind import LRRange, lr_find
+from optimisers.plateau import Plateau, observe, observe_
 from optimisers.reinit import reinit
 from optimisers.rules import (
     ADOPT,
@@ -94,10 +95,10 @@ __all__ = ["AccumGrad", "AdaBelief", "AdaDelta", "Adafactor", "AdaGrad", "Adam",
            "Rprop", "Rule", "RULES", "SignDecay", "WeightDecay", "adjust", "adjust_",
            "ClipGlobalNorm", "SkipNonFinite", "StochasticRounding", "TreeRule", "ADOPT", "LAMB",
            "LARS", "ScheduleFreeAdamW", "Constant", "Cosine", "Exponential", "Function", "Join",
-           "Linear", "OneCycle", "Polynomial", "Scaled", "Schedule", "SCHEDULES", "Step", "Warmup",
-           "children", "destructure", "fleaves", "fmap", "fmap_with_path", "fmapstructure",
-           "freeze_", "functor", "getkeypath", "haskeypath", "isleaf", "ismutable", "isnumeric",
-           "load", "maywrite", "rebuild", "register", "reinit", "save", "select", "setup",
-           "summary", "thaw_", "state_dict", "load_state_dict", "trainable", "trainables",
-           "update", "update_", "LeafStats", "plot_ratios", "LRRange", "lr_find",
-           "LoadReport"]
+           "Linear", "OneCycle", "Plateau", "Polynomial", "Scaled", "Schedule", "SCHEDULES",
+           "Step", "Warmup", "children", "destructure", "fleaves", "fmap", "fmap_with_path",
+           "fmapstructure", "freeze_", "functor", "getkeypath", "haskeypath", "isleaf",
+           "ismutable", "isnumeric", "load", "maywrite", "observe", "observe_", "rebuild",
+           "register", "reinit", "save", "select", "setup", "summary", "thaw_", "state_dict",
+           "load_state_dict", "trainable", "trainables", "update", "update_", "LeafStats",
+           "plot_ratios", "LRRange", "lr_find", "LoadReport"]

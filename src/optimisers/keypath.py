@@ -13,11 +13,8 @@ __all__ = ["KeyPath", "getkeypath", "haskeypath"]
 class KeyPath(tuple):
     """KeyPath(*keys) -> an immutable path of child keys, from the root down.
 
-    A tuple of keys, as :func:`children` names them; ``str`` gives the dotted
-    ``layers.0.weight`` that ``where=`` globs match.
-
-    Args:
-        *keys: the keys, outermost first.
+    A tuple of keys (``keys``, outermost first), as :func:`children` names them; ``str``
+    gives the dotted ``layers.0.weight`` that ``where=`` globs match.
 
     Example:
         >>> kp = KeyPath("layers", 0) + ("weight",)

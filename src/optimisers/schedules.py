@@ -7,8 +7,10 @@ import copy
 import dataclasses
 import functools
 import math
+import operator
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +20,9 @@ from optimisers import backends
 from optimisers.rules import Rule, fields
 from optimisers.rules.fields import Allowed, Interval, InvalidKind, hyperparameter
 
-__all__ = ["Schedule", "SCHEDULES", "at", "timed", "as_schedule", "importable_name", "Constant",
-           "Linear", "Cosine", "Exponential", "Step", "Polynomial", "Warmup", "Join", "OneCycle",
-           "Function", "Scaled"]
+__all__ = ["Schedule", "SCHEDULES", "at", "counted", "rebuilt", "timed", "as_schedule",
+           "importable_name", "Constant", "Linear", "Cosine", "Exponential", "Step", "Polynomial",
+           "Warmup", "Join", "OneCycle", "Function", "Scaled"]
 
 SCHEDULES: dict[str, type] = {}
 """SCHEDULES: every subclass of :class:`Schedule` by name (what checkpoints load from).
@@ -105,23 +107,43 @@ def at(rule: Rule, t: Any) -> Rule:
     ``t``, checked as ``adjust`` checks; ``rule`` itself when it holds none."""
     if not timed(rule):
         return rule
-    if type(t) is not int and not backends.istraced(t):
-        t = int(t)  # a clock a jitted step returned: evaluated as a Python int's would be
-    return _resolved(rule, t)
+    t = counted(t)
+    return rebuilt(rule, lambda schedule: schedule(t))
 
 
-def _resolved(v: Any, t: Any) -> Any:
+def counted(t: Any) -> Any:
+    """counted(t) -> the clock ``t`` as schedules read it: a Python int (a clock a jitted
+    step returned, evaluated as a Python int's would be), unless traced."""
+    return t if type(t) is int or backends.istraced(t) else int(t)
+
+
+def rebuilt(v: Any, change: Callable[[Schedule], Any]) -> Any:
+    """rebuilt(v, change) -> ``v`` with each schedule ``s`` in it (a field of a rule, of a rule
+    it holds, or in a tuple there) replaced by ``change(s)``, the rules made anew and checked
+    as ``adjust`` checks; ``v`` itself where nothing changed (what :func:`at` and
+    :func:`~optimisers.observe` walk).
+
+    Example:
+        >>> from optimisers import Adam, WeightDecay
+        >>> rebuilt(WeightDecay(Linear(1.0, 0.0, 4)), lambda s: s(1)), rebuilt(Adam(), print)
+        (WeightDecay(lambd=0.75), Adam(eta=0.001, beta=(0.9, 0.999), epsilon=1e-08))
+    """
     if isinstance(v, Schedule):
-        return v(t)
+        return change(v)
     if isinstance(v, tuple):
-        return tuple(_resolved(e, t) for e in v)
+        new = tuple(rebuilt(e, change) for e in v)
+        return v if all(map(operator.is_, new, v)) else new
     if not (isinstance(v, Rule) and timed(v)):
         return v
-    new = copy.copy(v)  # (not the constructor: OptimiserChain's takes its rules unnamed)
-    for f in dataclasses.fields(v):
-        object.__setattr__(new, f.name, _resolved(getattr(v, f.name), t))
-    new.__post_init__()
-    return new
+    names = [f.name for f in dataclasses.fields(v)]
+    values = [rebuilt(getattr(v, name), change) for name in names]
+    if all(new is getattr(v, name) for name, new in zip(names, values)):
+        return v
+    rule = copy.copy(v)  # (not the constructor: OptimiserChain's takes its rules unnamed)
+    for name, new in zip(names, values):
+        object.__setattr__(rule, name, new)
+    rule.__post_init__()
+    return rule
 
 
 def as_schedule(value: Any) -> Any:

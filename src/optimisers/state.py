@@ -387,9 +387,10 @@ def update(tree: Any, model: Any, grads: Any, *higher: Any, stats: bool = False)
         stats: also return what the step did to each Leaf: a dict of
             :class:`~optimisers.LeafStats` (norms of the gradient, the update and the
             parameter, their ratio, non-finite gradients, the state's RMS, scheduled
-            values) keyed by each Leaf's path, arrays of the model's library that nothing
-            reads on the host (under ``jit``, part of the output). It costs passes over the
-            arrays (and, in place, a copy of each parameter): ask for it on the steps you log.
+            values) keyed by each Leaf's (first) path: under ``jit``, part of the output;
+            outside it, one host read a step (whether any gradient is non-finite). It costs
+            passes over the arrays (and, in place, a copy of each parameter): ask for it on
+            the steps you log.
 
     Returns:
         ``(new_tree, new_model)``, or ``(new_tree, new_model, stats)``.
@@ -421,11 +422,11 @@ def update_(tree: Any, model: Any, grads: Any = _NOGRAD, *higher: Any, stats: bo
     """update_(tree, model, grads, stats=False) -> (tree, model): one optimisation step, in
     place.
 
-    Like :func:`update` (``stats`` too), but arrays that may be written (NumPy, PyTorch) are updated in
-    place, and the Leafs' states are mutated; JAX arrays are replaced. Use the returned
-    model. Everything is validated before anything is written: after an error, model and
-    tree are as they were. For a ``torch.nn.Module``, ``grads`` may be left out: each
-    parameter's ``.grad`` is used.
+    Like :func:`update` (``stats`` too), but arrays that may be written (NumPy, PyTorch)
+    are updated in place, and the Leafs' states are mutated; JAX arrays are replaced. Use
+    the returned model. Everything is validated before anything is written: after an
+    error, model and tree are as they were. For a ``torch.nn.Module``, ``grads`` may be
+    left out: each parameter's ``.grad`` is used.
 
     Example:
         >>> from optimisers import Momentum

@@ -100,7 +100,7 @@ def summary(tree: Any, model: Any = None, stats: Mapping | None = None) -> str:
         w      nan     nan      5    nan          1  0=nan 1=nan eta=0.1
         b     1.41   0.141      0    inf          0  0=0.1 1=0.001 eta=0.1
     """
-    if stats is None and isinstance(model, Mapping) and model and all(
+    if stats is None and isinstance(model, Mapping) and all(  # ({}: a step of no Leaf)
             isinstance(v, LeafStats) for v in model.values()):
         model, stats = None, model
     found: dict[int, tuple[Leaf, list[KeyPath], Any]] = {}

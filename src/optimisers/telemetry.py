@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from optimisers import backends
 from optimisers.backends.common import mapstate
 from optimisers.rules import Rule
-from optimisers.schedules import Schedule
+from optimisers.schedules import Schedule, counted
 
 __all__ = ["LeafStats", "plot_ratios"]
 
@@ -26,8 +26,9 @@ class LeafStats(NamedTuple):
     zero parameter that moved, 0 for one that did not); ``nonfinite`` counts the
     gradient's NaNs and infinities (in the norm's dtype; ``0``, a number, where all the
     step's gradients are finite, which one host read a step finds out, none under
-    ``jit``); ``state_rms`` maps each floating state array (by its ``state_dict`` name,
-    ``"state.0"``) to its root mean square after the step; ``hyper`` maps each scheduled
+    ``jit``); ``state_rms`` maps each floating state array of at least one dimension (by
+    its ``state_dict`` name, ``"state.0"``; :class:`~optimisers.Quantised`'s: its blocks'
+    scales) to its root mean square after the step; ``hyper`` maps each scheduled
     hyper-parameter (``"eta"``, in a chain ``"rules.2.eta"``) to its value at this step.
 
     Example:
@@ -60,22 +61,33 @@ class _Before(NamedTuple):
 
 def before(entries: list, inplace: bool) -> list[_Before]:
     """Per entry, what its record reads before the step: non-finite gradients are counted
-    only where the sum of all the gradients' norms (one read a library) is not finite."""
+    only where the sum of all the gradients' norms (one read a library and device) is not
+    finite."""
+    names = [str(e.paths[0]) for e in entries]
+    if len(set(names)) < len(names):  # (before any write)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"stats=True: two Leafs have the path {twice[0]!r} (a key of the "
+                         f"model holds a dot, or 1 and '1'); their records would collide")
     norms = [_norm(e.grads[0]) for e in entries]
-    sums: dict = {}  # by library
-    for e, n in zip(entries, norms):
-        lib = backends.library(e.x)
-        sums[lib] = sums[lib] + n if lib in sums else n
-    finite = {lib: backends.ops(lib).isfinite(n) for lib, n in sums.items()}  # (traced: None)
+    keys = [(backends.library(e.x), getattr(backends.of(n), "device", _nowhere)(n))
+            for e, n in zip(entries, norms)]  # (norms on two devices do not add up)
+    sums: dict = {}
+    for key, n in zip(keys, norms):
+        sums[key] = sums[key] + n if key in sums else n
+    finite = {k: backends.ops(k[0]).isfinite(n) for k, n in sums.items()}  # (traced: None)
     out = []
-    for e, n in zip(entries, norms):
+    for e, n, key in zip(entries, norms, keys):
         x, g = e.x, e.grads[0]
         xp = backends.of(x)
-        known = finite[backends.library(x)]
-        bad = 0 if known else xp.size(g) - xp.count_nonzero(xp.abs(g) < math.inf, n)
+        known = finite[key]
+        bad = 0 if known else xp.count_nonzero(~(xp.abs(g) < math.inf), n)  # (NaN too)
         out.append(_Before(xp.copy(x) if inplace and xp.maywrite(x) else x, n, bad,
-                           scheduled(e.leaf.rule, e.leaf.clock)))
+                           scheduled(e.leaf.rule, counted(e.leaf.clock))))
     return out
+
+
+def _nowhere(a: Any) -> None:
+    """The device of an array whose backend names none."""
 
 
 def after(entries: list, seen: list[_Before], new: dict) -> dict[str, LeafStats]:
@@ -86,8 +98,8 @@ def after(entries: list, seen: list[_Before], new: dict) -> dict[str, LeafStats]
         xp = backends.of(e.x)
         step = _norm(xp.subtract(b.old, new.get(id(e.leaf), e.x), False))
         param = _norm(b.old)
-        ratio = xp.where(param > 0, step / xp.maximum(param, _TINY),
-                         xp.where(step > 0, float("inf"), 0.0))
+        ratio = xp.where(param == 0, xp.where(step > 0, float("inf"), step),
+                         step / xp.maximum(param, _TINY))  # (a NaN parameter: NaN)
         out[str(e.paths[0])] = LeafStats(b.grad_norm, step, param, ratio, b.nonfinite,
                                          rms(e.leaf.state), b.hyper)
     return out
@@ -117,7 +129,8 @@ _TINY = 1e-30  # (a zero parameter: no division by zero, its ratio from ``where`
 def _is_state(a: Any) -> bool:
     """Whether a state item is an array of floating numbers with elements (not a count)."""
     lib = backends.library(a)
-    return lib is not None and len(a.shape) > 0 and backends.ops(lib).isfloating(a)
+    return (lib is not None and len(a.shape) > 0 and backends.ops(lib).isfloating(a)
+            and backends.ops(lib).size(a) > 0)
 
 
 def _norm(a: Any) -> Any:

@@ -206,6 +206,11 @@ def isfinite(n: Any) -> bool | None:
     return None if isinstance(n, jax.core.Tracer) else bool(jnp.isfinite(n))
 
 
+def device(x: Array) -> Any:
+    """Where ``x`` lives: its sharding (``None`` traced)."""
+    return None if isinstance(x, jax.core.Tracer) else x.sharding
+
+
 def cast(x: Any, like: Array) -> Array:
     """``x`` as a JAX array of ``like``'s dtype; traced, sharded as ``like`` (``follow``)."""
     out = jnp.asarray(x, dtype=like.dtype)

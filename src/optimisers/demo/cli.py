@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
         tour(task, args.steps, out)
         out(f"\n== {len(comparison.COMPARED)} rules on the same task: the same initial weights "
             f"and batches ==")
-        history: list = []  # (step, stats) of the AdamW run
-        curves = comparison.compare(task, args.steps, out, history)
+        history: list = []  # (step, stats) of the AdamW run, recorded for --plot only
+        curves = comparison.compare(task, args.steps, out,
+                                    history if args.plot is not None else None)
         if args.plot is not None:
             eta = TOUR_RULE.rules[2].eta  # per real step: one per two micro-batches
             lr = range(args.steps), [eta(i // 2) for i in range(args.steps)]
