@@ -176,6 +176,15 @@ def test_migrate_converts_a_state(saved, via):
     O.update_(back, model, grads(model, 3))
 
 
+def test_a_migrated_state_holds_no_array_of_the_state_dict(saved):
+    path, tree, model = saved
+    back, _ = O.load_state_dict(O.setup(O.Lion(), model), O.state_dict(tree), strict=False,
+                                migrate=lambda path, old_rule, old_state, *new: old_state[0])
+    before = tree["wte"].state[0].copy()
+    O.update_(back, model, grads(model, 3))
+    assert np.array_equal(tree["wte"].state[0], before)
+
+
 def test_what_migrate_returns_is_checked_and_what_it_raises_passes(saved):
     path, _, model = saved
     with pytest.raises(ValueError, match="migrate returned a state at KeyPath.'wte'. that is "
@@ -204,6 +213,22 @@ def test_renames_by_function_and_dropping(saved):
     with pytest.raises(ValueError, match="renames maps both 'h.0.attn.qkv' and 'h.1.attn.qkv' to "
                                          "'h.0.attn.qkv'"):
         O.load(path, O.setup(O.Adam(), new), strict=False, renames={"h.1": "h.0"})
+
+
+def test_renames_by_glob(saved):
+    path, tree, model = saved
+    new = {"wte": model["wte"], "blocks": model["h"], "norm_f": model["ln_f"],
+           "lm_head": model["wte"], "wpe": model["wpe"]}
+    for renames in ({"h.*": "blocks.*", "ln_*": "norm_*"}, {"h": "blocks", "*.g": "norm_f.g",
+                                                            "*.b": "norm_f.b"}):
+        back, report = O.load(path, O.setup(O.Adam(), new), strict=False, renames=renames)
+        assert report.missing == report.unexpected == () and report.mismatched == {}
+        assert equal_states(back["blocks"][1]["mlp"]["fc"].state, tree["h"][1]["mlp"]["fc"].state)
+        assert back["norm_f"]["g"].clock == tree["ln_f"]["g"].clock > 0
+    with pytest.raises(ValueError, match="each '.' of the new path takes what a '.' of the old"):
+        O.load(path, O.setup(O.Adam(), new), strict=False, renames={"h": "blocks.*"})
+    with pytest.raises(TypeError, match="renames= maps dotted paths to dotted paths"):
+        O.load_state_dict(O.setup(O.Adam(), new), {}, strict=False, renames={("h",): "blocks"})
 
 
 def test_strict_stays_the_default(saved):

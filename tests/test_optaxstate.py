@@ -26,9 +26,11 @@ CASES = [
      lambda: optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(0.01, weight_decay=0.1))),
     (O.Adam(), lambda: optax.inject_hyperparams(optax.adam)(learning_rate=0.02, b1=0.8)),
     (O.Adam(O.Linear(0.02, 0.0, 20)), lambda: optax.adam(optax.linear_schedule(0.02, 0.0, 20))),
+    (O.Adam(O.Linear(0.02, 0.0, 20)), lambda: optax.inject_hyperparams(optax.adam)(
+        optax.linear_schedule(0.02, 0.0, 20))),
 ]
 IDS = ["adam", "adamw", "sgd", "sgd-momentum", "sgd-nesterov", "clip-adamw", "inject-adam",
-       "adam-schedule"]
+       "adam-schedule", "inject-schedule"]
 
 
 def _params():

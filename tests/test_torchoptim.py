@@ -104,6 +104,14 @@ def test_a_parameter_in_no_group_is_left_untrained():
     assert tree["2"]["weight"] is None and tree["0"]["weight"].state[2] == 0.0
 
 
+def test_a_parameter_frozen_after_the_optimiser_was_made_is_left_out():
+    net = _net()
+    opt = optim.Adam(net.parameters(), lr=0.01)
+    net[0].bias.requires_grad_(False)  # torch.optim skips it from now on
+    tree = from_torch(opt, net)
+    assert tree["0"]["bias"] is None and tree["0"]["weight"].rule == O.Adam(0.01)
+
+
 @pytest.mark.parametrize("kind, option", [
     (optim.Adam, {"amsgrad": True}), (optim.AdamW, {"maximize": True}),
     (optim.SGD, {"dampening": 0.1, "momentum": 0.9}), (optim.Adagrad, {"lr_decay": 0.01})],

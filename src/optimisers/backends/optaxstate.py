@@ -15,9 +15,9 @@ import optax
 from optimisers.adjust import adjust_
 from optimisers.keypath import KeyPath, getkeypath
 from optimisers.leaf import leaves
-from optimisers.rules import Adam, AdamW, Momentum, Nesterov, Rule
+from optimisers.rules import Adam, AdamW, Momentum, Nesterov, OptimiserChain, Rule
 from optimisers.rules.composite import chained
-from optimisers.schedules import at
+from optimisers.schedules import at, timed
 from optimisers.state import setup
 from optimisers.walk import fmap_with_path, substitute
 
@@ -94,7 +94,9 @@ def from_optax(rule: Rule, opt_state: Any, params: Any) -> Any:
     ``optax.chain(optax.clip_by_global_norm(c), t)`` ``OptimiserChain(ClipGlobalNorm(c),
     rule of t)``. Under ``optax.inject_hyperparams`` the state's numbers replace the rule's
     (``learning_rate`` is ``eta``, ``b1`` and ``b2`` ``beta``, ``eps`` ``epsilon``,
-    ``weight_decay`` ``lambd``, ``momentum`` ``rho``). The first count found is the clock.
+    ``weight_decay`` ``lambd``, ``momentum`` ``rho``), but a field where the rule holds a
+    schedule keeps it (the state holds an injected schedule's value of one step: give the
+    rule that schedule). The first count found is the clock.
 
     Args:
         rule: the rule (one for all of ``params``).
@@ -123,9 +125,11 @@ def from_optax(rule: Rule, opt_state: Any, params: Any) -> Any:
     if unknown := [k for k, v in hyper.items() if _HYPER.get(k, "") is None and float(v) != 0
                    or k not in _HYPER]:
         raise ValueError(f"the injected hyper-parameters {unknown} have no field here")
+    kept = _scheduled(rule)  # (an injected schedule's value of now: the rule's goes on)
     try:
         adjust_(tree, **{_HYPER[k]: (float(hyper["b1"]), float(hyper["b2"])) if k == "b1"
-                         else float(v) for k, v in hyper.items() if _HYPER[k] and k != "b2"})
+                         else float(v) for k, v in hyper.items()
+                         if _HYPER[k] and k != "b2" and _HYPER[k] not in kept})
     except TypeError as err:
         err.add_note(f"from_optax: the optax state injects {sorted(hyper)}; give the rule of "
                      f"the transformation's formula")
@@ -136,6 +140,13 @@ def from_optax(rule: Rule, opt_state: Any, params: Any) -> Any:
                               _read(names, s, node, kp))
         leaf.clock = counts[0] if counts else 0
     return tree
+
+
+def _scheduled(rule: Rule) -> set[str]:
+    """The fields of ``rule`` (and of the rules it chains) that hold a schedule."""
+    if isinstance(rule, OptimiserChain):
+        return set().union(*map(_scheduled, rule.rules))
+    return {f for f in getattr(rule, "__dataclass_fields__", ()) if timed(getattr(rule, f))}
 
 
 def _read(names: Any, s: Any, node: Any, kp: KeyPath) -> Any:
@@ -198,6 +209,9 @@ def to_optax(tree: Any, transformation: optax.GradientTransformation, params: An
         if isinstance(s, _INJECTED):
             new.update({id(v): jnp.asarray(_value(members, k), v.dtype)
                         for k, v in s.hyperparams.items() if _HYPER.get(k)})
+            states = getattr(s, "hyperparams_states", {}).values()  # (a schedule's count)
+            new.update({id(v.count): jnp.asarray(clock, v.count.dtype) for v in states
+                        if hasattr(v, "count")})
     return substitute(opt_state, new)
 
 

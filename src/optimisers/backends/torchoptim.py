@@ -86,7 +86,8 @@ def from_torch(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
 
     Args:
         optimizer: a ``torch.optim.Adam``, ``AdamW``, ``SGD``, ``Adagrad`` or ``RMSprop``.
-        model: the module whose parameters it trains; a parameter in no group is left out.
+        model: the module whose parameters it trains; a parameter in no group, or with
+            ``requires_grad=False`` (which torch.optim skips), is left out.
 
     Returns:
         The state tree, as ``setup`` makes it, with torch's states and step counts.
@@ -110,7 +111,7 @@ def from_torch(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Any:
         WeightDecay(lambd=0.1)
     """
     rules = {id(p): _rule(type(optimizer), g) for g in optimizer.param_groups
-             for p in g["params"]}
+             for p in g["params"] if p.requires_grad}  # (one frozen since: no Leaf, as setup)
     seen: set[int] = set()
     tree = setup(lambda kp, x: seen.add(id(x)) or rules.get(id(x)), model)
     if missing := rules.keys() - seen:

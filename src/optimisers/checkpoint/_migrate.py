@@ -57,11 +57,19 @@ STRICT = object()  # the migrate of a strict load: a changed rule class is an er
 
 
 def by_path(strict: bool, renames: Any, migrate: Any) -> None:
-    """A TypeError for ``renames`` or ``migrate`` of the wrong kind, or given a strict load."""
+    """A TypeError for ``renames`` or ``migrate`` of the wrong kind, or given a strict load;
+    a ValueError for a new path of ``renames`` with more ``*`` than its old."""
     if not (renames is None or callable(renames) or isinstance(renames, Mapping)) or not (
             migrate is None or callable(migrate)):
         raise TypeError(f"renames= takes a dict {{old path prefix: new}} or a function of the "
                         f"old path, migrate= a function; got {renames!r:.50} and {migrate!r:.50}")
+    for old, new in renames.items() if isinstance(renames, Mapping) else ():
+        if not isinstance(old, str) or not (new is None or isinstance(new, str)):
+            raise TypeError(f"renames= maps dotted paths to dotted paths, got {old!r:.50}: "
+                            f"{new!r:.50}")
+        if new is not None and new.count("*") > old.count("*"):
+            raise ValueError(f"renames= {old!r}: {new!r}: each '*' of the new path takes "
+                             f"what a '*' of the old matched; give the old as many")
     if strict and (renames is not None or migrate is not None):
         raise TypeError("renames= and migrate= load by path: pass strict=False as well, and "
                         "read the report it returns: (tree, report)")
@@ -82,14 +90,20 @@ def called(f: Callable, *args: Any) -> Any:
 
 def renamed(path: str, renames: Any) -> str | None:
     """The new path of the old ``path``: ``renames(path)``, or the first ``{old: new}`` prefix
-    of whole keys that fits (``None``: dropped), else ``path`` itself."""
+    of whole keys that fits, each ``*`` of ``old`` any text, put in for the ``*`` of ``new``
+    in order (``None``: dropped), else ``path`` itself."""
     if callable(renames):
         if (new := called(renames, path)) is None or isinstance(new, str):
             return new
         raise Invalid(f"renames({path!r}) gave {new!r:.50}; give the new dotted path, or None")
     for old, new in (renames or {}).items():
-        if path == old or path.startswith(old + "."):
-            return None if new is None else new + path[len(old):]
+        found = re.fullmatch("(.*)".join(map(re.escape, old.split("*"))) + r"(\..*)?", path,
+                             re.DOTALL)
+        if found and new is None:
+            return None
+        if found:  # each '*' of new takes what one of old matched (no more: by_path)
+            *stars, rest = found.groups()
+            return re.sub(r"\*", lambda _, s=iter(stars): next(s), new) + (rest or "")
     return path
 
 

@@ -68,7 +68,8 @@ def load(path: str | os.PathLike, like: Any, strict: bool = True, renames: Any =
             state array's library and device, and a :class:`~optimisers.Function`'s function.
         strict: False to load by path what fits and report the rest (a :class:`LoadReport`).
         renames: with ``strict=False``, the file's paths renamed: ``{"old.prefix":
-            "new.prefix"}`` (whole keys, first fit; ``None`` drops it), or a function of the
+            "new.prefix"}`` (whole keys, first fit; ``None`` drops it; each ``*`` any text,
+            put in for a ``*`` of the new: ``{"h.*": "blocks.*"}``), or a function of the
             old dotted path giving the new one or ``None``.
         migrate: with ``strict=False``, ``migrate(path, old_rule, old_state, new_rule,
             new_state) -> state`` for a Leaf whose rule changed to one with another state:
@@ -80,8 +81,8 @@ def load(path: str | os.PathLike, like: Any, strict: bool = True, renames: Any =
     Raises:
         ValueError: the file does not match ``like`` (the message names the path), names a
             rule not in ``RULES``, is damaged, or is no regular file; with ``strict=False``, a
-            rule changed to one with another state and no ``migrate``, or two old paths
-            renamed to one.
+            rule changed to one with another state and no ``migrate``, two old paths
+            renamed to one, or a new path of ``renames`` with more ``*`` than its old.
         TypeError: ``like`` is not a state tree, or ``renames``/``migrate`` is of the wrong
             kind or given with ``strict``.
         FileNotFoundError: there is no file at ``path``.

@@ -189,8 +189,8 @@ def _read_leaf(leaf: Leaf, kp: Any, d: Mapping, used: set, migrate: Any = migrat
     if rule is leaf.rule or codec.classes(rule) == codec.classes(leaf.rule):
         return rule, bool(frozen), clock, mapstate(lambda v, k: _state(v, d, k, used),
                                                    leaf.state, key)
-    copy = reduce.copier()  # the old rule: its state converted to a fresh one of leaf's
-    old = {tuple(k[len(key) + 1:].split(".")) if k != key else (): v for k, v in d.items()
+    copy = reduce.copier()  # the old rule: its state (copied: not d's) converted to leaf's
+    old = {tuple(k[len(key) + 1:].split(".")) if k != key else (): copy(v) for k, v in d.items()
            if k == key or k.startswith(key + ".")}
     return leaf.rule, bool(frozen), clock, migration.migrated(
         migrate, new, rule, _nested(old), leaf.rule, migration.copied(leaf.state, copy))
