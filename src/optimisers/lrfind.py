@@ -80,7 +80,10 @@ def lr_find(rule: Any, model: Any, loss_and_grad: Callable[[Any, int], tuple[Any
     :func:`update`, for up to ``steps`` steps whose rate grows exponentially from
     ``start`` to ``end``: before step ``i``, :func:`adjust` sets the ``eta`` of every rule
     in the tree (through chains and wrappers; a schedule there is replaced) to
-    ``lrs[i] = start * (end / start) ** (i / (steps - 1))``. ``loss_and_grad(model, i)``
+    ``lrs[i] = start * (end / start) ** (i / (steps - 1))`` (every subset of a mapping of
+    rules alike, as torch-lr-finder's groups; a chain with two rates, such as
+    ``OptimiserChain(RMSProp(1.0), Momentum(0.01))``, has both set: sweep a chain with one).
+    ``loss_and_grad(model, i)``
     returns the loss (a number or 0-d array) and the gradients (as :func:`update` takes
     them) on batch ``i``. The caller's model, its arrays and ``rule`` are left as they were.
 
