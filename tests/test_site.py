@@ -127,7 +127,7 @@ def test_the_site_builds_strictly_with_every_page(site):
 # ------------------------------------------------------------ looked at in a real browser
 
 SCREENSHOTS = {"landing": "index.html", "guide": "guides/schedules/index.html",
-               "api": "api/index.html"}
+               "api": "api/index.html", "concepts": "concepts/index.html"}
 
 
 def screenshots() -> Path:
@@ -156,3 +156,14 @@ def test_pages_render_in_headless_chromium(site, name, page):
     colours, counts = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0, return_counts=True)
     assert len(colours) > 100, f"{png}: {len(colours)} colours, the page looks blank"
     assert counts.max() < 0.95 * counts.sum(), f"{png}: one colour fills the page"
+    # the theme's stylesheet applied: its header, a band of one colour neither white nor
+    # black across the top (the page without its CSS shows white there, and large icons)
+    band = pixels[:40, :, :3].reshape(-1, 3)
+    colours, counts = np.unique(band, axis=0, return_counts=True)
+    header = colours[counts.argmax()]
+    assert counts.max() > 0.9 * len(band), f"{png}: no header band, is the stylesheet loaded?"
+    assert 0.3 < float(header.sum()) < 2.5, f"{png}: the header band is {header}"
+    if name == "concepts":  # the diagram drawn: its Leafs' green (docs/state-tree.svg)
+        rgb = np.round(pixels[..., :3] * 255)
+        green = (np.abs(rgb - [200, 230, 201]).max(axis=-1) <= 3).sum()
+        assert green > 5000, f"{png}: the state tree diagram is not drawn"
