@@ -84,6 +84,20 @@ def test_a_mapping_table_names_theirs_and_ours_exist(page):
     assert unknown == []
 
 
+def test_the_rules_reference_gives_every_rules_defaults():
+    """Each row of docs/rules.md's table, written with its defaults, is the rule made with
+    none; every public rule has a row."""
+    rows = dict(re.findall(r"^\| `(\w+)` \| `(\w+\(.*?\))` \|",
+                           (DOCS / "rules.md").read_text(encoding="utf-8"), re.M))
+    public = {name for name, cls in optimisers.RULES.items()
+              if not name.startswith("_") and cls is not optimisers.TreeRule}
+    assert sorted(public - set(rows)) == []
+    for name, call in rows.items():
+        if re.fullmatch(r"\w+\((\w+=.*)?\)", call):  # (not `AccumGrad(n)`, `EMA(rule, ...)`)
+            assert eval(call, {"np": np, **vars(optimisers)}) == getattr(optimisers, name)(), \
+                call
+
+
 def test_the_api_reference_has_every_public_name():
     text = (DOCS / "api.md").read_text(encoding="utf-8")
     listed = re.findall(r"^::: optimisers\.(\w+)$", text, re.M)
