@@ -84,6 +84,20 @@ def test_a_mapping_table_names_theirs_and_ours_exist(page):
     assert unknown == []
 
 
+def test_the_rules_reference_gives_every_rules_defaults():
+    """Each row of docs/rules.md's table, written with its defaults, is the rule made with
+    none; every public rule has a row."""
+    rows = dict(re.findall(r"^\| `(\w+)` \| `(\w+\(.*?\))` \|",
+                           (DOCS / "rules.md").read_text(encoding="utf-8"), re.M))
+    public = {name for name, cls in optimisers.RULES.items()  # (and no example's own rule)
+              if name in optimisers.__all__ and cls is not optimisers.TreeRule}
+    assert sorted(public - set(rows)) == []
+    for name, call in rows.items():
+        if re.fullmatch(r"\w+\((\w+=.*)?\)", call):  # (not `AccumGrad(n)`, `EMA(rule, ...)`)
+            assert eval(call, {"np": np, **vars(optimisers)}) == getattr(optimisers, name)(), \
+                call
+
+
 def test_the_api_reference_has_every_public_name():
     text = (DOCS / "api.md").read_text(encoding="utf-8")
     listed = re.findall(r"^::: optimisers\.(\w+)$", text, re.M)
@@ -127,7 +141,7 @@ def test_the_site_builds_strictly_with_every_page(site):
 # ------------------------------------------------------------ looked at in a real browser
 
 SCREENSHOTS = {"landing": "index.html", "guide": "guides/schedules/index.html",
-               "api": "api/index.html"}
+               "api": "api/index.html", "concepts": "concepts/index.html"}
 
 
 def screenshots() -> Path:
@@ -156,3 +170,14 @@ def test_pages_render_in_headless_chromium(site, name, page):
     colours, counts = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0, return_counts=True)
     assert len(colours) > 100, f"{png}: {len(colours)} colours, the page looks blank"
     assert counts.max() < 0.95 * counts.sum(), f"{png}: one colour fills the page"
+    # the theme's stylesheet applied: its header, a band of one colour neither white nor
+    # black across the top (the page without its CSS shows white there, and large icons)
+    band = pixels[:40, :, :3].reshape(-1, 3)
+    colours, counts = np.unique(band, axis=0, return_counts=True)
+    header = colours[counts.argmax()]
+    assert counts.max() > 0.9 * len(band), f"{png}: no header band, is the stylesheet loaded?"
+    assert 0.3 < float(header.sum()) < 2.5, f"{png}: the header band is {header}"
+    if name == "concepts":  # the diagram drawn: its Leafs' green (docs/state-tree.svg)
+        rgb = np.round(pixels[..., :3] * 255)
+        green = (np.abs(rgb - [200, 230, 201]).max(axis=-1) <= 3).sum()
+        assert green > 5000, f"{png}: the state tree diagram is not drawn"
