@@ -139,6 +139,19 @@ def test_the_site_builds_strictly_with_every_page(site):
         assert f'id="optimisers.{name}"' in api, name
 
 
+
+def test_the_site_reads_offline(site):
+    """No page loads a script, a style sheet or a font from another host."""
+    fetched = re.compile(r'<(?:script|link|img)[^>]*(?:src|href)="(?:https?:)?//', re.I)
+    for html in site.rglob("*.html"):
+        assert not fetched.search(html.read_text(encoding="utf-8")), html
+
+
+def test_the_performance_page_gives_the_current_figures_not_the_log(site):
+    html = (site / "performance" / "index.html").read_text(encoding="utf-8")
+    assert "Where it stands" in html and "The shapes" in html
+    assert "Development log" not in html and "Measured: stop 22" not in html
+
 # ------------------------------------------------------------ looked at in a real browser
 
 SCREENSHOTS = {"landing": "index.html", "guide": "guides/schedules/index.html",
